@@ -1,0 +1,5 @@
+"""The engine: launch ranks, run the per-rank training loop, write the run folder."""
+from .job import Job, job_from_config
+from .run import RunResult, execute
+
+__all__ = ["Job", "job_from_config", "RunResult", "execute"]

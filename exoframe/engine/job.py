@@ -1,0 +1,89 @@
+"""A Job: everything the ranks need, resolved and validated in the launcher before any fork."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..config import RunConfig
+from ..errors import ExoframeError
+from ..plugins import PluginManager, get_plugin_manager
+from ..strategies.base import OptimizerSpec, Strategy
+from ..workloads.base import DatasetFactory, Workload, call_with_params
+
+
+@dataclass
+class Job:
+    model: torch.nn.Module
+    dataset: DatasetFactory
+    strategy_cls: type
+    strategy_name: str
+    strategy_params: object
+    optimizer: OptimizerSpec
+    nodes: int
+    steps: int
+    batch_size: int
+    seed: int = 0
+    eval_every: int = 50
+    eval_batches: int = 8
+    threads: int = 1
+    workload_name: str = "custom"
+    best_loss: Optional[float] = None
+
+
+def default_eval_every(steps: int) -> int:
+    return max(1, steps // 10)
+
+
+def resolve_strategy(strategy, params: dict | None, pm: PluginManager):
+    """(class, registered name, typed params) for a name or a Strategy subclass."""
+    if isinstance(strategy, type) and issubclass(strategy, Strategy):
+        cls, name = strategy, getattr(strategy, "name", None) or strategy.__name__.lower()
+    else:
+        entry = pm.strategies.get(strategy)
+        cls, name = entry.obj, entry.name
+    return cls, name, cls.parse_params(params, name)
+
+
+def load_workload(spec: str, params: dict, pm: PluginManager) -> Workload:
+    """A registered workload name, or `package.module:function` returning a Workload."""
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        if os.getcwd() not in sys.path:  # let users name modules next to where they run
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:
+            raise ExoframeError(f"cannot import workload module '{module_name}': {e}") from None
+        factory = getattr(module, attr, None)
+        if factory is None:
+            raise ExoframeError(f"workload module '{module_name}' has no attribute '{attr}'.")
+    else:
+        factory = pm.workloads.get(spec).obj
+    workload = call_with_params(factory, params, f"workload '{spec}'")
+    if not isinstance(workload, Workload):
+        raise ExoframeError(
+            f"workload '{spec}' returned {type(workload).__name__}, expected exoframe.Workload.")
+    return workload
+
+
+def job_from_config(config: RunConfig, pm: PluginManager | None = None) -> Job:
+    pm = pm or get_plugin_manager()
+    strategy_cls, strategy_name, strategy_params = resolve_strategy(
+        config.strategy, config.strategy_params, pm)
+    workload = load_workload(config.workload, config.workload_params, pm)
+    torch.manual_seed(config.seed)
+    model = workload.build_model()
+    return Job(
+        model=model, dataset=workload.dataset, strategy_cls=strategy_cls,
+        strategy_name=strategy_name, strategy_params=strategy_params,
+        optimizer=OptimizerSpec(config.optimizer, config.lr or workload.lr, config.weight_decay,
+                                config.momentum),
+        nodes=config.nodes, steps=config.steps, batch_size=config.batch_size or workload.batch_size,
+        seed=config.seed, eval_every=config.eval_every or default_eval_every(config.steps),
+        eval_batches=config.eval_batches, threads=config.threads, workload_name=workload.name,
+        best_loss=workload.best_loss)

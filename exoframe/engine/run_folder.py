@@ -1,0 +1,42 @@
+"""A run's folder: resolved config, metrics streamed as they happen, and the summary."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+
+class RunFolder:
+    def __init__(self, path: Path):
+        self.path = path
+        self._metrics = open(path / "metrics.jsonl", "a")
+
+    @classmethod
+    def create(cls, parent, label: str) -> "RunFolder":
+        """A new folder under `parent`, never an existing one."""
+        parent = Path(parent)
+        parent.mkdir(parents=True, exist_ok=True)
+        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{label}"
+        for attempt in range(10_000):
+            path = parent / (stem if attempt == 0 else f"{stem}-{attempt}")
+            try:
+                path.mkdir()
+                return cls(path)
+            except FileExistsError:
+                continue
+        raise FileExistsError(f"could not create a new run folder under {parent}")
+
+    def write_config(self, config: dict):
+        (self.path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def append_metrics(self, row: dict):
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+
+    def write_summary(self, summary: dict):
+        (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    def close(self):
+        self._metrics.close()

@@ -1,0 +1,19 @@
+"""User-facing errors: shown as one line (no traceback unless --debug)."""
+import difflib
+
+
+class ExoframeError(Exception):
+    """An error caused by the user's input or environment, with a message that says the fix."""
+
+
+def did_you_mean(name, known):
+    """' Did you mean 'x'?' for the closest known name, or ''."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.5)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def unknown_name_error(kind, name, known):
+    known = sorted(known)
+    return ExoframeError(
+        f"unknown {kind} '{name}'.{did_you_mean(name, known)} Known: {', '.join(known)}."
+    )

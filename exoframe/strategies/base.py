@@ -1,0 +1,144 @@
+"""The Strategy base class: what replaces `optimizer.step()` in distributed training.
+
+A strategy gets the model, a Communicator, rank/world info and an optimizer spec, and
+implements `step()`, called after each backward pass. Subclass it in a few lines::
+
+    class AverageEveryH(Strategy):
+        '''Average parameters every H steps.'''
+
+        @dataclass
+        class Params:
+            H: int = 10
+
+        def step(self):
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            if self.step_num % self.params.H == 0:
+                self.average_parameters()
+
+Parameters are a typed dataclass: unknown or mistyped parameters are an error that
+lists the valid ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..comm import Communicator, flatten, unflatten_into
+from ..config import build_dataclass
+from ..errors import ExoframeError, unknown_name_error
+
+OPTIMIZERS = {
+    "sgd": lambda params, s: torch.optim.SGD(params, lr=s.lr, momentum=s.momentum,
+                                             weight_decay=s.weight_decay),
+    "adamw": lambda params, s: torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay),
+    "adam": lambda params, s: torch.optim.Adam(params, lr=s.lr, weight_decay=s.weight_decay),
+}
+
+
+@dataclass
+class OptimizerSpec:
+    """The local (inner) optimizer a strategy builds over its parameters."""
+
+    name: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+
+    def __post_init__(self):
+        if self.name not in OPTIMIZERS:
+            raise unknown_name_error("optimizer", self.name, OPTIMIZERS)
+
+    def build(self, params) -> torch.optim.Optimizer:
+        return OPTIMIZERS[self.name](list(params), self)
+
+
+class Strategy:
+    """Base class of every strategy. Subclasses set `Params` and implement `step()`."""
+
+    #: True when the strategy's numerics depend on simulated timing (async methods).
+    timing_dependent: ClassVar[bool] = False
+
+    @dataclass
+    class Params:
+        pass
+
+    def __init__(self, model: torch.nn.Module, comm: Communicator, optimizer: OptimizerSpec,
+                 params=None, seed: int = 0):
+        self.model = model
+        self.comm = comm
+        self.rank = comm.rank
+        self.world_size = comm.world_size
+        self.optimizer_spec = optimizer
+        self.params = params if params is not None else self.Params()
+        self.seed = seed
+        self.step_num = 0  # set by the engine: the 1-based number of the step being finished
+        self.optimizer = optimizer.build(self.trainable_parameters())
+        self.setup()
+
+    @classmethod
+    def parse_params(cls, values: dict | None, name: str | None = None):
+        name = name or cls.__name__
+        return build_dataclass(cls.Params, dict(values or {}), f"strategy '{name}'", "parameter")
+
+    # -- to override -----------------------------------------------------------------------
+    def setup(self):
+        """Called once after the optimizer is built; create extra state here."""
+
+    def step(self):
+        raise NotImplementedError
+
+    def metrics(self) -> dict:
+        """Numbers to log for the step just finished (e.g. an outer gradient norm)."""
+        return {}
+
+    def extra_state(self) -> dict:
+        return {}
+
+    def load_extra_state(self, state: dict):
+        pass
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"step_num": self.step_num, "optimizer": self.optimizer.state_dict(),
+                "extra": self.extra_state()}
+
+    def load_state_dict(self, state: dict):
+        self.step_num = state["step_num"]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.load_extra_state(state["extra"])
+
+    # -- helpers -------------------------------------------------------------------------------
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def average_gradients(self):
+        """One all-reduce (mean) over every gradient, as a flat buffer."""
+        params = [p for p in self.trainable_parameters()]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = flatten(p.grad for p in params)
+        self.comm.all_reduce(flat, op="mean")
+        unflatten_into(flat, [p.grad for p in params])
+
+    def average_parameters(self):
+        """One all-reduce (mean) over every parameter, as a flat buffer."""
+        params = self.trainable_parameters()
+        flat = flatten(params)
+        self.comm.all_reduce(flat, op="mean")
+        unflatten_into(flat, params)
+
+
+def check_positive(owner: str, **values):
+    for key, value in values.items():
+        if value <= 0:
+            raise ExoframeError(f"{owner}: parameter '{key}' must be positive, got {value}.")
+
+
+def check_fraction(owner: str, **values):
+    for key, value in values.items():
+        if not 0 <= value <= 1:
+            raise ExoframeError(f"{owner}: parameter '{key}' must be in [0, 1], got {value}.")

@@ -1,0 +1,69 @@
+"""DiLoCo: inner optimizer for H steps, then an outer Nesterov step on the averaged delta.
+
+Every H steps each rank computes its outer gradient Δ_r = θ_global − θ_r, all-reduces the
+mean Δ = mean_r(Δ_r), and takes an outer SGD step θ_global ← OuterOpt(θ_global, Δ) (Nesterov,
+lr 0.7, momentum 0.9 by default); the live weights are then set to θ_global. Every rank keeps
+the same outer state, so a sync is one all-reduce and no broadcast. θ_global is a separate
+buffer that shares no storage with the live weights.
+Source: Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models"
+(2023).
+"""
+from dataclasses import dataclass
+
+import torch
+
+from ..comm import flatten, unflatten_into
+from .base import Strategy, check_positive
+
+
+class DiLoCo(Strategy):
+    """Inner optimizer for H steps, then one all-reduce of the outer gradient and an outer Nesterov step."""
+
+    @dataclass
+    class Params:
+        H: int = 50
+        outer_lr: float = 0.7
+        outer_momentum: float = 0.9
+        nesterov: bool = True
+
+        def __post_init__(self):
+            check_positive("diloco", H=self.H, outer_lr=self.outer_lr)
+            if self.outer_momentum < 0:
+                check_positive("diloco", outer_momentum=self.outer_momentum)
+
+    def setup(self):
+        self.global_params = torch.nn.Parameter(flatten(self.trainable_parameters()))
+        p = self.params
+        self.outer_optimizer = torch.optim.SGD(
+            [self.global_params], lr=p.outer_lr, momentum=p.outer_momentum,
+            nesterov=p.nesterov and p.outer_momentum > 0)
+        self._metrics = {}
+
+    def step(self):
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        if self.step_num % self.params.H == 0:
+            self.outer_step()
+
+    def outer_step(self):
+        params = self.trainable_parameters()
+        outer_grad = self.global_params.detach() - flatten(params)
+        self.comm.all_reduce(outer_grad, op="mean")
+        self._metrics = {"outer_grad_norm": outer_grad.norm().item()}
+        self.global_params.grad = outer_grad
+        self.outer_optimizer.step()
+        self.outer_optimizer.zero_grad()
+        unflatten_into(self.global_params.detach(), params)
+
+    def metrics(self):
+        metrics, self._metrics = self._metrics, {}
+        return metrics
+
+    def extra_state(self):
+        return {"global_params": self.global_params.detach().clone(),
+                "outer_optimizer": self.outer_optimizer.state_dict()}
+
+    def load_extra_state(self, state):
+        with torch.no_grad():
+            self.global_params.copy_(state["global_params"])
+        self.outer_optimizer.load_state_dict(state["outer_optimizer"])

@@ -1,0 +1,72 @@
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def processes_with_marker(marker: str):
+    """PIDs of live processes whose environment carries `marker` (ranks inherit it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = next(l for l in (entry / "status").read_text().splitlines()
+                         if l.startswith("State:"))
+        except (OSError, StopIteration):
+            continue
+        if marker.encode() in environ and "zombie" not in state:
+            found.append(int(entry.name))
+    return found
+
+
+class CLI:
+    """Runs `python -m exoframe ...` in a subprocess tagged with a unique marker."""
+
+    def __init__(self, cwd: Path):
+        self.cwd = cwd
+        self.marker = f"EXOFRAME_TEST_{uuid.uuid4().hex}"
+
+    def env(self, extra=None):
+        env = dict(os.environ)
+        env[self.marker] = "1"
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO), str(self.cwd), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env.update(extra or {})
+        return env
+
+    def popen(self, *args, env=None, **kw):
+        return subprocess.Popen([sys.executable, "-m", "exoframe", *map(str, args)], cwd=self.cwd,
+                                env=self.env(env), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, **kw)
+
+    def __call__(self, *args, env=None, timeout=120):
+        proc = self.popen(*args, env=env)
+        out, err = proc.communicate(timeout=timeout)
+        proc.stdout_text, proc.stderr_text = out, err
+        return proc
+
+    def leftovers(self):
+        return processes_with_marker(self.marker)
+
+
+@pytest.fixture
+def cli(tmp_path):
+    return CLI(tmp_path)
+
+
+def write_plugin(folder: Path, dist: str, module: str, source: str, version: str = "0.1.0"):
+    """A third-party-style plugin on `folder` (put on sys.path): a module plus the dist-info
+    that importlib.metadata reads, with an entry point in group `exoframe`. This is what
+    `pip install` leaves behind, without the install."""
+    (folder / f"{module}.py").write_text(source)
+    info = folder / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[exoframe]\n{module} = {module}\n")

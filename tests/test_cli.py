@@ -1,0 +1,148 @@
+"""The command line as a user meets it: real subprocesses, real ranks, real failures."""
+import json
+import signal
+import textwrap
+import time
+
+import pytest
+from conftest import write_plugin
+
+SMALL_GPT = ["-w", "n_layer=1", "-w", "n_embd=32", "-w", "block_size=32",
+             "-w", "train_tokens=40000", "-w", "val_tokens=4000"]
+
+BAD_WORKLOADS = textwrap.dedent('''
+    import torch
+    from torch.utils.data import TensorDataset
+    import exoframe
+
+    class Vector(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 1)
+        def forward(self, batch):
+            x, y = batch
+            return (self.lin(x).squeeze(1) - y) ** 2     # not reduced to a scalar
+
+    def data(n):
+        return TensorDataset(torch.randn(n, 3), torch.randn(n))
+
+    def nonscalar():
+        return exoframe.Workload.from_datasets(Vector, data(64), data(8))
+
+    def tiny():
+        class Scalar(Vector):
+            def forward(self, batch):
+                return super().forward(batch).mean()
+        return exoframe.Workload.from_datasets(Scalar, data(3), data(3))
+''')
+
+
+def test_same_config_and_seed_give_identical_metrics_even_when_run_concurrently(cli):
+    args = ["run", "--strategy", "diloco", "-p", "H=5", "--nodes", "2", "--steps", "12",
+            "--eval-every", "6", *SMALL_GPT]
+    first = cli.popen(*args, "--out", "a")
+    second = cli.popen(*args, "--out", "b")
+    for proc in (first, second):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    (run_a,) = (cli.cwd / "a").iterdir()
+    (run_b,) = (cli.cwd / "b").iterdir()
+    metrics = (run_a / "metrics.jsonl").read_text()
+    assert metrics == (run_b / "metrics.jsonl").read_text()
+    rows = [json.loads(line) for line in metrics.splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert [r["step"] for r in rows if "val_loss" in r] == [6, 12]
+    summary = json.loads((run_a / "summary.json").read_text())
+    for key in ("strategy", "num_nodes", "steps", "final_loss", "final_val_loss",
+                "bytes_sent_per_node", "elapsed_seconds"):
+        assert key in summary
+    assert summary["strategy"] == "diloco" and summary["num_nodes"] == 2
+    assert summary["final_loss"] == rows[-1]["loss"]
+    assert (run_a / "config.yaml").read_text().count("H: 5") == 1
+
+
+def test_flags_override_yaml_and_runs_never_overwrite(cli):
+    (cli.cwd / "run.yaml").write_text(
+        "strategy: localsgd\nstrategy_params:\n  H: 3\nnodes: 3\nsteps: 4\nworkload: mlp\n")
+    for _ in range(2):
+        proc = cli("run", "--config", "run.yaml", "--steps", "6", "-p", "H=2", "--out", "runs")
+        assert proc.returncode == 0, proc.stderr_text
+    runs = sorted((cli.cwd / "runs").iterdir())
+    assert len(runs) == 2
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    assert (summary["strategy"], summary["num_nodes"], summary["steps"]) == ("localsgd", 3, 6)
+    assert summary["strategy_params"] == {"H": 2}
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["run", "--nodes", "0"], "nodes must be at least 1, got 0"),
+    (["run", "--strategy", "dilocco"], "unknown strategy 'dilocco'. Did you mean 'diloco'?"),
+    (["run", "--strategy", "diloco", "-p", "outer_lrr=0.5"],
+     "unknown parameter 'outer_lrr'. Did you mean 'outer_lr'?"),
+    (["run", "--config", "broken.yaml"], "broken.yaml:3: malformed YAML"),
+    (["run", "--config", "typo.yaml"], "typo.yaml: field 'steps' must be int, got 'ten'"),
+    (["run", "--workload", "no_such_module:make"], "cannot import workload module 'no_such_module'"),
+    (["run", "--workload", "bad_workloads:nonscalar"], "must return a scalar loss tensor"),
+    (["run", "--workload", "bad_workloads:tiny", "--nodes", "4"],
+     "has 3 examples, fewer than the 4 nodes"),
+])
+def test_bad_input_ends_fast_with_one_clear_line(cli, args, expected):
+    (cli.cwd / "broken.yaml").write_text("strategy: ddp\nnodes: 2\nsteps: [1, 2\n")
+    (cli.cwd / "typo.yaml").write_text("steps: ten\n")
+    (cli.cwd / "bad_workloads.py").write_text(BAD_WORKLOADS)
+    start = time.monotonic()
+    proc = cli(*args, "--steps", "3") if "--config" not in args else cli(*args)
+    elapsed = time.monotonic() - start
+    lines = proc.stderr_text.strip().splitlines()
+    assert proc.returncode != 0
+    assert len(lines) == 1 and expected in lines[0], proc.stderr_text
+    assert "Traceback" not in proc.stderr_text
+    assert elapsed < 5, elapsed
+    assert cli.leftovers() == []
+
+
+def test_a_crashing_rank_stops_the_run_with_its_traceback_once(cli):
+    write_plugin(cli.cwd, "crashy-plugin", "crashy", textwrap.dedent('''
+        import exoframe
+        from exoframe.strategies import DDP
+
+        class Crashy(DDP):
+            """Fails on rank 1 at step 3."""
+            def step(self):
+                if self.rank == 1 and self.step_num == 3:
+                    raise RuntimeError("boom on rank one")
+                super().step()
+
+        @exoframe.hookimpl
+        def exoframe_register_strategies(register):
+            register("crashy", Crashy)
+    '''))
+    proc = cli("run", "--strategy", "crashy", "--nodes", "3", "--steps", "10", "--workload", "mlp")
+    assert proc.returncode == 1
+    assert proc.stderr_text.count("Traceback") == 1
+    assert "RuntimeError: boom on rank one" in proc.stderr_text
+    last_line = proc.stderr_text.strip().splitlines()[-1]
+    assert last_line == "error: rank 1: RuntimeError: boom on rank one"
+    assert cli.leftovers() == []
+
+
+def test_ctrl_c_stops_every_rank(cli):
+    proc = cli.popen("run", "--nodes", "3", "--steps", "100000", "--workload", "mlp")
+    deadline = time.monotonic() + 60
+    while len(cli.leftovers()) < 4 and time.monotonic() < deadline:  # launcher + 3 ranks
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert cli.leftovers() == []
+
+
+def test_strategies_command_lists_builtins(cli):
+    proc = cli("strategies")
+    assert proc.returncode == 0
+    lines = proc.stdout_text.splitlines()
+    assert [l.split()[0] for l in lines] == ["ddp", "diloco", "localsgd", "sparta"]
+    assert all(l.endswith("[exoframe]") for l in lines)
+    assert "alias: fedavg" in proc.stdout_text
