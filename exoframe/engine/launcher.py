@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 from ..errors import ExoframeError
 from .job import Job
-from .rank import train
+from .data import fetch
+from .rank import check_loss, train
 
 
 class RankFailed(ExoframeError):
@@ -51,12 +52,12 @@ def _die_with_parent():
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _rank_entry(rank: int, job: Job, conn):
+def _rank_entry(rank: int, job: Job, shards, conn):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C for everyone
     _die_with_parent()
     code = 0
     try:
-        train(rank, job, conn)
+        train(rank, job, shards, conn)
     except BaseException as e:  # report, then exit: the launcher stops the other ranks
         code = 1
         user_error = isinstance(e, ExoframeError)
@@ -94,6 +95,20 @@ class StepAggregator:
         return row
 
 
+def check_model(job: Job, train_shard):
+    """Fail fast, before any fork: one forward pass (eval mode, no grad) must give a scalar."""
+    if len(train_shard) == 0:
+        raise ExoframeError("rank 0 got an empty training shard: use fewer nodes or more data.")
+    was_training = job.model.training
+    job.model.eval()
+    try:
+        with torch.no_grad():
+            batch = fetch(train_shard, torch.arange(min(job.batch_size, len(train_shard))))
+            check_loss(job.model(batch), step=0)
+    finally:
+        job.model.train(was_training)
+
+
 def preload():
     """Import once, before forking, what every rank would otherwise import on its own.
 
@@ -108,11 +123,15 @@ def launch(job: Job, on_row=None) -> LaunchResult:
     if job.nodes < 1:
         raise ExoframeError(f"nodes must be at least 1, got {job.nodes}.")
     start = time.perf_counter()
+    shards = [(job.dataset(rank, job.nodes, "train"), job.dataset(rank, job.nodes, "val"))
+              for rank in range(job.nodes)]
+    check_model(job, shards[0][0])
     preload()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
     context = mp.get_context("fork")
     pipes = [context.Pipe() for _ in range(job.nodes)]
-    processes = [context.Process(target=_rank_entry, args=(rank, job, child), daemon=True,
+    processes = [context.Process(target=_rank_entry, args=(rank, job, shards[rank], child),
+                                 daemon=True,
                                  name=f"exoframe-rank-{rank}")
                  for rank, (_, child) in enumerate(pipes)]
     for p in processes:

@@ -36,8 +36,8 @@ def check_loss(loss, step):
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ExoframeError(
-            f"the model's forward(batch) must return a scalar loss tensor; at step {step} it "
-            f"returned {shape}. Reduce it, e.g. with .mean().")
+            f"the model's forward(batch) must return a scalar loss tensor; it returned {shape}"
+            f"{f' at step {step}' if step else ''}. Reduce it, e.g. with .mean().")
 
 
 @torch.no_grad()
@@ -53,7 +53,8 @@ def validate(job: Job, eval_model, model, val_shard) -> float | None:
     return (total[0] / total[1]).item() if total[1] > 0 else None
 
 
-def train(rank: int, job: Job, conn):
+def train(rank: int, job: Job, shards, conn):
+    """shards: this rank's (train, val) datasets, made by the launcher before the fork."""
     torch.set_num_threads(job.threads)
     join_group(rank, job.nodes, conn.recv())
     model = job.model
@@ -66,8 +67,8 @@ def train(rank: int, job: Job, conn):
 
     comm = Communicator(rank, job.nodes)
     strategy = job.strategy_cls(model, comm, job.optimizer, job.strategy_params, seed=job.seed)
-    batches = Batches(job.dataset(rank, job.nodes, "train"), job.batch_size, job.seed, rank)
-    val_shard = job.dataset(rank, job.nodes, "val")
+    train_shard, val_shard = shards
+    batches = Batches(train_shard, job.batch_size, job.seed, rank)
     eval_model = copy.deepcopy(model)
 
     model.train()
