@@ -16,14 +16,14 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from ..errors import ExoframeError
-from .job import Job
 from .data import fetch
+from .job import Job
 from .rank import check_loss, train
 
 
@@ -43,7 +43,6 @@ class LaunchResult:
     startup_seconds: float
     elapsed_seconds: float
     final_parameters: torch.Tensor | None = None
-    steps: list = field(default_factory=list)
 
 
 def _die_with_parent():

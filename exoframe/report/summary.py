@@ -18,6 +18,8 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "best_achievable_loss": job.best_loss,
         "bytes_sent_per_node": sum(r["bytes_sent"] for r in ranks) / nodes,
         "bytes_received_per_node": sum(r["bytes_received"] for r in ranks) / nodes,
+        "bytes_sent_per_rank": [r["bytes_sent"] for r in ranks],
+        "bytes_received_per_rank": [r["bytes_received"] for r in ranks],
         "traffic_by_kind_rank0": ranks[0]["traffic"],
         "elapsed_seconds": launch_result.elapsed_seconds,
         "startup_seconds": launch_result.startup_seconds,

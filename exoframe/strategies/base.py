@@ -116,7 +116,7 @@ class Strategy:
 
     def average_gradients(self):
         """One all-reduce (mean) over every gradient, as a flat buffer."""
-        params = [p for p in self.trainable_parameters()]
+        params = self.trainable_parameters()
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
