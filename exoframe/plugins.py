@@ -147,9 +147,6 @@ class PluginManager:
     def workloads(self) -> Registry:
         return self.registries["workloads"]
 
-    def failures(self):
-        return [p for p in self.plugins.values() if p.status == "failed"]
-
 
 def _one_line(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]

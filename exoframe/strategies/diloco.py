@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..comm import flatten, unflatten_into
-from .base import Strategy, check_positive
+from .base import Strategy, check_fraction, check_positive
 
 
 class DiLoCo(Strategy):
@@ -28,8 +28,7 @@ class DiLoCo(Strategy):
 
         def __post_init__(self):
             check_positive("diloco", H=self.H, outer_lr=self.outer_lr)
-            if self.outer_momentum < 0:
-                check_positive("diloco", outer_momentum=self.outer_momentum)
+            check_fraction("diloco", outer_momentum=self.outer_momentum)
 
     def setup(self):
         self.global_params = torch.nn.Parameter(flatten(self.trainable_parameters()))

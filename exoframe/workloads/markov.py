@@ -5,8 +5,6 @@ a strategy gets to the optimum.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 
@@ -86,7 +84,3 @@ class MarkovSource:
             out[:, t] = symbol
             state = self.next_state[state, symbol]
         return out
-
-
-def nats_to_bits(x: float) -> float:
-    return x / math.log(2)
