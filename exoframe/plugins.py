@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pluggy
 

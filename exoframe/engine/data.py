@@ -12,8 +12,8 @@ def fetch(dataset: Dataset, indices: torch.Tensor):
     """One batch for `indices`, gathering straight from tensors when the data allows it."""
     while isinstance(dataset, Subset):  # map indices down to the underlying dataset
         base = dataset.indices
-        indices = (torch.as_tensor(range(base.start, base.stop, base.step))[indices]
-                   if isinstance(base, range) else torch.as_tensor(base)[indices])
+        indices = (base.start + indices * base.step if isinstance(base, range)
+                   else torch.as_tensor(base)[indices])
         dataset = dataset.dataset
     if isinstance(dataset, TensorDataset):
         return tuple(t[indices] for t in dataset.tensors)

@@ -35,10 +35,6 @@ class Job:
     best_loss: Optional[float] = None
 
 
-def default_eval_every(steps: int) -> int:
-    return max(1, steps // 10)
-
-
 def resolve_strategy(strategy, params: dict | None, pm: PluginManager):
     """(class, registered name, typed params) for a name or a Strategy subclass."""
     if isinstance(strategy, type) and issubclass(strategy, Strategy):
@@ -71,19 +67,25 @@ def load_workload(spec: str, params: dict, pm: PluginManager) -> Workload:
     return workload
 
 
-def job_from_config(config: RunConfig, pm: PluginManager | None = None) -> Job:
-    pm = pm or get_plugin_manager()
+def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, strategy=None,
+              pm: PluginManager | None = None) -> Job:
+    """The Job for a validated config; `strategy` (a name or a Strategy subclass) overrides
+    config.strategy, and the workload supplies the defaults config leaves as None."""
     strategy_cls, strategy_name, strategy_params = resolve_strategy(
-        config.strategy, config.strategy_params, pm)
-    workload = load_workload(config.workload, config.workload_params, pm)
-    torch.manual_seed(config.seed)
-    model = workload.build_model()
+        strategy or config.strategy, config.strategy_params, pm or get_plugin_manager())
     return Job(
         model=model, dataset=workload.dataset, strategy_cls=strategy_cls,
         strategy_name=strategy_name, strategy_params=strategy_params,
         optimizer=OptimizerSpec(config.optimizer, config.lr or workload.lr, config.weight_decay,
                                 config.momentum),
         nodes=config.nodes, steps=config.steps, batch_size=config.batch_size or workload.batch_size,
-        seed=config.seed, eval_every=config.eval_every or default_eval_every(config.steps),
+        seed=config.seed, eval_every=config.eval_every or max(1, config.steps // 10),
         eval_batches=config.eval_batches, threads=config.threads, workload_name=workload.name,
         best_loss=workload.best_loss)
+
+
+def job_from_config(config: RunConfig, pm: PluginManager | None = None) -> Job:
+    pm = pm or get_plugin_manager()
+    workload = load_workload(config.workload, config.workload_params, pm)
+    torch.manual_seed(config.seed)
+    return build_job(config, workload, workload.build_model(), pm=pm)

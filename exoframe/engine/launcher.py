@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ExoframeError
-from .data import fetch
+from .data import Batches, fetch
 from .job import Job
 from .rank import check_loss, train
 
@@ -51,12 +51,12 @@ def _die_with_parent():
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _rank_entry(rank: int, job: Job, shards, conn):
+def _rank_entry(rank: int, job: Job, data, conn):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C for everyone
     _die_with_parent()
     code = 0
     try:
-        train(rank, job, shards, conn)
+        train(rank, job, *data, conn)
     except BaseException as e:  # report, then exit: the launcher stops the other ranks
         code = 1
         user_error = isinstance(e, ExoframeError)
@@ -85,19 +85,16 @@ class StepAggregator:
             return None
         del self.pending[step]
         row = {"step": step}
-        keys = [k for k in records[0] if k != "bytes_sent"]
-        for key in keys:
-            values = [r.get(key) for r in records if r.get(key) is not None]
+        for key in dict.fromkeys(k for r in records for k in r):  # every key, in first-seen order
+            values = [r[key] for r in records if r.get(key) is not None]
             if values:
                 row[key] = sum(values) / len(values)
-        row["bytes_sent_per_node"] = sum(r["bytes_sent"] for r in records) / self.nodes
+        row["bytes_sent_per_node"] = row.pop("bytes_sent")
         return row
 
 
 def check_model(job: Job, train_shard):
     """Fail fast, before any fork: one forward pass (eval mode, no grad) must give a scalar."""
-    if len(train_shard) == 0:
-        raise ExoframeError("rank 0 got an empty training shard: use fewer nodes or more data.")
     was_training = job.model.training
     job.model.eval()
     try:
@@ -119,17 +116,15 @@ def preload():
 
 def launch(job: Job, on_row=None) -> LaunchResult:
     """Run `job` on job.nodes forked ranks. `on_row(row)` is called for each finished step."""
-    if job.nodes < 1:
-        raise ExoframeError(f"nodes must be at least 1, got {job.nodes}.")
     start = time.perf_counter()
-    shards = [(job.dataset(rank, job.nodes, "train"), job.dataset(rank, job.nodes, "val"))
-              for rank in range(job.nodes)]
-    check_model(job, shards[0][0])
+    data = [(Batches(job.dataset(rank, job.nodes, "train"), job.batch_size, job.seed, rank),
+             job.dataset(rank, job.nodes, "val")) for rank in range(job.nodes)]
+    check_model(job, data[0][0].dataset)
     preload()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
     context = mp.get_context("fork")
     pipes = [context.Pipe() for _ in range(job.nodes)]
-    processes = [context.Process(target=_rank_entry, args=(rank, job, shards[rank], child),
+    processes = [context.Process(target=_rank_entry, args=(rank, job, data[rank], child),
                                  daemon=True,
                                  name=f"exoframe-rank-{rank}")
                  for rank, (_, child) in enumerate(pipes)]

@@ -41,8 +41,9 @@ def check_loss(loss, step):
 
 
 @torch.no_grad()
-def validate(job: Job, eval_model, model, val_shard) -> float | None:
-    unflatten_into(averaged_parameters(model), list(eval_model.parameters()))
+def validate(job: Job, eval_model, averaged: torch.Tensor, val_shard) -> float | None:
+    """Validation loss of the averaged weights `averaged` (flat), over every rank's shard."""
+    unflatten_into(averaged, list(eval_model.parameters()))
     eval_model.eval()
     total = torch.zeros(2, dtype=torch.float64)  # [sum of losses × examples, examples]
     for batch in eval_batches(val_shard, job.batch_size, job.eval_batches):
@@ -53,22 +54,15 @@ def validate(job: Job, eval_model, model, val_shard) -> float | None:
     return (total[0] / total[1]).item() if total[1] > 0 else None
 
 
-def train(rank: int, job: Job, shards, conn):
-    """shards: this rank's (train, val) datasets, made by the launcher before the fork."""
+def train(rank: int, job: Job, batches: Batches, val_shard, conn):
+    """batches and val_shard are this rank's data, made by the launcher before the fork.
+    Every rank inherits the launcher's model through the fork, so all start identical."""
     torch.set_num_threads(job.threads)
     join_group(rank, job.nodes, conn.recv())
-    model = job.model
-    with torch.no_grad():  # every rank starts from rank 0's weights
-        flat = flatten(model.parameters())
-        if job.nodes > 1:
-            dist.broadcast(flat, 0)
-        unflatten_into(flat, list(model.parameters()))
     torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
-
+    model = job.model
     comm = Communicator(rank, job.nodes)
     strategy = job.strategy_cls(model, comm, job.optimizer, job.strategy_params, seed=job.seed)
-    train_shard, val_shard = shards
-    batches = Batches(train_shard, job.batch_size, job.seed, rank)
     eval_model = copy.deepcopy(model)
 
     model.train()
@@ -80,16 +74,15 @@ def train(rank: int, job: Job, shards, conn):
         strategy.step()
         record = {"loss": loss.item(), "bytes_sent": comm.traffic.bytes_sent,
                   **strategy.metrics()}
-        if step % job.eval_every == 0 or step == job.steps:
-            record["val_loss"] = validate(job, eval_model, model, val_shard)
-            model.train()
+        if step % job.eval_every == 0 or step == job.steps:  # always at the last step
+            averaged = averaged_parameters(model)
+            record["val_loss"] = validate(job, eval_model, averaged, val_shard)
         conn.send(("step", rank, step, record))
 
-    final = averaged_parameters(model)
     conn.send(("done", rank, {
         "traffic": comm.traffic.as_dict(),
         "bytes_sent": comm.traffic.bytes_sent,
         "bytes_received": comm.traffic.bytes_received,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "final_parameters": final.numpy() if rank == 0 else None,
+        "final_parameters": averaged.numpy() if rank == 0 else None,
     }))

@@ -15,10 +15,8 @@ from typing import Optional
 import torch
 
 from ..config import RunConfig
-from ..plugins import get_plugin_manager
-from ..strategies.base import OptimizerSpec
-from ..workloads.base import shard_factory
-from .job import Job, default_eval_every, resolve_strategy
+from ..workloads.base import Workload, shard_factory
+from .job import build_job
 from .run import RunResult, execute
 
 
@@ -36,13 +34,12 @@ class Trainer:
             weight_decay: float = 0.0, momentum: float = 0.0, seed: int = 0,
             eval_every: int | None = None, eval_batches: int = 8, threads: int = 1,
             out: str | None = None, progress: bool = False) -> RunResult:
-        RunConfig(nodes=num_nodes, steps=steps, lr=lr, threads=threads, batch_size=self.batch_size,
-                  eval_every=eval_every, eval_batches=eval_batches).validate()
-        cls, name, params = resolve_strategy(strategy, strategy_params, get_plugin_manager())
-        job = Job(model=self.model, dataset=self.dataset, strategy_cls=cls, strategy_name=name,
-                  strategy_params=params,
-                  optimizer=OptimizerSpec(optimizer, lr, weight_decay, momentum),
-                  nodes=num_nodes, steps=steps, batch_size=self.batch_size, seed=seed,
-                  eval_every=eval_every or default_eval_every(steps), eval_batches=eval_batches,
-                  threads=threads, best_loss=self.best_loss)
-        return execute(job, out=out, progress=progress)
+        config = RunConfig(
+            strategy_params=dict(strategy_params or {}), nodes=num_nodes, steps=steps,
+            batch_size=self.batch_size, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
+            momentum=momentum, seed=seed, eval_every=eval_every, eval_batches=eval_batches,
+            threads=threads).validate()
+        workload = Workload(build_model=lambda: self.model, dataset=self.dataset,
+                            batch_size=self.batch_size, lr=lr, best_loss=self.best_loss)
+        return execute(build_job(config, workload, self.model, strategy=strategy), out=out,
+                       progress=progress)
