@@ -32,6 +32,11 @@ def cli():
 @click.option("--eval-batches", type=int, help="Validation batches per rank. [8]")
 @click.option("--threads", type=int, help="CPU threads per rank. [1]")
 @click.option("--out", help="Parent folder of run folders. [runs]")
+@click.option("--net", help="Network: a preset (see `exoframe nets`) or a YAML file. [ideal]")
+@click.option("--compute", help="Compute model: measured, fixed:<time per step> (fixed:250ms) "
+              "or flops:<device>[:<efficiency>] (flops:h100). [measured]")
+@click.option("--stragglers", help="Slow ranks, comma-separated: RANK:FACTOR (3:4), "
+              "lognormal:SIGMA, exponential:MEAN, bernoulli:P:FACTOR. [none]")
 @click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Strategy parameter, repeatable (e.g. -p H=50).")
 @click.option("-w", "--workload-param", "workload_params", multiple=True, metavar="KEY=VALUE",
@@ -74,6 +79,23 @@ def workloads():
     from .plugins import get_plugin_manager
 
     _print_registry(get_plugin_manager().workloads)
+
+
+@cli.command()
+def nets():
+    """List network presets: name, what it models, source package."""
+    from .plugins import get_plugin_manager
+    from .sim.netconfig import load_network
+
+    pm = get_plugin_manager()
+    entries = list(pm.networks)
+    width = max((len(e.name) for e in entries), default=4)
+    for e in entries:
+        try:
+            line = e.description or load_network(e.name, pm.networks).summary()
+        except ExoframeError as error:
+            line = f"broken: {error}"
+        click.echo(f"{e.name:<{width}}  {line}  [{e.source}]")
 
 
 @cli.command()

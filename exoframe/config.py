@@ -32,6 +32,9 @@ class RunConfig:
     eval_batches: int = 8
     threads: int = 1
     out: str = "runs"
+    net: str = "ideal"  # a preset name (exoframe nets) or a YAML file
+    compute: str = "measured"  # measured | fixed:<time per step> | flops:<device>[:<efficiency>]
+    stragglers: str = ""  # e.g. "3:4" (rank 3 is 4x slower), "lognormal:0.3", both: "3:4,lognormal:0.3"
 
     def validate(self):
         positive = {"nodes": self.nodes, "steps": self.steps, "threads": self.threads,

@@ -25,3 +25,22 @@ def exoframe_register_workloads(register):
 
     A workload factory takes keyword parameters and returns an exoframe.Workload.
     """
+
+
+@hookspec
+def exoframe_register_networks(register):
+    """register(name, source, description="", aliases=())
+
+    A network preset: `source` is a path to a YAML file, or a dict with the same keys
+    (see netmodels/*.yaml).
+    """
+
+
+@hookspec
+def exoframe_register_algorithms(register):
+    """register(name, plan_function, description="", aliases=())
+
+    A collective algorithm: plan_function(kind, n, root) returns an exoframe.sim.Plan, the
+    flows that carry collective `kind` among n participants, or raises ValueError if it
+    does not implement `kind`.
+    """

@@ -17,8 +17,12 @@ from . import hookspecs
 from .errors import ExoframeError, unknown_name_error
 
 ENTRY_POINT_GROUP = "exoframe"
-BUILTIN_PLUGINS = ("exoframe.strategies", "exoframe.workloads")
-KINDS = {"strategies": "exoframe_register_strategies", "workloads": "exoframe_register_workloads"}
+BUILTIN_PLUGINS = ("exoframe.strategies", "exoframe.workloads", "exoframe.sim")
+KINDS = {"strategies": "exoframe_register_strategies", "workloads": "exoframe_register_workloads",
+         "networks": "exoframe_register_networks",
+         "algorithms": "exoframe_register_algorithms"}
+SINGULAR = {"strategies": "strategy", "workloads": "workload", "networks": "network preset",
+            "algorithms": "collective algorithm"}
 
 
 @dataclass
@@ -54,7 +58,7 @@ class Registry:
             existing = self.get_entry_or_none(name)
             if existing is not None:
                 raise ExoframeError(
-                    f"{self.kind[:-1]} '{name}' is registered twice: by {existing.source} "
+                    f"{SINGULAR[self.kind]} '{name}' is registered twice: by {existing.source} "
                     f"and by {entry.source}."
                 )
         self.entries[entry.name] = entry
@@ -67,8 +71,7 @@ class Registry:
     def get(self, name) -> Entry:
         entry = self.get_entry_or_none(name)
         if entry is None:
-            singular = {"strategies": "strategy"}.get(self.kind, self.kind.rstrip("s"))
-            raise unknown_name_error(singular, name, [*self.entries, *self.aliases])
+            raise unknown_name_error(SINGULAR[self.kind], name, [*self.entries, *self.aliases])
         return entry
 
     def __iter__(self):
@@ -146,6 +149,14 @@ class PluginManager:
     @property
     def workloads(self) -> Registry:
         return self.registries["workloads"]
+
+    @property
+    def networks(self) -> Registry:
+        return self.registries["networks"]
+
+    @property
+    def algorithms(self) -> Registry:
+        return self.registries["algorithms"]
 
 
 def _one_line(exc: BaseException) -> str:

@@ -82,7 +82,8 @@ def test_every_operation_moves_real_data_and_counts_ring_bytes():
                                      "bytes_received": 4 * 2 * (N - 1) * full // N}
     assert traffic["all_gather"]["bytes_sent"] == 2 * (N - 1) * full // N
     assert traffic["reduce_scatter"]["bytes_received"] == 2 * (N - 1) * full // N
-    # chain broadcast from rank 2: rank 0 comes next in the chain, receives and forwards
-    assert traffic["broadcast"] == {"calls": 2, "bytes_sent": 2 * K * 4, "bytes_received": 2 * K * 4}
+    # binomial-tree broadcast from rank 2 (the default): it sends to rank 0, then to rank 1;
+    # rank 0 only receives
+    assert traffic["broadcast"] == {"calls": 2, "bytes_sent": 0, "bytes_received": 2 * K * 4}
     assert traffic["send"] == {"calls": 4, "bytes_sent": 16, "bytes_received": 0}
     assert traffic["recv"] == {"calls": 4, "bytes_sent": 0, "bytes_received": 16}

@@ -1,50 +1,65 @@
 """The Communicator: the one way strategies exchange data.
 
-Every operation passes through `_submit`, where its kind, payload size, participants and
-rank are known: that is where traffic is counted (and where the network simulator will
-time it). Tensors are exchanged for real through torch.distributed.
+Every operation passes through `_submit`. The tensors are exchanged for real through
+torch.distributed; the same operation (kind, payload, participants) is reported to the
+network simulator through the rank's clock, which decides when it completes in simulated
+time. Real operations are always started asynchronously, before the rank waits for the
+simulator: a rank never sits in a real exchange that the simulator does not know about.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from .traffic import TrafficStats, ring_bytes
+from ..sim.clock import SoloClock
+from .traffic import TrafficStats
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                "min": dist.ReduceOp.MIN}
 
 
 class Handle:
-    """An operation in flight. `wait()` blocks until it is done and returns its result."""
+    """An operation in flight. `wait()` moves the simulated clock to its completion and
+    returns its result; `is_completed()` says whether it has completed by the rank's
+    simulated now (not whether the bytes happen to have arrived for real)."""
 
-    def __init__(self, work, result=None, finish=None):
-        self._work = work
-        self._result = result
-        self._finish = finish
+    def __init__(self, comm: "Communicator", op_id: int, work, result=None, finish=None):
+        self._comm, self._op_id, self._work = comm, op_id, work
+        self._result, self._finish = result, finish
         self._done = False
 
     def wait(self):
         if not self._done:
-            if self._work is not None:
-                self._work.wait()
-            if self._finish is not None:
-                self._finish()
-            self._done = True
+            self._comm.clock.wait(self._op_id)
+            self._complete()
         return self._result
 
     def is_completed(self) -> bool:
-        if self._done:
-            return True
-        return self._work is None or self._work.is_completed()
+        if not self._done and self._comm.clock.is_done(self._op_id):
+            self._complete()
+        return self._done
+
+    def _complete(self):
+        if self._work is not None:
+            self._work.wait()
+        if self._finish is not None:
+            self._finish()
+        self._done = True
+        self._comm._pending.discard(self)
 
 
 class Communicator:
-    def __init__(self, rank: int, world_size: int, group=None):
+    def __init__(self, rank: int, world_size: int, clock=None, group=None):
+        """clock: the rank's exoframe.sim.clock.RankClock (the engine makes it); without
+        one, a Communicator serves a single process (world size 1)."""
         self.rank = rank
         self.world_size = world_size
+        self.clock = clock if clock is not None else SoloClock()
         self.group = group
+        self.ranks = tuple(range(world_size)) if group is None else \
+            tuple(dist.get_process_group_ranks(group))
         self.traffic = TrafficStats()
+        self._pending: set[Handle] = set()
 
     # -- collectives ---------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
@@ -52,19 +67,18 @@ class Communicator:
         reduce_op = _reduce_op(op)
         finish = (lambda: tensor.div_(self.world_size)) if op == "mean" else None
         return self._submit("all_reduce", _nbytes(tensor), async_op, tensor, finish,
-                            lambda: dist.all_reduce(tensor, reduce_op, self.group, async_op))
+                            lambda: dist.all_reduce(tensor, reduce_op, self.group, True))
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False):
-        sent, received = ring_bytes("broadcast", _nbytes(tensor), self.world_size, self.rank, src)
         return self._submit("broadcast", _nbytes(tensor), async_op, tensor, None,
-                            lambda: dist.broadcast(tensor, src, self.group, async_op),
-                            counted=(sent, received))
+                            lambda: dist.broadcast(tensor, src, self.group, True),
+                            root=self.ranks.index(src))
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
         """output (world_size * input.numel(), flat) receives every rank's input, in rank order."""
         _check_numel(output, input.numel() * self.world_size, "all_gather output")
         return self._submit("all_gather", _nbytes(output), async_op, output, None,
-                            lambda: dist.all_gather_into_tensor(output, input, self.group, async_op))
+                            lambda: dist.all_gather_into_tensor(output, input, self.group, True))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
                        async_op: bool = False):
@@ -74,34 +88,33 @@ class Communicator:
         finish = (lambda: output.div_(self.world_size)) if op == "mean" else None
         return self._submit(
             "reduce_scatter", _nbytes(input), async_op, output, finish,
-            lambda: dist.reduce_scatter_tensor(output, input, reduce_op, self.group, async_op))
+            lambda: dist.reduce_scatter_tensor(output, input, reduce_op, self.group, True))
 
     # -- point to point ------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False):
-        nbytes = _nbytes(tensor)
-        run = (lambda: dist.isend(tensor, dst, self.group)) if async_op else \
-            (lambda: dist.send(tensor, dst, self.group))
-        return self._submit("send", nbytes, async_op, None, None, run, counted=(nbytes, 0))
+        return self._submit("send", _nbytes(tensor), async_op, None, None,
+                            lambda: dist.isend(tensor, dst, self.group), peers=(self.rank, dst))
 
     def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False):
-        nbytes = _nbytes(tensor)
-        run = (lambda: dist.irecv(tensor, src, self.group)) if async_op else \
-            (lambda: dist.recv(tensor, src, self.group))
-        return self._submit("recv", nbytes, async_op, tensor, None, run, counted=(0, nbytes))
+        return self._submit("recv", _nbytes(tensor), async_op, tensor, None,
+                            lambda: dist.irecv(tensor, src, self.group), peers=(src, self.rank))
+
+    def wait_all(self):
+        """Wait for every operation still in flight (the end of training)."""
+        for handle in sorted(self._pending, key=lambda h: h._op_id):
+            handle.wait()
 
     # -- the choke point -----------------------------------------------------------------
-    def _submit(self, kind, nbytes, async_op, result, finish, run, counted=None):
-        sent, received = counted if counted is not None else \
-            ring_bytes(kind, nbytes, self.world_size)
-        self.traffic.add(kind, sent, received)
-        if self.world_size == 1 and kind not in ("send", "recv"):
-            work = None  # nothing to exchange; keep the same semantics without a process group
-        else:
-            work = run()
+    def _submit(self, kind, nbytes, async_op, result, finish, start, root=0, peers=None):
+        participants = peers if peers is not None else self.ranks
+        work = start() if len(participants) > 1 else None
+        submitted = self.clock.submit(kind, nbytes, participants, root, blocking=not async_op)
+        self.traffic.add(kind, submitted.bytes_sent, submitted.bytes_received)
+        handle = Handle(self, submitted.op_id, work, result, finish)
         if async_op:
-            return Handle(work, result, finish)
-        if finish is not None:
-            finish()
+            self._pending.add(handle)
+            return handle
+        handle._complete()  # the clock has already waited for it
         return result
 
 

@@ -1,33 +1,12 @@
-"""Bytes each rank sends and receives for one operation, and per-kind counters.
+"""Per-kind counters of a rank's operations and bytes.
 
-Until the network model decomposes operations by algorithm, counts follow the default
-algorithms: ring for all_reduce / all_gather / reduce_scatter, a chain (pipelined)
-broadcast, and a single flow for send/recv. S is the payload in bytes: the full buffer for
-all_reduce and broadcast, the gathered output for all_gather, the input for reduce_scatter.
+The bytes come from the network simulator's plan for each operation (the algorithm the
+network config selects: ring, tree, ...), so they are what that algorithm puts on the wire.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-
-
-def ring_bytes(kind: str, nbytes: int, world_size: int, rank: int = 0, src: int = 0):
-    """(bytes sent, bytes received) by `rank` for one operation of `nbytes` payload."""
-    n = world_size
-    if n == 1:
-        return 0, 0
-    if kind == "all_reduce":
-        each = 2 * (n - 1) * nbytes // n
-        return each, each
-    if kind in ("all_gather", "reduce_scatter"):
-        each = (n - 1) * nbytes // n
-        return each, each
-    if kind == "broadcast":
-        position = (rank - src) % n  # place in the chain that starts at src
-        sent = nbytes if position < n - 1 else 0
-        received = nbytes if position > 0 else 0
-        return sent, received
-    raise ValueError(f"no ring byte count for {kind}")
 
 
 @dataclass

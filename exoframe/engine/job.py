@@ -12,6 +12,7 @@ import torch
 from ..config import RunConfig
 from ..errors import ExoframeError
 from ..plugins import PluginManager, get_plugin_manager
+from ..sim import SimSetup, resolve_sim
 from ..strategies.base import OptimizerSpec, Strategy
 from ..workloads.base import DatasetFactory, Workload, call_with_params
 
@@ -27,6 +28,7 @@ class Job:
     nodes: int
     steps: int
     batch_size: int
+    sim: SimSetup
     seed: int = 0
     eval_every: int = 50
     eval_batches: int = 8
@@ -71,14 +73,16 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
               pm: PluginManager | None = None) -> Job:
     """The Job for a validated config; `strategy` (a name or a Strategy subclass) overrides
     config.strategy, and the workload supplies the defaults config leaves as None."""
+    pm = pm or get_plugin_manager()
     strategy_cls, strategy_name, strategy_params = resolve_strategy(
-        strategy or config.strategy, config.strategy_params, pm or get_plugin_manager())
+        strategy or config.strategy, config.strategy_params, pm)
     return Job(
         model=model, dataset=workload.dataset, strategy_cls=strategy_cls,
         strategy_name=strategy_name, strategy_params=strategy_params,
         optimizer=OptimizerSpec(config.optimizer, config.lr or workload.lr, config.weight_decay,
                                 config.momentum),
         nodes=config.nodes, steps=config.steps, batch_size=config.batch_size or workload.batch_size,
+        sim=resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm),
         seed=config.seed, eval_every=config.eval_every or max(1, config.steps // 10),
         eval_batches=config.eval_batches, threads=config.threads, workload_name=workload.name,
         best_loss=workload.best_loss)

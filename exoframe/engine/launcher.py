@@ -1,9 +1,11 @@
-"""Start one process per rank, relay their progress, and stop them all if one fails.
+"""Start one process per rank and an evaluator, run the network simulator for them, relay
+their progress, and stop them all if one fails.
 
 Ranks are forked from this process, which has already imported torch, so start-up does not
 pay a fresh interpreter and torch import per rank. The launcher owns the rendezvous store on
-a free port (two runs at once never collide), watches every rank's pipe and process, and on
-a failure or Ctrl-C kills every rank so that no process is left behind.
+a free port (two runs at once never collide) and the simulator, which answers the ranks over
+their pipes; it watches every pipe and process, and on a failure or Ctrl-C kills every
+child so that no process is left behind.
 """
 from __future__ import annotations
 
@@ -18,19 +20,27 @@ import time
 import traceback
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..errors import ExoframeError
+from ..sim import SimulationError, Simulator
 from .data import Batches, fetch
+from .evaluator import evaluate
+from .flops import count_step_flops
 from .job import Job
 from .rank import check_loss, train
 
+EVALUATOR = "evaluator"
+
 
 class RankFailed(ExoframeError):
-    def __init__(self, rank: int, message: str, details: str, user_error: bool):
-        super().__init__(f"rank {rank}: {message}")
-        self.rank, self.details, self.user_error = rank, details, user_error
+    """A child process failed; `who` is its rank, or "evaluator", or "simulator"."""
+
+    def __init__(self, who, message: str, details: str, user_error: bool):
+        super().__init__(f"{who if isinstance(who, str) else f'rank {who}'}: {message}")
+        self.who, self.details, self.user_error = who, details, user_error
 
 
 class RunInterrupted(ExoframeError):
@@ -51,18 +61,18 @@ def _die_with_parent():
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _rank_entry(rank: int, job: Job, data, conn):
+def _child_entry(who, target, args, conn):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C for everyone
     _die_with_parent()
     code = 0
     try:
-        train(rank, job, *data, conn)
-    except BaseException as e:  # report, then exit: the launcher stops the other ranks
+        target(*args, conn)
+    except BaseException as e:  # report, then exit: the launcher stops the other children
         code = 1
         user_error = isinstance(e, ExoframeError)
         message = str(e) if user_error else f"{type(e).__name__}: {e}"
         try:
-            conn.send(("error", rank, time.time(), message, traceback.format_exc(), user_error))
+            conn.send(("error", who, time.time(), message, traceback.format_exc(), user_error))
         except Exception:
             pass
     finally:
@@ -71,30 +81,63 @@ def _rank_entry(rank: int, job: Job, data, conn):
         os._exit(code)  # skip interpreter teardown: a half-open process group can hang in it
 
 
-class StepAggregator:
-    """Turns per-rank step records into one row per step, once every rank reported it."""
+class StepRows:
+    """Turns per-rank step records into one row per step, in step order.
+
+    A row is ready once every rank reported the step and, at evaluation steps, once the
+    evaluator validated the ranks' averaged weights. Values are averaged over ranks, except
+    the simulated time, where a step ends when its last rank ends it.
+    """
 
     def __init__(self, nodes: int):
         self.nodes = nodes
-        self.pending: dict[int, list] = {}
+        self.records: dict[int, list] = {}
+        self.weights: dict[int, list] = {}
+        self.rows: dict[int, dict] = {}
+        self.awaiting_val: set[int] = set()
+        self.next_step = 1
 
-    def add(self, rank: int, step: int, record: dict):
-        records = self.pending.setdefault(step, [None] * self.nodes)
+    def add(self, rank: int, step: int, record: dict, weights):
+        """Returns the averaged weights of `step` when they are complete, else None."""
+        records = self.records.setdefault(step, [None] * self.nodes)
         records[rank] = record
+        if weights is not None:
+            self.weights.setdefault(step, [None] * self.nodes)[rank] = weights
         if any(r is None for r in records):
             return None
-        del self.pending[step]
+        del self.records[step]
+        self.rows[step] = self._row(step, records)
+        if step not in self.weights:
+            return None
+        stack = self.weights.pop(step)  # summed in rank order: deterministic
+        self.awaiting_val.add(step)
+        return np.sum(np.stack(stack), axis=0) / self.nodes
+
+    def add_val(self, step: int, val_loss):
+        self.awaiting_val.discard(step)
+        if val_loss is not None:  # None: no validation data
+            self.rows[step]["val_loss"] = val_loss
+
+    def ready(self):
+        """Rows that can be emitted now, in order."""
+        while self.next_step in self.rows and self.next_step not in self.awaiting_val:
+            yield self.rows.pop(self.next_step)
+            self.next_step += 1
+
+    @staticmethod
+    def _row(step: int, records: list) -> dict:
         row = {"step": step}
         for key in dict.fromkeys(k for r in records for k in r):  # every key, in first-seen order
             values = [r[key] for r in records if r.get(key) is not None]
             if values:
-                row[key] = sum(values) / len(values)
+                row[key] = max(values) if key == "sim_time" else sum(values) / len(values)
         row["bytes_sent_per_node"] = row.pop("bytes_sent")
         return row
 
 
 def check_model(job: Job, train_shard):
-    """Fail fast, before any fork: one forward pass (eval mode, no grad) must give a scalar."""
+    """Fail fast, before any fork: one forward pass (eval mode, no grad) must give a scalar.
+    Returns the batch it used."""
     was_training = job.model.training
     job.model.eval()
     try:
@@ -103,6 +146,7 @@ def check_model(job: Job, train_shard):
             check_loss(job.model(batch), step=0)
     finally:
         job.model.train(was_training)
+    return batch
 
 
 def preload():
@@ -117,17 +161,21 @@ def preload():
 def launch(job: Job, on_row=None) -> LaunchResult:
     """Run `job` on job.nodes forked ranks. `on_row(row)` is called for each finished step."""
     start = time.perf_counter()
-    data = [(Batches(job.dataset(rank, job.nodes, "train"), job.batch_size, job.seed, rank),
-             job.dataset(rank, job.nodes, "val")) for rank in range(job.nodes)]
-    check_model(job, data[0][0].dataset)
+    batches = [Batches(job.dataset(rank, job.nodes, "train"), job.batch_size, job.seed, rank)
+               for rank in range(job.nodes)]
+    val_shards = [job.dataset(rank, job.nodes, "val") for rank in range(job.nodes)]
+    first_batch = check_model(job, batches[0].dataset)
+    if job.sim.compute.needs_flops:
+        job.sim.compute = job.sim.compute.with_flops(count_step_flops(job.model, first_batch))
     preload()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
     context = mp.get_context("fork")
-    pipes = [context.Pipe() for _ in range(job.nodes)]
-    processes = [context.Process(target=_rank_entry, args=(rank, job, data[rank], child),
-                                 daemon=True,
-                                 name=f"exoframe-rank-{rank}")
-                 for rank, (_, child) in enumerate(pipes)]
+    children = [(rank, train, (rank, job, batches[rank])) for rank in range(job.nodes)]
+    children.append((EVALUATOR, evaluate, (job, val_shards)))
+    pipes = [context.Pipe() for _ in children]
+    processes = [context.Process(target=_child_entry, args=(who, target, args, child),
+                                 daemon=True, name=f"exoframe-{who}")
+                 for (who, target, args), (_, child) in zip(children, pipes)]
     for p in processes:
         p.start()
     conns = [parent for parent, _ in pipes]
@@ -137,9 +185,16 @@ def launch(job: Job, on_row=None) -> LaunchResult:
         # Created after the fork so that no store thread exists in the children.
         store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60),
                               wait_for_workers=False)
-        for conn in conns:
+        for conn in conns[:job.nodes]:
             conn.send(store.port)
-        return _monitor(job, conns, processes, start, on_row)
+        monitor = _Monitor(job, conns, processes, on_row)
+        monitor.run()
+        conns[-1].send(None)  # the evaluator's stop
+        end = time.perf_counter()
+        return LaunchResult(rank_results=monitor.results,
+                            startup_seconds=(monitor.first_step_at or end) - start,
+                            elapsed_seconds=end - start,
+                            final_parameters=torch.from_numpy(monitor.final_weights))
     except KeyboardInterrupt:
         raise RunInterrupted("interrupted: every rank was stopped.") from None
     finally:
@@ -147,26 +202,38 @@ def launch(job: Job, on_row=None) -> LaunchResult:
 
 
 class _Monitor:
-    """Reads every rank's messages until all are done; raises on the first failure."""
+    """Reads every child's messages, runs the simulator for the ranks, emits rows in step
+    order, and raises on the first failure."""
 
     def __init__(self, job: Job, conns, processes, on_row):
         self.job, self.conns, self.processes, self.on_row = job, conns, processes, on_row
-        self.aggregator = StepAggregator(job.nodes)
+        self.who = [*range(job.nodes), EVALUATOR]
+        self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
+        self.rows = StepRows(job.nodes)
         self.results = [None] * job.nodes
+        self.final_weights = None
         self.errors = []
         self.first_step_at = None
 
     def handle(self, message):
         kind = message[0]
-        if kind == "step":
-            _, rank, step, record = message
+        if kind == "sim":
+            self.sim.receive(message[1], message[2])
+        elif kind == "step":
+            _, rank, step, record, weights = message
             if self.first_step_at is None:
                 self.first_step_at = time.perf_counter()
-            row = self.aggregator.add(rank, step, record)
-            if row is not None and self.on_row is not None:
-                self.on_row(row)
+            self.sim.note_clock(rank, record["sim_time"])
+            averaged = self.rows.add(rank, step, record, weights)
+            if averaged is not None:
+                self.conns[-1].send((step, averaged))
+                if step == self.job.steps:
+                    self.final_weights = averaged
+        elif kind == "val":
+            self.rows.add_val(message[1], message[2])
         elif kind == "done":
             self.results[message[1]] = message[2]
+            self.sim.rank_done(message[1])
         elif kind == "error":
             self.errors.append(message)
 
@@ -178,46 +245,63 @@ class _Monitor:
         except (EOFError, OSError):
             return False
 
+    def simulate(self):
+        try:
+            replies = self.sim.advance()
+            stuck = self.sim.stuck()
+        except SimulationError as e:
+            raise RankFailed("simulator", str(e), "", True) from None
+        for rank, reply in replies:
+            try:
+                self.conns[rank].send(reply)
+            except OSError:
+                pass  # the rank died; its sentinel says so
+        if stuck:
+            raise RankFailed("simulator", stuck, "", True)
+
+    def emit(self):
+        for row in self.rows.ready():
+            if self.on_row is not None:
+                self.on_row(row)
+
     def raise_first_error(self):
         if self.errors:  # the earliest failure is the cause; later ones are its echoes
-            _, rank, _, text, details, user_error = min(self.errors, key=lambda m: m[2])
-            raise RankFailed(rank, text, details, user_error)
+            _, who, _, text, details, user_error = min(self.errors, key=lambda m: m[2])
+            raise RankFailed(who, text, details, user_error)
+
+    def finished(self) -> bool:
+        return all(r is not None for r in self.results) and self.rows.next_step > self.job.steps
 
     def run(self):
-        open_conns = {conn: rank for rank, conn in enumerate(self.conns)}
-        sentinels = {p.sentinel: rank for rank, p in enumerate(self.processes)}
-        while any(r is None for r in self.results):
+        open_conns = {conn: i for i, conn in enumerate(self.conns)}
+        sentinels = {p.sentinel: i for i, p in enumerate(self.processes)}
+        while not self.finished():
             ready = mp.connection.wait([*open_conns, *sentinels], timeout=5.0)
             for obj in ready:
-                if obj in open_conns and not self.read(obj):
-                    del open_conns[obj]
+                if obj in open_conns:
+                    alive = self.read(obj)
+                    while alive and obj.poll():  # drain: one simulator pass per batch
+                        alive = self.read(obj)
+                    if not alive:
+                        del open_conns[obj]
             self.raise_first_error()
+            self.simulate()
+            self.emit()
             for obj in ready:
-                if obj not in sentinels:
-                    continue
-                rank = sentinels.pop(obj)
-                conn = self.conns[rank]
-                while conn in open_conns and conn.poll() and self.read(conn):
-                    pass
-                self.raise_first_error()
-                if self.results[rank] is None:
-                    self.processes[rank].join()
-                    raise RankFailed(rank, "process died with exit code "
-                                     f"{self.processes[rank].exitcode}", "", False)
-        return self.results
+                if obj in sentinels:
+                    self._check_exit(sentinels.pop(obj), open_conns)
 
-
-def _monitor(job, conns, processes, start, on_row) -> LaunchResult:
-    monitor = _Monitor(job, conns, processes, on_row)
-    results = monitor.run()
-    final = results[0].pop("final_parameters")
-    for r in results[1:]:
-        r.pop("final_parameters")
-    end = time.perf_counter()
-    return LaunchResult(rank_results=results,
-                        startup_seconds=(monitor.first_step_at or end) - start,
-                        elapsed_seconds=end - start,
-                        final_parameters=torch.from_numpy(final))
+    def _check_exit(self, i, open_conns):
+        """Child i exited: drain what it said, then fail unless it had finished."""
+        conn = self.conns[i]
+        while conn in open_conns and conn.poll() and self.read(conn):
+            pass
+        self.raise_first_error()
+        finished = self.results[i] is not None if i < self.job.nodes else self.finished()
+        if not finished:
+            self.processes[i].join()
+            raise RankFailed(self.who[i], "process died with exit code "
+                             f"{self.processes[i].exitcode}", "", False)
 
 
 def _stop(processes):

@@ -7,6 +7,17 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
     last = rows[-1] if rows else {}
     val_rows = [r for r in rows if r.get("val_loss") is not None]
     nodes = job.nodes
+    simulated = max(r["simulated_seconds"] for r in ranks)
+    per_rank = [{
+        "rank": rank,
+        "simulated_seconds": r["simulated_seconds"],
+        "compute_seconds": r["compute_seconds"],
+        "comm_seconds": r["comm_seconds"],
+        "idle_seconds": r["idle_seconds"],
+        "bytes_sent": r["bytes_sent"],
+        "bytes_received": r["bytes_received"],
+        "compute_utilization": _ratio(r["compute_seconds"], r["simulated_seconds"]),
+    } for rank, r in enumerate(ranks)]
     return {
         "strategy": job.strategy_name,
         "strategy_params": vars(job.strategy_params).copy(),
@@ -16,6 +27,14 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "final_loss": last.get("loss"),
         "final_val_loss": val_rows[-1]["val_loss"] if val_rows else None,
         "best_achievable_loss": job.best_loss,
+        "net": job.sim.net,
+        "compute_model": job.sim.compute.describe(),
+        "stragglers": job.sim.stragglers.describe(),
+        "simulated_seconds": simulated,
+        # Over the whole run: the ranks' compute / (ranks × simulated time to finish).
+        "compute_utilization": _ratio(sum(r["compute_seconds"] for r in ranks),
+                                      nodes * simulated),
+        "per_rank": per_rank,
         "bytes_sent_per_node": sum(r["bytes_sent"] for r in ranks) / nodes,
         "bytes_received_per_node": sum(r["bytes_received"] for r in ranks) / nodes,
         "bytes_sent_per_rank": [r["bytes_sent"] for r in ranks],
@@ -27,6 +46,18 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         / max(1, job.steps - 1),
         "peak_rss_mb_per_rank": [round(r["peak_rss_mb"], 1) for r in ranks],
     }
+
+
+def _ratio(a: float, b: float):
+    return a / b if b > 0 else None
+
+
+def format_seconds(s: float) -> str:
+    if s >= 3600:
+        return f"{s / 3600:.2f} h"
+    if s >= 60:
+        return f"{s / 60:.1f} min"
+    return f"{s:.3g} s" if s < 10 else f"{s:.1f} s"
 
 
 def format_bytes(n: float) -> str:
@@ -50,6 +81,11 @@ def summary_table(summary: dict) -> str:
         ("final val loss", fmt(summary["final_val_loss"])),
         ("best achievable loss", fmt(summary["best_achievable_loss"])),
         ("sent per node", format_bytes(summary["bytes_sent_per_node"])),
+        ("network", summary["net"]),
+        ("simulated wall-clock", f"{format_seconds(summary['simulated_seconds'])} "
+                                 f"(compute model {summary['compute_model']})"),
+        ("compute utilization", "-" if summary["compute_utilization"] is None
+         else f"{100 * summary['compute_utilization']:.1f}%"),
         ("elapsed (real)", f"{summary['elapsed_seconds']:.1f} s "
                            f"(start-up {summary['startup_seconds']:.1f} s)"),
     ]

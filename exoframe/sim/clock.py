@@ -1,0 +1,133 @@
+"""A rank's simulated clock, and its side of the conversation with the simulator.
+
+The clock advances by compute (from the compute model) and by waiting for operations (as
+the simulator answers). Its time is split three ways, which always add up to `now`:
+compute, exposed communication (`comm`), and `idle` (waiting for peers to join).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .collectives import plan_for
+from .compute import ComputeClock
+
+
+@dataclass
+class Submitted:
+    op_id: int
+    bytes_sent: int
+    bytes_received: int
+
+
+class RankClock:
+    def __init__(self, rank: int, conn, compute: ComputeClock, topology_algorithms: dict,
+                 algorithms: dict):
+        """conn: the rank's pipe to the launcher, where the simulator runs.
+        topology_algorithms: op kind -> algorithm name; algorithms: name -> plan function."""
+        self.rank = rank
+        self.conn = conn
+        self.compute = compute
+        self.kind_algorithm = {kind: algorithms[name] for kind, name in topology_algorithms.items()}
+        self.now = 0.0
+        self.compute_seconds = self.comm_seconds = self.idle_seconds = 0.0
+        self._next_id = 0
+        self._sequence: dict = {}  # per group / per (src, dst) pair: operations so far
+
+    # -- compute -----------------------------------------------------------------------------
+    def start_step(self):
+        self._add_compute(self.compute.start_step())
+
+    def charge(self):
+        """Bring the clock up to date with the compute done since the last exchange."""
+        self._add_compute(self.compute.elapsed())
+
+    def skip(self):
+        """Do not charge what was done since the last charge (bookkeeping)."""
+        self.compute.restart()
+
+    def _add_compute(self, seconds: float):
+        self.now += seconds
+        self.compute_seconds += seconds
+
+    # -- operations --------------------------------------------------------------------------
+    def submit(self, kind: str, nbytes: int, participants: tuple, root: int = 0,
+               blocking: bool = True) -> Submitted:
+        """Tell the simulator this rank starts an operation now; if blocking, wait for it.
+        participants: the group's ranks (send/recv: (src, dst)); root: index in it."""
+        self.charge()
+        if kind in ("send", "recv"):
+            key = ("p", *participants, self._next_in(("p", participants)))
+            plan = plan_for(None, kind, 2)
+        else:
+            key = ("c", participants, self._next_in(("c", participants)))
+            plan = plan_for(self.kind_algorithm[kind], kind, len(participants), root)
+        index = participants.index(self.rank)
+        op_id = self._next_id
+        self._next_id += 1
+        self._send(("op", self.now, op_id, key, kind, nbytes, participants, root, blocking))
+        if blocking:
+            self._receive_wait()
+        compiled = plan.compiled
+        return Submitted(op_id, round(compiled.sent[index] * nbytes),
+                         round(compiled.received[index] * nbytes))
+
+    def wait(self, op_id: int):
+        self.charge()
+        self._send(("wait", self.now, op_id))
+        self._receive_wait()
+
+    def is_done(self, op_id: int) -> bool:
+        """Has the operation completed by this rank's simulated now?"""
+        self.charge()
+        self._send(("test", self.now, op_id))
+        reply = self._receive()
+        assert reply[0] == "tested", reply
+        return reply[1]
+
+    def stats(self) -> dict:
+        return {"simulated_seconds": self.now, "compute_seconds": self.compute_seconds,
+                "comm_seconds": self.comm_seconds, "idle_seconds": self.idle_seconds}
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def _next_in(self, group) -> int:
+        count = self._sequence.get(group, 0)
+        self._sequence[group] = count + 1
+        return count
+
+    def _send(self, message):
+        self.conn.send(("sim", self.rank, message))
+
+    def _receive(self):
+        reply = self.conn.recv()
+        self.compute.restart()
+        return reply
+
+    def _receive_wait(self):
+        kind, end, idle, comm = self._receive()
+        assert kind == "waited" and end >= self.now, (kind, end, self.now)
+        self.now = end
+        self.idle_seconds += idle
+        self.comm_seconds += comm
+
+
+class SoloClock:
+    """The clock of a Communicator used alone, in one process (world size 1, no simulator):
+    nothing leaves the rank, so every operation is done at once and moves no bytes."""
+
+    now = 0.0
+
+    def __init__(self):
+        self._next_id = 0
+
+    def submit(self, kind, nbytes, participants, root=0, blocking=True) -> Submitted:
+        if len(participants) > 1:
+            raise ValueError("a Communicator without a clock is for world size 1; ranks of a "
+                             "run get theirs from the engine")
+        self._next_id += 1
+        return Submitted(self._next_id - 1, 0, 0)
+
+    def wait(self, op_id):
+        pass
+
+    def is_done(self, op_id) -> bool:
+        return True

@@ -1,0 +1,214 @@
+"""Collective algorithms: how an operation among n participants becomes flows.
+
+A Plan lists flows between participant indices (0..n-1), each carrying a fraction of the
+operation's payload S (all_gather: the gathered output; reduce_scatter: the full input),
+and the flows each one waits for. A flow also waits until both its ends have joined the
+operation. A participant is done with the operation when every flow it sends or receives
+has been delivered.
+
+Built-ins (S bytes, n participants, link bandwidth B, latency a, uniform links):
+- ring: all_reduce = reduce-scatter + all-gather around the ring, 2(n-1) rounds of S/n:
+  2(n-1)(a + S/(nB)); all_gather, reduce_scatter: (n-1)(a + S/(nB)); broadcast: a chain
+  from the root, (n-1)(a + S/B).
+- tree: binomial broadcast from the root, ceil(log2 n) rounds of S; all_reduce =
+  binomial reduce to participant 0, then binomial broadcast.
+- direct: every pair at once. all_reduce = direct reduce-scatter then direct all-gather
+  (the "butterfly" of Hivemind/Moshpit), 2(n-1)S/n bytes per participant; broadcast: the
+  root sends S to each participant.
+- ps: a parameter server (participant 0, or the root of a broadcast) receives from every
+  participant and sends back: all_reduce = push S, pull S.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+@dataclass
+class Plan:
+    n: int
+    src: list[int] = field(default_factory=list)
+    dst: list[int] = field(default_factory=list)
+    fraction: list[float] = field(default_factory=list)
+    deps: list[list[int]] = field(default_factory=list)
+
+    def add(self, src: int, dst: int, fraction: float, deps=()) -> int:
+        self.src.append(src)
+        self.dst.append(dst)
+        self.fraction.append(fraction)
+        self.deps.append(list(deps))
+        return len(self.src) - 1
+
+    def __len__(self):
+        return len(self.src)
+
+    @functools.cached_property
+    def compiled(self) -> "CompiledPlan":
+        return CompiledPlan(self)
+
+
+class CompiledPlan:
+    """What running a plan needs, derived once per plan.
+
+    waiting[f]: how many things flow f waits for (its deps plus the joins of those of its
+    ends that no dependency already guarantees); gated[p]: flows that wait for participant
+    p to join; successors[f]; touching[p]: flows p sends or receives; bytes per participant.
+    """
+
+    def __init__(self, plan: Plan):
+        n, count = plan.n, len(plan)
+        self.successors = [[] for _ in range(count)]
+        self.gated = [[] for _ in range(n)]
+        self.waiting = [0] * count
+        self.touching = [0] * n
+        self.sent = [0.0] * n  # fraction of S each participant sends
+        self.received = [0.0] * n
+        for f in range(count):
+            src, dst, deps = plan.src[f], plan.dst[f], plan.deps[f]
+            if not (0 <= src < n and 0 <= dst < n) or src == dst:
+                raise ValueError(f"flow {f}: bad ends {src} -> {dst} for {n} participants")
+            covered = set()
+            for d in deps:
+                if not 0 <= d < f:
+                    raise ValueError(f"flow {f} depends on flow {d}, which is not before it")
+                self.successors[d].append(f)
+                covered.update((plan.src[d], plan.dst[d]))
+            self.waiting[f] = len(deps)
+            for end in {src, dst} - covered:
+                self.gated[end].append(f)
+                self.waiting[f] += 1
+            self.touching[src] += 1
+            self.touching[dst] += 1
+            self.sent[src] += plan.fraction[f]
+            self.received[dst] += plan.fraction[f]
+
+
+def _ring_rounds(plan: Plan, rounds: int, fraction: float, previous=None):
+    """`rounds` rounds in which participant i sends `fraction` to i+1. Round r's send from i
+    waits for i's send and i's receive of round r-1. Returns the last round's flow ids."""
+    n = plan.n
+    for _ in range(rounds):
+        current = []
+        for i in range(n):
+            deps = () if previous is None else (previous[(i - 1) % n], previous[i])
+            current.append(plan.add(i, (i + 1) % n, fraction, deps))
+        previous = current
+    return previous
+
+
+def ring(kind: str, n: int, root: int = 0) -> Plan:
+    plan = Plan(n)
+    if n == 1:
+        return plan
+    if kind == "all_reduce":
+        _ring_rounds(plan, 2 * (n - 1), 1 / n)
+    elif kind in ("all_gather", "reduce_scatter"):
+        _ring_rounds(plan, n - 1, 1 / n)
+    elif kind == "broadcast":
+        previous = ()
+        for hop in range(n - 1):
+            src, dst = (root + hop) % n, (root + hop + 1) % n
+            previous = (plan.add(src, dst, 1.0, previous),)
+    else:
+        raise ValueError(f"ring does not implement {kind}")
+    return plan
+
+
+def _binomial_broadcast(plan: Plan, root: int, root_deps=()):
+    """Round k: every holder v < 2^k sends to v + 2^k; a holder's sends go one after the
+    other, the first once it has the data."""
+    n = plan.n
+    after = {0: tuple(root_deps)}  # relative rank -> what its next send waits for
+    mask = 1
+    while mask < n:
+        for v in range(mask):
+            if v + mask < n:
+                f = plan.add((v + root) % n, (v + mask + root) % n, 1.0, after[v])
+                after[v] = after[v + mask] = (f,)
+        mask <<= 1
+
+
+def tree(kind: str, n: int, root: int = 0) -> Plan:
+    plan = Plan(n)
+    if n == 1:
+        return plan
+    if kind == "broadcast":
+        _binomial_broadcast(plan, root)
+    elif kind == "all_reduce":
+        incoming = {v: [] for v in range(n)}  # binomial reduce towards participant 0
+        mask = 1
+        while mask < n:
+            for v in range(mask, n, 2 * mask):
+                incoming[v - mask].append(plan.add(v, v - mask, 1.0, incoming[v]))
+            mask <<= 1
+        _binomial_broadcast(plan, 0, incoming[0])
+    else:
+        raise ValueError(f"tree does not implement {kind}")
+    return plan
+
+
+def direct(kind: str, n: int, root: int = 0) -> Plan:
+    plan = Plan(n)
+    if n == 1:
+        return plan
+    pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
+    if kind in ("all_gather", "reduce_scatter"):
+        for i, j in pairs:
+            plan.add(i, j, 1 / n)
+    elif kind == "all_reduce":
+        into = {j: [] for j in range(n)}
+        for i, j in pairs:
+            into[j].append(plan.add(i, j, 1 / n))
+        for i, j in pairs:
+            plan.add(i, j, 1 / n, into[i])
+    elif kind == "broadcast":
+        for j in range(n):
+            if j != root:
+                plan.add(root, j, 1.0)
+    else:
+        raise ValueError(f"direct does not implement {kind}")
+    return plan
+
+
+def ps(kind: str, n: int, root: int = 0) -> Plan:
+    plan = Plan(n)
+    if n == 1:
+        return plan
+    server = root if kind == "broadcast" else 0
+    workers = [i for i in range(n) if i != server]
+    push, pull = {"all_reduce": (1.0, 1.0), "reduce_scatter": (1.0, 1 / n),
+                  "all_gather": (1 / n, (n - 1) / n), "broadcast": (0.0, 1.0)}.get(kind, (None, None))
+    if push is None:
+        raise ValueError(f"ps does not implement {kind}")
+    pushed = [plan.add(w, server, push) for w in workers] if push else []
+    for w in workers:
+        plan.add(server, w, pull, pushed)
+    return plan
+
+
+BUILTIN = {"ring": ring, "tree": tree, "direct": direct, "ps": ps}
+
+
+def point_to_point() -> Plan:
+    plan = Plan(2)
+    plan.add(0, 1, 1.0)
+    return plan
+
+
+_P2P = point_to_point()
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_plan(function, kind: str, n: int, root: int) -> Plan:
+    plan = function(kind, n, root)
+    plan.compiled  # noqa: B018 - compile once, here
+    return plan
+
+
+def plan_for(function, kind: str, n: int, root: int = 0) -> Plan:
+    """The (cached, compiled) plan of `kind` under algorithm `function`; send/recv: one flow."""
+    if kind in ("send", "recv"):
+        return _P2P
+    return _cached_plan(function, kind, n, root)

@@ -1,0 +1,218 @@
+"""How long a rank's computation takes in simulated time: compute models and stragglers.
+
+Compute models (`--compute`):
+  measured            the rank's own CPU time for each stretch of work between exchanges
+  fixed:<duration>    this much per training step (e.g. fixed:0.25 or fixed:250ms)
+  flops:<device>[:<efficiency>]
+                      the step's FLOPs (forward + backward, counted once with torch's FLOP
+                      counter) / (device peak × efficiency, 0.4 unless given); <device> is a
+                      name from DEVICES or a peak rate in FLOP/s (flops:2e14)
+Stragglers (`--stragglers`), comma-separated terms multiplying a rank's compute time:
+  R:F                 rank R is always F× slower (e.g. 3:4)
+  lognormal:S         every step, every rank: × exp(S·z), z ~ N(0, 1) (median 1)
+  exponential:M       every step, every rank: × (1 + x), x ~ Exp(mean M) (never faster)
+  bernoulli:P:K       every step, every rank: × K with probability P, else × 1
+Random factors are drawn from a generator seeded by (seed, rank): same seed, same draws.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+
+from ..errors import ExoframeError, did_you_mean
+from .units import parse_duration
+
+# Peak dense FLOP/s in the precision one trains in on each device.
+DEVICES = {
+    "cpu": (1.0e12, "8-core desktop CPU, fp32 AVX2"),
+    "m2-max": (13.6e12, "Apple M2 Max GPU, fp32"),
+    "m2-ultra": (27.2e12, "Apple M2 Ultra GPU, fp32"),
+    "rtx3090": (71e12, "NVIDIA RTX 3090, fp16 tensor cores, fp32 accumulate"),
+    "rtx4090": (165e12, "NVIDIA RTX 4090, bf16 tensor cores, fp32 accumulate"),
+    "v100": (125e12, "NVIDIA V100, fp16 tensor cores"),
+    "a100": (312e12, "NVIDIA A100, bf16 tensor cores"),
+    "h100": (989e12, "NVIDIA H100 SXM, bf16 tensor cores"),
+    "b200": (2250e12, "NVIDIA B200, bf16 tensor cores"),
+    "tpu-v5e": (197e12, "Google TPU v5e, bf16"),
+}
+DEFAULT_EFFICIENCY = 0.4
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    kind: str  # measured | fixed | flops
+    step_seconds: float | None = None  # fixed: given; flops: set once the FLOPs are counted
+    peak: float | None = None  # flops: device FLOP/s
+    efficiency: float = DEFAULT_EFFICIENCY
+    device: str = ""
+
+    @property
+    def needs_flops(self) -> bool:
+        return self.kind == "flops" and self.step_seconds is None
+
+    def with_flops(self, flops_per_step: float) -> "ComputeModel":
+        return ComputeModel("flops", flops_per_step / (self.peak * self.efficiency), self.peak,
+                            self.efficiency, self.device)
+
+    def describe(self) -> str:
+        if self.kind == "measured":
+            return "measured"
+        if self.kind == "fixed":
+            return f"fixed:{self.step_seconds:g}s/step"
+        step = f", {self.step_seconds:.4g}s/step" if self.step_seconds is not None else ""
+        return f"flops:{self.device} ({self.peak:.3g} FLOP/s × {self.efficiency:g}{step})"
+
+
+def parse_compute(spec: str) -> ComputeModel:
+    spec = str(spec).strip()
+    kind, _, rest = spec.partition(":")
+    if kind == "measured" and not rest:
+        return ComputeModel("measured")
+    if kind == "fixed":
+        seconds = _seconds(rest, "compute")
+        if seconds <= 0:
+            raise ExoframeError(f"compute: fixed needs a positive time per step, got '{rest}'.")
+        return ComputeModel("fixed", step_seconds=seconds)
+    if kind == "flops":
+        device, _, efficiency = rest.partition(":")
+        peak = _device_peak(device)
+        eff = _number(efficiency, "compute: flops efficiency") if efficiency else DEFAULT_EFFICIENCY
+        if not 0 < eff <= 1:
+            raise ExoframeError(f"compute: efficiency must be in (0, 1], got {efficiency}.")
+        return ComputeModel("flops", peak=peak, efficiency=eff, device=device)
+    raise ExoframeError(
+        f"compute: unknown compute model '{spec}'.{did_you_mean(kind, ['measured', 'fixed', 'flops'])}"
+        " Use measured, fixed:<seconds per step> (e.g. fixed:250ms) or flops:<device> "
+        f"(devices: {', '.join(DEVICES)}).")
+
+
+def _seconds(text: str, field_name: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return parse_duration(text, field_name, "--compute")
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ExoframeError(f"{what}: expected a number, got '{text}'.") from None
+
+
+def _device_peak(device: str) -> float:
+    if device in DEVICES:
+        return DEVICES[device][0]
+    try:
+        peak = float(device)
+    except ValueError:
+        raise ExoframeError(
+            f"compute: unknown device '{device}'.{did_you_mean(device, DEVICES)} "
+            f"Known: {', '.join(DEVICES)}; or give a peak rate in FLOP/s, e.g. flops:2e14."
+        ) from None
+    if peak <= 0:
+        raise ExoframeError(f"compute: a device's peak FLOP/s must be positive, got {device}.")
+    return peak
+
+
+DISTRIBUTIONS = {"lognormal": 1, "exponential": 1, "bernoulli": 2}  # name -> number of params
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    factors: dict = field(default_factory=dict)  # rank -> static slowdown factor
+    distribution: str = ""  # "" (none), lognormal, exponential or bernoulli
+    params: tuple = ()
+
+    def describe(self) -> str:
+        terms = [f"{rank}:{factor:g}" for rank, factor in sorted(self.factors.items())]
+        if self.distribution:
+            terms.append(":".join([self.distribution, *(f"{p:g}" for p in self.params)]))
+        return ",".join(terms) or "none"
+
+    def check_ranks(self, nodes: int):
+        for rank in self.factors:
+            if not 0 <= rank < nodes:
+                raise ExoframeError(
+                    f"stragglers: rank {rank} does not exist in a run of {nodes} nodes.")
+
+    def for_rank(self, rank: int, seed: int) -> "Slowdown":
+        return Slowdown(self.factors.get(rank, 1.0), self.distribution, self.params,
+                        random.Random(seed * 1_000_003 + rank * 7919 + 17))
+
+
+def parse_stragglers(spec: str) -> Stragglers:
+    factors, distribution, params = {}, "", ()
+    for term in filter(None, (t.strip() for t in str(spec or "").split(","))):
+        head, *rest = term.split(":")
+        if head.isdigit():
+            if len(rest) != 1:
+                raise ExoframeError(f"stragglers: '{term}' should be RANK:FACTOR, e.g. 3:4.")
+            factor = _number(rest[0], f"stragglers: factor of rank {head}")
+            if factor <= 0:
+                raise ExoframeError(f"stragglers: rank {head}'s factor must be positive, got {factor}.")
+            factors[int(head)] = factor
+            continue
+        if head not in DISTRIBUTIONS:
+            raise ExoframeError(
+                f"stragglers: unknown distribution '{head}'.{did_you_mean(head, DISTRIBUTIONS)} "
+                "Use lognormal:SIGMA, exponential:MEAN, bernoulli:P:FACTOR or RANK:FACTOR.")
+        if distribution:
+            raise ExoframeError("stragglers: give at most one random slowdown distribution.")
+        if len(rest) != DISTRIBUTIONS[head]:
+            raise ExoframeError(f"stragglers: {head} takes {DISTRIBUTIONS[head]} parameter(s), "
+                                f"got '{term}'.")
+        values = tuple(_number(v, f"stragglers: {head}") for v in rest)
+        if any(v < 0 for v in values) or (head == "bernoulli" and values[0] > 1):
+            raise ExoframeError(f"stragglers: bad parameters in '{term}' (negative, or p > 1).")
+        distribution, params = head, values
+    return Stragglers(factors, distribution, params)
+
+
+class Slowdown:
+    """One rank's compute-time multiplier, drawn afresh each step."""
+
+    def __init__(self, static: float, distribution: str, params: tuple, rng: random.Random):
+        self.static, self.distribution, self.params, self.rng = static, distribution, params, rng
+
+    def factor(self) -> float:
+        d, p, rng = self.distribution, self.params, self.rng
+        if d == "lognormal":
+            return self.static * math.exp(p[0] * rng.gauss(0.0, 1.0))
+        if d == "exponential":
+            return self.static * (1.0 + (rng.expovariate(1.0 / p[0]) if p[0] > 0 else 0.0))
+        if d == "bernoulli":
+            return self.static * (p[1] if rng.random() < p[0] else 1.0)
+        return self.static
+
+
+class ComputeClock:
+    """Charges compute time to a rank's clock: per step (fixed, flops) or as measured CPU
+    time of the rank's main thread between exchanges (measured)."""
+
+    def __init__(self, model: ComputeModel, slowdown: Slowdown):
+        self.model, self.slowdown = model, slowdown
+        self.factor = 1.0
+        self._mark = time.thread_time()
+
+    def start_step(self) -> float:
+        """Seconds of compute to charge at the start of a step."""
+        self.factor = self.slowdown.factor()
+        if self.model.kind == "measured":
+            return 0.0
+        return self.model.step_seconds * self.factor
+
+    def elapsed(self) -> float:
+        """Seconds of compute since the last call (measured only), then restart the count."""
+        if self.model.kind != "measured":
+            return 0.0
+        now = time.thread_time()
+        seconds, self._mark = (now - self._mark) * self.factor, now
+        return seconds
+
+    def restart(self):
+        """Forget the CPU time spent since the last mark (bookkeeping, talking to the
+        simulator): it is not the model's compute."""
+        self._mark = time.thread_time()

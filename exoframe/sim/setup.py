@@ -1,0 +1,37 @@
+"""Everything a run needs from the simulator side, resolved before any rank starts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ExoframeError
+from .compute import ComputeModel, Stragglers, parse_compute, parse_stragglers
+from .netconfig import load_network
+from .topology import Topology
+
+
+@dataclass
+class SimSetup:
+    net: str  # preset name or file stem
+    topology: Topology
+    algorithms: dict  # name -> plan function, every registered algorithm
+    compute: ComputeModel
+    stragglers: Stragglers
+
+
+def resolve_sim(net: str, compute: str, stragglers: str, nodes: int, pm) -> SimSetup:
+    """net: preset name or YAML path; compute and stragglers: the spec strings of
+    exoframe.sim.compute. pm: the plugin manager (network presets and algorithms)."""
+    network = load_network(net, pm.networks)
+    algorithms = {entry.name: entry.obj for entry in pm.algorithms}
+    topology = network.topology(nodes, algorithms)
+    for kind, name in topology.algorithms.items():
+        try:
+            algorithms[name](kind, 2, 0)
+        except ValueError:
+            raise ExoframeError(f"{network.where}: algorithm: '{name}' does not implement "
+                                f"{kind}; choose another for it, e.g. algorithm: "
+                                f"{{{kind}: ring}}.") from None
+    parsed = parse_stragglers(stragglers)
+    parsed.check_ranks(nodes)
+    return SimSetup(net=network.name, topology=topology, algorithms=algorithms,
+                    compute=parse_compute(compute), stragglers=parsed)

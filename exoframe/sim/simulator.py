@@ -1,0 +1,258 @@
+"""The simulator: one network model for all ranks, driven by their messages.
+
+Ranks run ahead on their own simulated clocks and tell the simulator when they start an
+operation, wait for one, or ask whether one is done. Events are processed in a fixed total
+order, (time, class, rank, sequence), where at equal times a rank's message (class 0) comes
+before the network's events (class 1), which come before "is it done yet?" questions
+(class 2). An event is processed only when no running rank can still send something that
+sorts before it (conservative synchronization): a running rank's future messages are no
+earlier than its last reported clock; a rank that waits for the simulator sends nothing
+until it is answered. Results therefore do not depend on how the OS schedules ranks.
+
+Messages (tuples, cheap to pickle), `t` being the rank's clock:
+  ("op", t, op_id, key, kind, nbytes, participants, root, blocking)
+  ("wait", t, op_id)      -> answered ("waited", end, idle, comm)
+  ("test", t, op_id)      -> answered ("tested", done_by_t)
+  a blocking "op" is answered like "wait". `note_clock(rank, t)` and `rank_done(rank)`
+  come from the engine's step records.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+import simpy
+
+from .collectives import plan_for
+from .network import FlowNetwork
+from .topology import Topology
+
+MESSAGE, NETWORK, QUESTION = 0, 1, 2
+
+
+class SimulationError(Exception):
+    pass
+
+
+class Operation:
+    """One collective or point-to-point transfer, shared by its participants."""
+
+    def __init__(self, key, kind, nbytes, participants, root, plan, opened_by):
+        self.key, self.kind, self.nbytes = key, kind, nbytes
+        self.participants, self.root, self.plan = participants, root, plan
+        self.opened_by = opened_by  # (rank, kind, nbytes) of the first submission, for messages
+        compiled = plan.compiled
+        self.waiting = list(compiled.waiting)
+        self.touching = list(compiled.touching)
+        self.joined_at = [None] * len(participants)
+        self.joined = 0
+        self.latest_join = -math.inf
+        self.done_at = [None] * len(participants)
+        self.last_join_when_done = [None] * len(participants)
+
+    def describe(self) -> str:
+        if self.kind in ("send", "recv"):
+            return f"the transfer {self.participants[0]} -> {self.participants[1]}"
+        return f"{self.kind} among ranks {list(self.participants)}"
+
+
+class Simulator:
+    def __init__(self, topology: Topology, algorithms: dict, seed: int = 0):
+        """algorithms: name -> plan function (see collectives.py)."""
+        self.topology = topology
+        self.algorithms = algorithms
+        self.env = simpy.Environment()
+        self.network = FlowNetwork(self.env, topology, seed)
+        n = topology.size
+        self.bound = [0.0] * n  # lower bound of each running rank's next message time
+        self.blocked = [False] * n
+        self.finished = [False] * n
+        self.inbox = []  # heap of (t, class, rank, seq, message)
+        self._seq = itertools.count()
+        self.operations = {}  # key -> Operation
+        self.handles = {}  # (rank, op_id) -> (Operation, participant index)
+        self.waiters = {}  # (Operation, index) -> (rank, t, op_id)
+        self.early_waits = {}  # (rank, op_id) -> t, for waits that overtook their submission
+        self.replies = []  # (rank, reply) to be sent by the caller
+        self._earliest = None
+
+    # -- input -------------------------------------------------------------------------------
+    def receive(self, rank: int, message: tuple):
+        self._earliest = None
+        kind, t = message[0], message[1]
+        if kind == "op":
+            if message[8]:
+                self.blocked[rank] = True
+            else:
+                self.bound[rank] = t
+            heapq.heappush(self.inbox, (t, MESSAGE, rank, next(self._seq), message))
+        elif kind == "wait":
+            self.blocked[rank] = True
+            if (rank, message[2]) in self.handles:
+                self._register_wait(rank, t, message[2])
+            else:  # its submission is still in the inbox
+                self.early_waits[(rank, message[2])] = t
+        elif kind == "test":
+            self.blocked[rank] = True
+            heapq.heappush(self.inbox, (t, QUESTION, rank, next(self._seq), message))
+        else:
+            raise SimulationError(f"unknown message {kind!r} from rank {rank}")
+
+    def note_clock(self, rank: int, t: float):
+        self.bound[rank] = max(self.bound[rank], t)
+        self._earliest = None
+
+    def rank_done(self, rank: int):
+        self.finished[rank] = True
+        self._earliest = None
+
+    # -- processing --------------------------------------------------------------------------
+    def advance(self) -> list:
+        """Process every event that is safe to process; return the replies to send."""
+        while True:
+            net_t = self.network.next_time()
+            if self.inbox and (self.inbox[0][0], self.inbox[0][1]) < (net_t, NETWORK):
+                t, cls, rank, _, message = self.inbox[0]
+                if not self._safe(t, cls, rank):
+                    break
+                heapq.heappop(self.inbox)
+                if cls == MESSAGE:
+                    self._at(t, lambda _e, r=rank, m=message: self._submit(r, m))
+                else:
+                    self._answer_test(rank, message)
+            elif net_t < math.inf and self._safe(net_t, NETWORK, -1):
+                while self.env.peek() <= net_t:
+                    self.env.step()
+            else:
+                break
+        replies, self.replies = self.replies, []
+        return replies
+
+    def _safe(self, t: float, cls: int, rank: int) -> bool:
+        """No running rank can still send a message that sorts before (t, cls, rank)."""
+        for bound, r in self._earliest_running():
+            if r != rank:
+                return (bound, MESSAGE, r) > (t, cls, rank)
+        return True
+
+    def _earliest_running(self):
+        """The two running ranks with the lowest bounds, as (bound, rank); cached until a
+        rank's bound or state changes."""
+        if self._earliest is None:
+            running = [(b, r) for r, b in enumerate(self.bound)
+                       if not (self.blocked[r] or self.finished[r])]
+            self._earliest = heapq.nsmallest(2, running)
+        return self._earliest
+
+    def _at(self, t: float, callback):
+        """Run callback at simulated time t, before any network event at t."""
+        event = self.env.event()
+        event._ok, event._value = True, None
+        event.callbacks.append(callback)
+        self.env.schedule(event, simpy.core.URGENT, max(0.0, t - self.env.now))
+        while event.callbacks is not None:
+            self.env.step()
+
+    def _submit(self, rank: int, message: tuple):
+        _, t, op_id, key, kind, nbytes, participants, root, blocking = message
+        op = self.operations.get(key)
+        if op is None:
+            algorithm = self.algorithms[self.topology.algorithms[kind]] \
+                if kind not in ("send", "recv") else None
+            plan = plan_for(algorithm, kind, len(participants), root)
+            op = Operation(key, kind, nbytes, participants, root, plan, (rank, kind, nbytes))
+            self.operations[key] = op
+        else:
+            self._check_matches(op, rank, kind, nbytes, root)
+        index = participants.index(rank)
+        self.handles[(rank, op_id)] = (op, index)
+        now = self.env.now
+        op.joined_at[index] = now
+        op.joined += 1
+        op.latest_join = max(op.latest_join, now)
+        if op.joined == len(participants):
+            del self.operations[key]  # every participant is in: the key may be reused
+        compiled = op.plan.compiled
+        for f in compiled.gated[index]:
+            self._release(op, f)
+        if op.touching[index] == 0:
+            self._participant_done(op, index)
+        if blocking:
+            self._register_wait(rank, t, op_id)
+        elif (rank, op_id) in self.early_waits:
+            self._register_wait(rank, self.early_waits.pop((rank, op_id)), op_id)
+
+    def _check_matches(self, op: Operation, rank, kind, nbytes, root):
+        first_rank, first_kind, first_bytes = op.opened_by
+        if {kind, first_kind} == {"send", "recv"}:
+            kind = first_kind
+        if (kind, nbytes, root) != (first_kind, first_bytes, op.root):
+            raise SimulationError(
+                f"rank {rank} called {kind} ({nbytes} bytes) where rank {first_rank} called "
+                f"{first_kind} ({first_bytes} bytes): every rank must make the same collective "
+                "calls in the same order, with the same sizes")
+
+    def _release(self, op: Operation, f: int):
+        op.waiting[f] -= 1
+        if op.waiting[f] == 0:
+            plan = op.plan
+            self.network.start_flow(op.participants[plan.src[f]], op.participants[plan.dst[f]],
+                                    plan.fraction[f] * op.nbytes, self._delivered, (op, f))
+
+    def _delivered(self, arg):
+        op, f = arg
+        plan = op.plan
+        for g in plan.compiled.successors[f]:
+            self._release(op, g)
+        for index in (plan.src[f], plan.dst[f]):
+            op.touching[index] -= 1
+            if op.touching[index] == 0:
+                self._participant_done(op, index)
+
+    def _participant_done(self, op: Operation, index: int):
+        op.done_at[index] = self.env.now
+        op.last_join_when_done[index] = op.latest_join
+        waiter = self.waiters.pop((op, index), None)
+        if waiter is not None:
+            self._reply_wait(*waiter)
+
+    def _register_wait(self, rank, t, op_id):
+        op, index = self.handles[(rank, op_id)]
+        if op.done_at[index] is not None:
+            self._reply_wait(rank, t, op_id)
+        else:
+            self.waiters[(op, index)] = (rank, t, op_id)
+
+    def _reply_wait(self, rank, t, op_id):
+        """The rank waited from t; split the wait into idle (peers not yet there) and comm.
+        A waited operation is never asked about again: its handle is dropped."""
+        op, index = self.handles.pop((rank, op_id))
+        end = max(t, op.done_at[index])
+        idle = max(0.0, min(end, op.last_join_when_done[index]) - t)
+        self._wake(rank, end, ("waited", end, idle, end - t - idle))
+
+    def _answer_test(self, rank, message):
+        _, t, op_id = message
+        op, index = self.handles[(rank, op_id)]
+        done_at = op.done_at[index]
+        self._wake(rank, t, ("tested", done_at is not None and done_at <= t))
+
+    def _wake(self, rank, t, reply):
+        self._earliest = None
+        self.blocked[rank] = False
+        self.bound[rank] = max(self.bound[rank], t)
+        self.replies.append((rank, reply))
+
+    # -- diagnosis ---------------------------------------------------------------------------
+    def stuck(self) -> str | None:
+        """If every rank waits and nothing can happen any more, say who waits for what."""
+        if self.inbox or self.network.busy():
+            return None
+        if any(not (b or f) for b, f in zip(self.blocked, self.finished)):
+            return None
+        for (op, index), (rank, _, _) in sorted(self.waiters.items(), key=lambda w: w[1][0]):
+            missing = [op.participants[i] for i, j in enumerate(op.joined_at) if j is None]
+            return (f"deadlock: rank {rank} waits for {op.describe()}, which rank(s) "
+                    f"{', '.join(map(str, missing))} never started")
+        return None

@@ -1,0 +1,54 @@
+"""A network resolved for a given number of ranks: what the flow model needs, in SI units.
+
+Bandwidths are bytes per second (math.inf: unlimited), latencies and jitters seconds.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    bandwidth: float = math.inf  # bytes/s, one direction
+    latency: float = 0.0  # s, one way
+    jitter: float = 0.0  # s; each message's latency is drawn uniformly in latency ± jitter
+
+
+DEFAULT_ALGORITHMS = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring",
+                      "broadcast": "tree"}
+
+
+@dataclass
+class Topology:
+    """uplink[r]/downlink[r]: rank r's NIC in each direction. site_of[r]: index into sites.
+    intra[s]: latency/jitter between two ranks of site s. inter[(a, b)]: the directed link
+    from site a to site b (bandwidth shared by every flow from a to b, latency, jitter)."""
+
+    uplink: list[float]
+    downlink: list[float]
+    site_of: list[int]
+    sites: list[str] = field(default_factory=lambda: ["default"])
+    intra: list[LinkSpec] = field(default_factory=lambda: [LinkSpec()])
+    inter: dict[tuple[int, int], LinkSpec] = field(default_factory=dict)
+    algorithms: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_ALGORITHMS))
+
+    @property
+    def size(self) -> int:
+        return len(self.uplink)
+
+    @classmethod
+    def uniform(cls, n: int, bandwidth: float = math.inf, latency: float = 0.0,
+                jitter: float = 0.0, upload: float | None = None, download: float | None = None,
+                algorithms: dict | None = None) -> "Topology":
+        return cls(uplink=[bandwidth if upload is None else upload] * n,
+                   downlink=[bandwidth if download is None else download] * n,
+                   site_of=[0] * n, intra=[LinkSpec(latency=latency, jitter=jitter)],
+                   algorithms={**DEFAULT_ALGORITHMS, **(algorithms or {})})
+
+    def is_ideal(self) -> bool:
+        """Unlimited bandwidth and no latency anywhere: every transfer is instantaneous."""
+        specs = [*self.intra, *self.inter.values()]
+        return (all(math.isinf(b) for b in [*self.uplink, *self.downlink])
+                and all(math.isinf(s.bandwidth) and s.latency == 0 and s.jitter == 0
+                        for s in specs))

@@ -1,0 +1,1 @@
+"""Network presets shipped with exoframe, one YAML file each (installed as exoframe.netmodels)."""
