@@ -53,7 +53,7 @@ class FlowNetwork:
     """Owns every link. `start_flow` at the simulator's current time; `on_delivered(arg)` is
     called at delivery. Event order is deterministic: (time, insertion sequence)."""
 
-    def __init__(self, env: simpy.Environment, topology: Topology, seed: int = 0):
+    def __init__(self, env: Environment, topology: Topology, seed: int = 0):
         self.env = env
         self.topology = topology
         self.rng = random.Random(seed)
@@ -140,7 +140,7 @@ class FlowNetwork:
             event = self.env.event()
             event._ok, event._value = True, None
             event.callbacks.append(self._wake)
-            self.env.schedule(event, simpy.core.NORMAL, when - self.env.now)
+            self.env.schedule_at(event, simpy.core.NORMAL, when)
 
     def _wake(self, _event):
         now = self.env.now
@@ -172,6 +172,14 @@ class FlowNetwork:
                 if flow.links_left == 0:
                     self._transmitted(flow, now)
         self._arm()
+
+
+class Environment(simpy.Environment):
+    """simpy's environment, plus scheduling at an absolute time. `now + delay` rounds, and
+    events at equal times must compare equal, or events at one instant could swap order."""
+
+    def schedule_at(self, event: simpy.Event, priority, when: float):
+        heapq.heappush(self._queue, (when, priority, next(self._eid), event))
 
 
 def _link_or_none(bandwidth: float):

@@ -25,7 +25,7 @@ import math
 import simpy
 
 from .collectives import plan_for
-from .network import FlowNetwork
+from .network import Environment, FlowNetwork
 from .topology import Topology
 
 MESSAGE, NETWORK, QUESTION = 0, 1, 2
@@ -62,7 +62,7 @@ class Simulator:
         """algorithms: name -> plan function (see collectives.py)."""
         self.topology = topology
         self.algorithms = algorithms
-        self.env = simpy.Environment()
+        self.env = Environment()
         self.network = FlowNetwork(self.env, topology, seed)
         n = topology.size
         self.bound = [0.0] * n  # lower bound of each running rank's next message time
@@ -150,7 +150,7 @@ class Simulator:
         event = self.env.event()
         event._ok, event._value = True, None
         event.callbacks.append(callback)
-        self.env.schedule(event, simpy.core.URGENT, max(0.0, t - self.env.now))
+        self.env.schedule_at(event, simpy.core.URGENT, max(t, self.env.now))
         while event.callbacks is not None:
             self.env.step()
 
