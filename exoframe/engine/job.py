@@ -70,7 +70,7 @@ def load_workload(spec: str, params: dict, pm: PluginManager) -> Workload:
 
 
 def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, strategy=None,
-              pm: PluginManager | None = None) -> Job:
+              pm: PluginManager | None = None, sim: SimSetup | None = None) -> Job:
     """The Job for a validated config; `strategy` (a name or a Strategy subclass) overrides
     config.strategy, and the workload supplies the defaults config leaves as None."""
     pm = pm or get_plugin_manager()
@@ -82,7 +82,7 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         optimizer=OptimizerSpec(config.optimizer, config.lr or workload.lr, config.weight_decay,
                                 config.momentum),
         nodes=config.nodes, steps=config.steps, batch_size=config.batch_size or workload.batch_size,
-        sim=resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm),
+        sim=sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm),
         seed=config.seed, eval_every=config.eval_every or max(1, config.steps // 10),
         eval_batches=config.eval_batches, threads=config.threads, workload_name=workload.name,
         best_loss=workload.best_loss)
@@ -90,6 +90,7 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
 
 def job_from_config(config: RunConfig, pm: PluginManager | None = None) -> Job:
     pm = pm or get_plugin_manager()
+    sim = resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)  # fast
     workload = load_workload(config.workload, config.workload_params, pm)
     torch.manual_seed(config.seed)
-    return build_job(config, workload, workload.build_model(), pm=pm)
+    return build_job(config, workload, workload.build_model(), pm=pm, sim=sim)

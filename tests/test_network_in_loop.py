@@ -1,0 +1,174 @@
+"""Real ranks training under the simulated network: clocks against closed forms, numerics
+unchanged by the network, staleness seen by asynchronous handles, failures reported."""
+import math
+import textwrap
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import exoframe
+from exoframe.cli import main
+from exoframe.config import RunConfig
+from exoframe.engine import execute, job_from_config
+from exoframe.engine.launcher import RankFailed
+
+SMALL_GPT = dict(n_layer=1, n_embd=32, block_size=32, train_tokens=40000, val_tokens=4000)
+
+
+def run(tmp_path=None, **fields):
+    config = RunConfig(workload_params=dict(SMALL_GPT), eval_every=1000, **fields).validate()
+    job = job_from_config(config)
+    result = execute(job)
+    return job, result
+
+
+def model_bytes(job):
+    return 4 * sum(p.numel() for p in job.model.parameters())
+
+
+@pytest.mark.parametrize("strategy,params", [("ddp", {}), ("diloco", {"H": 3})])
+def test_the_network_changes_the_clock_not_synchronous_numerics(strategy, params):
+    runs = {net: run(strategy=strategy, strategy_params=params, nodes=3, steps=7, net=net,
+                     compute="fixed:10ms")[1] for net in ("ideal", "wan-10mbps")}
+    ideal, wan = runs["ideal"], runs["wan-10mbps"]
+    assert [r["loss"] for r in ideal.metrics] == [r["loss"] for r in wan.metrics]
+    for a, b in zip(ideal.model.parameters(), wan.model.parameters()):
+        assert torch.equal(a, b)
+    assert math.isclose(ideal.summary["simulated_seconds"], 7 * 0.01, rel_tol=1e-9)
+    assert wan.summary["simulated_seconds"] > ideal.summary["simulated_seconds"] + 0.1
+    assert ideal.summary["compute_utilization"] == pytest.approx(1.0)
+
+
+def test_ddp_clock_matches_the_ring_closed_form_and_stragglers_make_others_idle(tmp_path):
+    net = tmp_path / "flat.yaml"
+    net.write_text("bandwidth: 10mbit\nlatency: 5ms\n")
+    n, steps, c, alpha, bandwidth = 3, 4, 0.01, 0.005, 10e6 / 8
+    job, result = run(strategy="ddp", nodes=n, steps=steps, net=str(net), compute="fixed:10ms",
+                      stragglers="2:3")
+    size = model_bytes(job)
+    ring = 2 * (n - 1) * (alpha + size / (n * bandwidth))
+    # rank 2 computes 3c per step; the others wait for it (idle), then all run the ring
+    assert math.isclose(result.summary["simulated_seconds"], steps * (3 * c + ring), rel_tol=1e-9)
+    for r in result.summary["per_rank"]:
+        slow = r["rank"] == 2
+        assert math.isclose(r["compute_seconds"], steps * c * (3 if slow else 1), rel_tol=1e-9)
+        assert math.isclose(r["idle_seconds"], 0 if slow else steps * 2 * c, abs_tol=1e-12)
+        assert math.isclose(r["comm_seconds"], steps * ring, rel_tol=1e-9)
+        assert r["bytes_sent"] == steps * round(2 * (n - 1) * size / n)
+    times = [row["sim_time"] for row in result.metrics]
+    assert all(math.isclose(t, (i + 1) * (3 * c + ring), rel_tol=1e-9) for i, t in enumerate(times))
+
+
+class Poller(exoframe.Strategy):
+    """Starts one asynchronous all-reduce of a big buffer at step 1 and asks each step
+    whether it has completed by the rank's simulated now. Trains locally otherwise."""
+
+    @dataclass
+    class Params:
+        numel: int = 250_000
+
+    def setup(self):
+        self.buffer = torch.ones(self.params.numel)
+        self.handle = None
+        self.completed_at = None
+
+    def step(self):
+        if self.step_num == 1:
+            self.handle = self.comm.all_reduce(self.buffer, async_op=True)
+        elif self.completed_at is None and self.handle.is_completed():
+            self.completed_at = self.step_num
+            assert torch.all(self.buffer == self.world_size)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+    def metrics(self):
+        return {"completed_at": self.completed_at}
+
+
+def test_an_async_handle_completes_when_the_network_says_not_when_the_bytes_land(tmp_path):
+    net = tmp_path / "slow.yaml"
+    net.write_text("bandwidth: 10mbit\nlatency: 20ms\n")
+    n, c = 2, 0.05
+    config = RunConfig(workload_params=dict(SMALL_GPT), nodes=n, steps=30, net=str(net),
+                       compute="fixed:50ms", eval_every=1000).validate()
+    job = exoframe.engine.job.build_job(
+        config, exoframe.plugins.get_plugin_manager().workloads.get("gpt").obj(**SMALL_GPT),
+        job_from_config(config).model, strategy=Poller)
+    result = execute(job)
+    # Started at c (after step 1's compute), done T later; the check at step s happens at
+    # s * c (each step's compute is charged when it starts), so s = ceil(1 + T / c) = 18.
+    ring = 2 * (n - 1) * (0.02 + 4 * 250_000 / (n * 10e6 / 8))
+    expected = math.ceil(1 + ring / c)
+    assert expected == 18
+    assert [row.get("completed_at") for row in result.metrics] == \
+        [None] * (expected - 1) + [expected] * (30 - expected + 1)
+
+
+def test_diloco_keeps_the_compute_busier_than_ddp_on_a_wan():
+    utilization = {}
+    for strategy, params in (("ddp", {}), ("diloco", {"H": 10})):
+        _, result = run(strategy=strategy, strategy_params=params, nodes=4, steps=20,
+                        net="wan-100mbps", compute="fixed:50ms")
+        utilization[strategy] = result.summary["compute_utilization"]
+    assert utilization["diloco"] > 2 * utilization["ddp"], utilization
+
+
+class Orphan(exoframe.Strategy):
+    """Rank 0 waits for a message that rank 1 never sends."""
+
+    @dataclass
+    class Params:
+        pass
+
+    def step(self):
+        if self.rank == 0:
+            self.comm.recv(torch.empty(4), src=1)
+        self.optimizer.step()
+
+
+def test_a_simulated_deadlock_stops_the_run_with_who_waits_for_what():
+    config = RunConfig(workload_params=dict(SMALL_GPT), nodes=2, steps=3,
+                       compute="fixed:1ms").validate()
+    job = job_from_config(config)
+    job.strategy_cls, job.strategy_params = Orphan, Orphan.Params()
+    with pytest.raises(RankFailed, match="deadlock: rank 0 waits for the transfer 1 -> 0, "
+                                         "which rank.s. 1 never started"):
+        execute(job)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--net", "wan-100mbit"], "unknown network preset 'wan-100mbit'. Did you mean 'wan-100mbps'?"),
+    (["--net", "{file}"], "{file}: bandwidth: "),
+    (["--stragglers", "lognormall:0.3"], "stragglers: unknown distribution 'lognormall'. "
+                                         "Did you mean 'lognormal'?"),
+    (["--stragglers", "5:2"], "stragglers: rank 5 does not exist in a run of 2 nodes."),
+    (["--compute", "flops:h1000"], "compute: unknown device 'h1000'. Did you mean 'h100'?"),
+])
+def test_bad_simulation_input_is_one_clear_line(tmp_path, capsys, args, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("bandwidth: 0mbit\n")
+    args = [a.format(file=bad) for a in args]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--no-progress", "--out", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert message.format(file=bad) in err
+
+
+@pytest.mark.parametrize("yaml_text,field", [
+    ("bandwidth: 100mbs\n", "bandwidth: unknown unit 'mbs'"),
+    ("bandwidth: -5mbit\n", "bandwidth"),
+    ("sites:\n  a: {}\n  b: {}\nlinks:\n  - between: [a, c]\n    bandwidth: 1gbit\n",
+     "links[0]"),
+    ("latency: [1]\n", "latency"),
+])
+def test_bad_network_files_name_the_file_and_the_field(tmp_path, capsys, yaml_text, field):
+    bad = tmp_path / "net.yaml"
+    bad.write_text(textwrap.dedent(yaml_text))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--no-progress", "--net", str(bad)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert str(bad) in err and field in err, err
