@@ -23,6 +23,11 @@ GOOD = textwrap.dedent('''
     @exoframe.hookimpl
     def exoframe_register_strategies(register):
         register("everyother", EveryOther)
+
+    @exoframe.hookimpl
+    def exoframe_register_networks(register):
+        register("campus", {"bandwidth": "2gbit", "latency": "1ms"},
+                 description="our campus network")
 ''')
 
 
@@ -40,10 +45,14 @@ def test_entry_point_strategy_is_listed_and_runs_while_a_broken_plugin_is_report
     broken = next(l for l in plugins.stdout_text.splitlines() if l.startswith("broken_plugin"))
     assert "failed: ImportError: no gpu here" in broken
 
+    nets = cli("nets")
+    campus = next(l for l in nets.stdout_text.splitlines() if l.startswith("campus "))
+    assert campus.split() == ["campus", "our", "campus", "network", "[exoframe-everyother]"]
+
     run = cli("run", "--strategy", "everyother", "-p", "period=3", "--nodes", "2", "--steps", "6",
-              "--workload", "mlp", "--out", "runs")
+              "--workload", "mlp", "--out", "runs", "--net", "campus")
     assert run.returncode == 0, run.stderr_text
-    assert "everyother" in run.stdout_text
+    assert "everyother" in run.stdout_text and "campus" in run.stdout_text
     (folder,) = (cli.cwd / "runs").iterdir()
     assert '"period": 3' in (folder / "summary.json").read_text()
     assert cli.leftovers() == []

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ExoframeError
 from .collectives import plan_for
+
+# is_completed() asked this many times at one simulated instant: the rank spins without
+# letting simulated time pass, and the answer can never change.
+MAX_POLLS_AT_ONE_TIME = 10_000
 from .compute import ComputeClock
 
 
@@ -32,6 +37,7 @@ class RankClock:
         self.compute_seconds = self.comm_seconds = self.idle_seconds = 0.0
         self._next_id = 0
         self._sequence: dict = {}  # per group / per (src, dst) pair: operations so far
+        self._polls = (None, 0)  # (simulated time, questions asked at it)
 
     # -- compute -----------------------------------------------------------------------------
     def start_step(self):
@@ -79,6 +85,14 @@ class RankClock:
     def is_done(self, op_id: int) -> bool:
         """Has the operation completed by this rank's simulated now?"""
         self.charge()
+        at, count = self._polls
+        self._polls = (self.now, count + 1 if at == self.now else 1)
+        if self._polls[1] > MAX_POLLS_AT_ONE_TIME:
+            raise ExoframeError(
+                f"rank {self.rank} asked is_completed() {MAX_POLLS_AT_ONE_TIME} times at simulated "
+                f"time {self.now:.6g} s: no simulated time passes between the questions (compute "
+                "is charged per step), so the answer cannot change. Call wait(), or poll once "
+                "per step.")
         self._send(("test", self.now, op_id))
         reply = self._receive()
         assert reply[0] == "tested", reply

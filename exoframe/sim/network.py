@@ -127,10 +127,9 @@ class FlowNetwork:
         heapq.heappush(self._agenda, (deadline, next(self._seq), link, link.generation))
 
     def _transmitted(self, flow: Flow, now: float):
-        if flow.latency > 0:
-            heapq.heappush(self._agenda, (now + flow.latency, next(self._seq), None, flow))
-        else:
-            flow.on_delivered(flow.arg)
+        # Delivered through the agenda even without latency: calling back directly would
+        # recurse once per hop of a long chain of flows.
+        heapq.heappush(self._agenda, (now + flow.latency, next(self._seq), None, flow))
 
     # -- the simpy side: one wake-up per distinct event time -------------------------------
     def _arm(self):

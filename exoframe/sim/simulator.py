@@ -64,6 +64,9 @@ class Simulator:
         self.algorithms = algorithms
         self.env = Environment()
         self.network = FlowNetwork(self.env, topology, seed)
+        # Unlimited links, no latency: an operation completes when its last participant
+        # joins, with no flows to simulate.
+        self.ideal = topology.is_ideal()
         n = topology.size
         self.bound = [0.0] * n  # lower bound of each running rank's next message time
         self.blocked = [False] * n
@@ -173,11 +176,15 @@ class Simulator:
         op.latest_join = max(op.latest_join, now)
         if op.joined == len(participants):
             del self.operations[key]  # every participant is in: the key may be reused
-        compiled = op.plan.compiled
-        for f in compiled.gated[index]:
-            self._release(op, f)
-        if op.touching[index] == 0:
-            self._participant_done(op, index)
+        if self.ideal:
+            if op.joined == len(participants):
+                for i in range(len(participants)):
+                    self._participant_done(op, i)
+        else:
+            for f in op.plan.compiled.gated[index]:
+                self._release(op, f)
+            if op.touching[index] == 0:
+                self._participant_done(op, index)
         if blocking:
             self._register_wait(rank, t, op_id)
         elif (rank, op_id) in self.early_waits:
@@ -235,8 +242,10 @@ class Simulator:
     def _answer_test(self, rank, message):
         _, t, op_id = message
         op, index = self.handles[(rank, op_id)]
-        done_at = op.done_at[index]
-        self._wake(rank, t, ("tested", done_at is not None and done_at <= t))
+        done = op.done_at[index] is not None and op.done_at[index] <= t
+        if done:
+            del self.handles[(rank, op_id)]  # the rank's handle now knows; it will not ask again
+        self._wake(rank, t, ("tested", done))
 
     def _wake(self, rank, t, reply):
         self._earliest = None
