@@ -13,10 +13,11 @@ from pathlib import Path
 from ..config import build_dataclass, load_yaml
 from ..errors import ExoframeError, did_you_mean
 from ..plugins import Registry
+from .collectives import BUILTIN
 from .topology import DEFAULT_ALGORITHMS, LinkSpec, Topology
 from .units import format_bandwidth, format_duration, parse_bandwidth, parse_duration
 
-BUILTIN_ALGORITHMS = ("ring", "tree", "direct", "ps")
+BUILTIN_ALGORITHMS = tuple(BUILTIN)
 
 # A bandwidth or duration as written: "100mbit", "25ms", 0, .inf. None: not given.
 Unit = str | float | None
