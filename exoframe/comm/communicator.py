@@ -62,41 +62,52 @@ class Communicator:
         self._pending: set[Handle] = set()
 
     # -- collectives ---------------------------------------------------------------------
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
+    # Every operation takes `wire_bytes`: the payload as it would travel encoded (a
+    # compressed or low-bit exchange simulated with full-precision tensors); the network
+    # model and the byte counts use it. Default: the tensor's own size.
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False,
+                   wire_bytes: int | None = None):
         """In place. op: sum, mean, max or min."""
         reduce_op = _reduce_op(op)
         finish = (lambda: tensor.div_(self.world_size)) if op == "mean" else None
-        return self._submit("all_reduce", _nbytes(tensor), async_op, tensor, finish,
+        return self._submit("all_reduce", _wire(tensor, wire_bytes), async_op, tensor, finish,
                             lambda: dist.all_reduce(tensor, reduce_op, self.group, True))
 
-    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False):
-        return self._submit("broadcast", _nbytes(tensor), async_op, tensor, None,
+    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False,
+                  wire_bytes: int | None = None):
+        return self._submit("broadcast", _wire(tensor, wire_bytes), async_op, tensor, None,
                             lambda: dist.broadcast(tensor, src, self.group, True),
                             root=self.ranks.index(src))
 
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
-        """output (world_size * input.numel(), flat) receives every rank's input, in rank order."""
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False,
+                   wire_bytes: int | None = None):
+        """output (world_size * input.numel(), flat) receives every rank's input, in rank
+        order. wire_bytes: of the whole gathered output."""
         _check_numel(output, input.numel() * self.world_size, "all_gather output")
-        return self._submit("all_gather", _nbytes(output), async_op, output, None,
+        return self._submit("all_gather", _wire(output, wire_bytes), async_op, output, None,
                             lambda: dist.all_gather_into_tensor(output, input, self.group, True))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
-                       async_op: bool = False):
-        """output receives this rank's 1/world_size chunk of the reduction of every input."""
+                       async_op: bool = False, wire_bytes: int | None = None):
+        """output receives this rank's 1/world_size chunk of the reduction of every input.
+        wire_bytes: of the whole input."""
         _check_numel(output, input.numel() // self.world_size, "reduce_scatter output")
         reduce_op = _reduce_op(op)
         finish = (lambda: output.div_(self.world_size)) if op == "mean" else None
         return self._submit(
-            "reduce_scatter", _nbytes(input), async_op, output, finish,
+            "reduce_scatter", _wire(input, wire_bytes), async_op, output, finish,
             lambda: dist.reduce_scatter_tensor(output, input, reduce_op, self.group, True))
 
     # -- point to point ------------------------------------------------------------------
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False):
-        return self._submit("send", _nbytes(tensor), async_op, None, None,
+    def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False,
+             wire_bytes: int | None = None):
+        return self._submit("send", _wire(tensor, wire_bytes), async_op, None, None,
                             lambda: dist.isend(tensor, dst, self.group), peers=(self.rank, dst))
 
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False):
-        return self._submit("recv", _nbytes(tensor), async_op, tensor, None,
+    def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False,
+             wire_bytes: int | None = None):
+        return self._submit("recv", _wire(tensor, wire_bytes), async_op, tensor, None,
                             lambda: dist.irecv(tensor, src, self.group), peers=(src, self.rank))
 
     def wait_all(self):
@@ -125,8 +136,12 @@ def _reduce_op(op: str):
         raise ValueError(f"unknown reduce op '{op}'; use one of {', '.join(_REDUCE_OPS)}") from None
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+def _wire(tensor: torch.Tensor, wire_bytes: int | None) -> int:
+    if wire_bytes is None:
+        return tensor.numel() * tensor.element_size()
+    if wire_bytes < 0:
+        raise ValueError(f"wire_bytes must be non-negative, got {wire_bytes}")
+    return int(wire_bytes)
 
 
 def _check_numel(tensor, expected, what):

@@ -37,6 +37,7 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "per_rank": per_rank,
         "bytes_sent_per_node": sum(r["bytes_sent"] for r in ranks) / nodes,
         "bytes_received_per_node": sum(r["bytes_received"] for r in ranks) / nodes,
+        "bytes_sent_per_node_per_step": sum(r["bytes_sent"] for r in ranks) / nodes / job.steps,
         "bytes_sent_per_rank": [r["bytes_sent"] for r in ranks],
         "bytes_received_per_rank": [r["bytes_received"] for r in ranks],
         "traffic_by_kind_rank0": ranks[0]["traffic"],
