@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import sys
 import traceback
+from pathlib import Path
 
 import click
 
+from .commands import PluginGroup, format_plugins
 from .config import config_to_dict, parse_assignments, resolve_config
 from .errors import ExoframeError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def cli():
+@click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--strict-plugins", is_flag=True,
+              help="A plugin that fails to load is an error (also: EXOFRAME_STRICT_PLUGINS=1).")
+def cli(strict_plugins):
     """Simulate distributed training of PyTorch models on one machine."""
 
 
@@ -41,9 +45,12 @@ def cli():
               help="Strategy parameter, repeatable (e.g. -p H=50).")
 @click.option("-w", "--workload-param", "workload_params", multiple=True, metavar="KEY=VALUE",
               help="Workload parameter, repeatable (e.g. -w n_layer=4).")
+@click.option("--sink", "sinks", multiple=True, metavar="NAME[,NAME]",
+              help="Metrics sink, repeatable: jsonl, csv or a plugin's (see `exoframe plugins`). "
+              "[jsonl]")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. [on in a terminal]")
 @click.option("--debug", is_flag=True, help="Show full tracebacks.")
-def run(config_file, params, workload_params, progress, debug, **flags):
+def run(config_file, params, workload_params, sinks, progress, debug, **flags):
     """Train a workload on N simulated nodes under a strategy."""
     from .engine import execute, job_from_config
     from .report import summary_table
@@ -53,6 +60,9 @@ def run(config_file, params, workload_params, progress, debug, **flags):
         overrides["strategy_params"] = parse_assignments(params, "--param")
     if workload_params:
         overrides["workload_params"] = parse_assignments(workload_params, "--workload-param")
+    if sinks:
+        overrides["sinks"] = [name.strip() for names in sinks for name in names.split(",")
+                              if name.strip()]
     config = resolve_config(config_file, overrides)
     job = job_from_config(config)
     record = config_to_dict(config)
@@ -99,13 +109,32 @@ def nets():
 
 
 @cli.command()
-def plugins():
-    """List loaded plugins with their status (a broken plugin shows its error)."""
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def plugins(as_json):
+    """List plugins: package, version, status (active, failed with its error, disabled) and
+    what each registered."""
+    import json
+
     from .plugins import get_plugin_manager
 
-    for info in get_plugin_manager().plugins.values():
-        line = f"{info.name:<24} {info.source} {info.version:<10} {info.status}"
-        click.echo(line + (f": {info.error}" if info.error else ""))
+    infos = get_plugin_manager().plugins.values()
+    if as_json:
+        click.echo(json.dumps([info.as_dict() for info in infos], indent=2))
+    else:
+        click.echo(format_plugins(infos))
+
+
+@cli.command("new-plugin")
+@click.argument("name")
+@click.option("--dir", "parent", default=".", type=click.Path(file_okay=False),
+              help="Where to create the package folder. [.]")
+def new_plugin(name, parent):
+    """Write a plugin package skeleton exoframe-NAME: a strategy, its entry point and a test."""
+    from .scaffold import write_skeleton
+
+    folder = write_skeleton(name, parent)
+    click.echo(f"wrote {folder}\n  pip install -e {folder}\n  python -m pytest {folder}\n"
+               f"  exoframe run --strategy {name} --workload mlp")
 
 
 def _print_registry(registry):
@@ -114,6 +143,156 @@ def _print_registry(registry):
     for e in entries:
         aliases = f" (alias: {', '.join(e.aliases)})" if e.aliases else ""
         click.echo(f"{e.name:<{width}}  {e.description}{aliases}  [{e.source}]")
+
+
+def _names(text, flag):
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    if not names:
+        raise ExoframeError(f"{flag}: give at least one name (comma-separated).")
+    return names
+
+
+def _projection(project_params, step_time):
+    from .engine.replay import Projection
+    from .sim.units import parse_duration
+
+    if project_params is None and step_time is None:
+        return None
+    if project_params is None or step_time is None:
+        raise ExoframeError("a projection needs both --project-params (e.g. 1e9) and "
+                            "--step-time (e.g. 0.1s or 100ms).")
+    if project_params <= 0:
+        raise ExoframeError(f"--project-params must be positive, got {project_params:g}.")
+    try:
+        seconds = float(step_time)
+    except ValueError:
+        seconds = parse_duration(step_time, "--step-time", "projection")
+    if seconds <= 0:
+        raise ExoframeError(f"--step-time must be positive, got {step_time}.")
+    return Projection(project_params, seconds)
+
+
+_PROJECTION_HELP = ("Answer for a model of this many parameters: every exchange's bytes are "
+                    "scaled by (this / the trained model's parameters) and every step's compute "
+                    "to --step-time; DDP's gradient all-reduce is split into 25 MB buckets "
+                    "released during the backward pass (taken as 2/3 of the step) so it "
+                    "overlaps compute. Needs --step-time.")
+
+
+@cli.command()
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="YAML file of RunConfig fields for every run; flags override it.")
+@click.option("--strategy", "strategies", default="ddp,diloco",
+              help="Strategies, comma-separated. [ddp,diloco]")
+@click.option("--net", "nets", default="wan-100mbps",
+              help="Networks, comma-separated (presets or YAML files); with --bandwidth, the "
+                   "one base network of the grid. [wan-100mbps]")
+@click.option("--bandwidth", help="A grid LOW..HIGH (e.g. 10mbit..10gbit) of --points "
+              "log-spaced bandwidths applied to the base network: its inter-site links if it "
+              "has sites, else every node's NIC.")
+@click.option("--points", type=int, default=8, help="Points in the --bandwidth grid. [8]")
+@click.option("--seeds", default="0", help="Seeds, comma-separated. [0]")
+@click.option("--nodes", type=int, help="Nodes per run. [2]")
+@click.option("--steps", type=int, help="Training steps per run. [300]")
+@click.option("--workload", help="Workload. [gpt]")
+@click.option("--compute", help="Compute model (see `exoframe run --help`). [measured]")
+@click.option("--stragglers", help="Slow ranks (see `exoframe run --help`).")
+@click.option("-p", "--param", "params", multiple=True, metavar="[STRATEGY.]KEY=VALUE",
+              help="Strategy parameter, repeatable; unscoped keys go to every swept strategy "
+                   "that has them (e.g. -p diloco.H=50).")
+@click.option("-w", "--workload-param", "workload_params", multiple=True, metavar="KEY=VALUE")
+@click.option("--target-loss", type=float, help="Also report the simulated time to reach this "
+              "loss (validation loss when the run has it, else training loss).")
+@click.option("--project-params", type=float, help=_PROJECTION_HELP)
+@click.option("--step-time", help="Compute time of one training step of the projected model "
+              "(e.g. 0.1s).")
+@click.option("--out", default="sweeps", help="Parent folder of sweep folders. [sweeps]")
+@click.option("--plots/--no-plots", default=True, help="Write PNG plots (needs matplotlib).")
+@click.option("--progress/--no-progress", default=None, help="Progress bar. [on in a terminal]")
+def sweep(config_file, strategies, nets, bandwidth, points, seeds, params, workload_params,
+          target_loss, project_params, step_time, out, plots, progress, **flags):
+    """Strategies × networks: simulated wall-clock, compute utilization and bytes, as a
+    table, sweep.csv, sweep.json and plots.
+
+    A strategy whose behaviour does not depend on timing trains once and its trace is
+    replayed through every other network (the same clocks a re-run would give); a
+    timing-dependent one trains once per network.
+    """
+    from .engine.sweep import grid_networks, parse_grid, strategy_params, sweep as run_sweep
+    from .plugins import get_plugin_manager
+    from .report.sweep import table
+
+    overrides = {k: v for k, v in flags.items() if v is not None}
+    if workload_params:
+        overrides["workload_params"] = parse_assignments(workload_params, "--workload-param")
+    base = resolve_config(config_file, overrides)
+    pm = get_plugin_manager()
+    strategy_names = _names(strategies, "--strategy")
+    for name in strategy_names:
+        pm.strategies.get(name)
+    per_strategy = strategy_params(strategy_names, parse_assignments(params, "--param"), pm)
+    try:
+        seed_list = [int(s) for s in _names(seeds, "--seeds")]
+    except ValueError:
+        raise ExoframeError(f"--seeds: expected integers like 0,1,2; got '{seeds}'.") from None
+    net_list = _names(nets, "--net")
+    if bandwidth:
+        if len(net_list) != 1:
+            raise ExoframeError("--bandwidth applies a grid to one base network; give one --net.")
+        grid = parse_grid(bandwidth, points)
+        net_list = grid_networks(net_list[0], grid, Path(out) / "nets", pm)
+    if plots:
+        from .report.plots import _pyplot
+
+        _pyplot()  # fail now, not after the training, when matplotlib is missing
+    if progress is None:
+        progress = sys.stderr.isatty()
+    folder, rows = run_sweep(base, strategy_names, net_list, seed_list, out, per_strategy,
+                             target_loss, _projection(project_params, step_time), plots, progress)
+    click.echo(table(rows))
+    click.echo(f"  sweep folder: {folder}")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--net", required=True, help="Network to replay through (preset or YAML file).")
+@click.option("--project-params", type=float, help=_PROJECTION_HELP)
+@click.option("--step-time", help="Compute time of one training step of the projected model.")
+def replay(run_dir, net, project_params, step_time):
+    """Replay a run's trace through another network (no training); saved in RUN_DIR/replays."""
+    from .engine.replay import replay_run
+    from .report.summary import format_bytes, format_seconds
+
+    if not Path(run_dir).is_dir():
+        raise ExoframeError(f"{run_dir}: no such run folder.")
+    record = replay_run(run_dir, net, _projection(project_params, step_time))
+    utilization = record["compute_utilization"]
+    click.echo(f"  {record['strategy']} on {record['net']}"
+               + (f" [{record['projection']}]" if record["projection"] else "")
+               + f": simulated {format_seconds(record['simulated_seconds'])}, compute "
+               f"utilization {'-' if utilization is None else f'{100 * utilization:.1f}%'}, "
+               f"sent per node {format_bytes(record['bytes_sent_per_node'])}")
+
+
+@cli.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--out", help="Folder for sweep.csv, sweep.json and plots. [none: table only]")
+@click.option("--target-loss", type=float, help="Also report the time to reach this loss.")
+@click.option("--plots/--no-plots", default=True, help="Write PNG plots (needs matplotlib).")
+def report(run_dirs, out, target_loss, plots):
+    """Rebuild the table (and with --out the CSV, JSON and plots) from run folders (a
+    sweep folder stands for the runs in it)."""
+    from .report.sweep import collect_rows, table, write_outputs
+
+    folders = []
+    for d in map(Path, run_dirs):
+        folders += sorted(p for p in (d / "runs").iterdir() if p.is_dir()) \
+            if (d / "runs").is_dir() else [d]
+    rows = collect_rows(folders, target_loss)
+    click.echo(table(rows))
+    if out:
+        for path in write_outputs(rows, out, plots=plots):
+            click.echo(f"  wrote {path}")
 
 
 def main(argv=None):

@@ -35,6 +35,7 @@ class RunConfig:
     net: str = "ideal"  # a preset name (exoframe nets) or a YAML file
     compute: str = "measured"  # measured | fixed:<time per step> | flops:<device>[:<efficiency>]
     stragglers: str = ""  # e.g. "3:4" (rank 3 is 4x slower), "lognormal:0.3", both: "3:4,lognormal:0.3"
+    sinks: list = field(default_factory=lambda: ["jsonl"])  # metrics sinks (exoframe plugins)
 
     def validate(self):
         positive = {"nodes": self.nodes, "steps": self.steps, "threads": self.threads,
@@ -48,6 +49,8 @@ class RunConfig:
                 raise ExoframeError(f"{name} must be at least 1, got {value}.")
         if self.lr is not None and self.lr <= 0:
             raise ExoframeError(f"lr must be positive, got {self.lr}.")
+        if not all(isinstance(name, str) for name in self.sinks):
+            raise ExoframeError(f"sinks must be a list of sink names, got {self.sinks!r}.")
         return self
 
 

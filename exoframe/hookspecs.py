@@ -44,3 +44,21 @@ def exoframe_register_algorithms(register):
     flows that carry collective `kind` among n participants, or raises ValueError if it
     does not implement `kind`.
     """
+
+
+@hookspec
+def exoframe_register_sinks(register):
+    """register(name, sink_factory, description="", aliases=())
+
+    A metrics sink: sink_factory(run_dir) returns an object with `write(row)`, called with
+    each step's metrics row (a dict) as the step finishes, and `close()`, called once at the
+    end of the run. Chosen per run by RunConfig.sinks / `--sink` (default: jsonl).
+    """
+
+
+@hookspec
+def exoframe_register_commands(register):
+    """register(name, click_command, description="", aliases=())
+
+    An extra command line command: `exoframe <name>` runs the click.Command.
+    """

@@ -1,28 +1,37 @@
 """Plugin manager and registries.
 
-Built-in strategies and workloads are plugin modules registered first, through the same
-hooks as third-party packages. Third-party packages are found through the entry-point
-group `exoframe`; each is loaded under its own try/except, so one broken plugin is
-reported by name and the others keep working.
+Built-in strategies, workloads, network presets, metrics sinks and commands are plugin
+modules registered first, through the same hooks as third-party packages. Third-party
+packages are found through the entry-point group `exoframe`; each is loaded under its own
+try/except, so one broken plugin is reported by name and the others keep working.
+
+EXOFRAME_DISABLE_PLUGINS (comma-separated entry-point or package names) skips plugins
+without importing them; EXOFRAME_STRICT_PLUGINS=1 (or `exoframe --strict-plugins`) makes a
+plugin that fails to load an error instead of a warning in `exoframe plugins`.
 """
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import pluggy
 
 from . import hookspecs
-from .errors import ExoframeError, unknown_name_error
+from .errors import ExoframeError, did_you_mean, unknown_name_error
 
 ENTRY_POINT_GROUP = "exoframe"
-BUILTIN_PLUGINS = ("exoframe.strategies", "exoframe.workloads", "exoframe.sim")
+DISABLE_ENV = "EXOFRAME_DISABLE_PLUGINS"
+STRICT_ENV = "EXOFRAME_STRICT_PLUGINS"
+BUILTIN_PLUGINS = ("exoframe.strategies", "exoframe.workloads", "exoframe.sim", "exoframe.sinks",
+                   "exoframe.commands")
 KINDS = {"strategies": "exoframe_register_strategies", "workloads": "exoframe_register_workloads",
          "networks": "exoframe_register_networks",
-         "algorithms": "exoframe_register_algorithms"}
+         "algorithms": "exoframe_register_algorithms", "sinks": "exoframe_register_sinks",
+         "commands": "exoframe_register_commands"}
 SINGULAR = {"strategies": "strategy", "workloads": "workload", "networks": "network preset",
-            "algorithms": "collective algorithm"}
+            "algorithms": "collective algorithm", "sinks": "metrics sink", "commands": "command"}
 
 
 @dataclass
@@ -41,12 +50,17 @@ class PluginInfo:
     name: str
     source: str
     version: str
-    status: str = "active"  # or "failed"
+    status: str = "active"  # or "failed", "disabled"
     error: str = ""
+    hooks: list = field(default_factory=list)  # hook names it implements
+    items: dict = field(default_factory=dict)  # kind -> names it registered
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 class Registry:
-    """Name -> Entry for one kind of item (strategies, workloads)."""
+    """Name -> Entry for one kind of item (strategies, workloads, ...)."""
 
     def __init__(self, kind: str):
         self.kind = kind
@@ -79,11 +93,17 @@ class Registry:
 
 
 class PluginManager:
-    def __init__(self, load_entry_points: bool = True, builtins: bool = True):
+    """disabled: plugin (entry-point) or package names not to load; strict: raise on a
+    plugin that fails to load. Both default to the environment variables above."""
+
+    def __init__(self, load_entry_points: bool = True, builtins: bool = True,
+                 disabled=None, strict: bool | None = None):
         self.pm = pluggy.PluginManager("exoframe")
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
         self.registries = {kind: Registry(kind) for kind in KINDS}
+        self.disabled = set(disabled) if disabled is not None else disabled_from_env()
+        self.strict = strict if strict is not None else strict_from_env()
         if builtins:
             version = _exoframe_version()
             for module_name in BUILTIN_PLUGINS:
@@ -98,24 +118,39 @@ class PluginManager:
         self.plugins[name] = info
         try:
             self.pm.register(plugin, name=name)
+            info.hooks = sorted(caller.name for caller in self.pm.get_hookcallers(plugin))
+            unknown = [hook for hook in info.hooks if hook not in KINDS.values()]
+            if unknown:
+                raise ExoframeError(f"implements unknown hook '{unknown[0]}'."
+                                    f"{did_you_mean(unknown[0], KINDS.values())}")
             for kind, hook_name in KINDS.items():
                 for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                     if impl.plugin_name == name:
                         impl.function(register=self._register_callback(kind, info))
         except Exception as e:
-            info.status, info.error = "failed", _one_line(e)
             self._forget(name)
+            self._failed(info, e)
             return None
         return info
 
     def _register_callback(self, kind, info: PluginInfo):
         def register(name, obj, description="", aliases=()):
+            _check_item(kind, name, obj)
             self.registries[kind].add(
                 Entry(name=name, obj=obj, description=description or _first_doc_line(obj),
                       source=info.source, version=info.version, plugin=info.name,
                       aliases=tuple(aliases))
             )
+            info.items.setdefault(kind, []).append(name)
         return register
+
+    def _failed(self, info: PluginInfo, error: BaseException):
+        info.status, info.error, info.items = "failed", _one_line(error), {}
+        if self.strict:
+            raise ExoframeError(
+                f"plugin '{info.name}' ({info.source} {info.version}) failed to load: "
+                f"{info.error} (strict plugin mode; unset {STRICT_ENV}, or skip the plugin "
+                f"with {DISABLE_ENV}={info.name})")
 
     def _forget(self, plugin_name):
         if self.pm.has_plugin(plugin_name):
@@ -131,14 +166,23 @@ class PluginManager:
             source = ep.dist.name if ep.dist else ep.value
             version = ep.dist.version if ep.dist else ""
             if ep.name in self.plugins:
+                other = self.plugins[ep.name]
+                if other.source != source:  # two packages, one plugin name: keep the first
+                    info = self.plugins[f"{ep.name} ({source})"] = PluginInfo(
+                        name=ep.name, source=source, version=version)
+                    self._failed(info, ExoframeError(
+                        f"plugin name '{ep.name}' is already taken by {other.source}."))
+                continue
+            if ep.name in self.disabled or source in self.disabled:
+                self.plugins[ep.name] = PluginInfo(name=ep.name, source=source,
+                                                   version=version, status="disabled")
                 continue
             try:
                 plugin = ep.load()
             except Exception as e:
-                self.plugins[ep.name] = PluginInfo(
-                    name=ep.name, source=source, version=version, status="failed",
-                    error=_one_line(e),
-                )
+                info = self.plugins[ep.name] = PluginInfo(name=ep.name, source=source,
+                                                          version=version)
+                self._failed(info, e)
                 continue
             self.register(plugin, name=ep.name, source=source, version=version)
 
@@ -158,8 +202,37 @@ class PluginManager:
     def algorithms(self) -> Registry:
         return self.registries["algorithms"]
 
+    @property
+    def sinks(self) -> Registry:
+        return self.registries["sinks"]
+
+    @property
+    def commands(self) -> Registry:
+        return self.registries["commands"]
+
+
+def _check_item(kind: str, name, obj):
+    import click
+
+    if not isinstance(name, str) or not name:
+        raise ExoframeError(f"registered a {SINGULAR[kind]} whose name is {name!r}, not a string.")
+    if kind == "commands" and not isinstance(obj, click.Command):
+        raise ExoframeError(f"command '{name}' is {type(obj).__name__}, not a click.Command.")
+    if kind in ("sinks", "workloads", "algorithms") and not callable(obj):
+        raise ExoframeError(f"{SINGULAR[kind]} '{name}' is {type(obj).__name__}, not callable.")
+
+
+def disabled_from_env() -> set:
+    return {name.strip() for name in os.environ.get(DISABLE_ENV, "").split(",") if name.strip()}
+
+
+def strict_from_env() -> bool:
+    return os.environ.get(STRICT_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
 
 def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, ExoframeError):
+        return str(exc)
     return "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
 
 
@@ -179,7 +252,8 @@ _manager: PluginManager | None = None
 
 
 def get_plugin_manager() -> PluginManager:
-    """The process-wide manager: built-ins plus installed entry points, loaded once."""
+    """The process-wide manager: built-ins plus installed entry points, loaded once. In strict
+    mode a plugin that fails to load raises ExoframeError here."""
     global _manager
     if _manager is None:
         _manager = PluginManager()

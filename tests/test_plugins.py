@@ -1,7 +1,17 @@
 """Third-party strategies arrive through entry points; a broken plugin does not take exoframe down."""
+import csv
+import json
+import subprocess
+import sys
 import textwrap
+import uuid
 
+import pytest
 from conftest import write_plugin
+
+from exoframe.errors import ExoframeError
+from exoframe.plugins import PluginManager
+from exoframe.sinks import CsvSink
 
 GOOD = textwrap.dedent('''
     from dataclasses import dataclass
@@ -56,3 +66,187 @@ def test_entry_point_strategy_is_listed_and_runs_while_a_broken_plugin_is_report
     (folder,) = (cli.cwd / "runs").iterdir()
     assert '"period": 3' in (folder / "summary.json").read_text()
     assert cli.leftovers() == []
+
+
+BROKEN = "raise ImportError('no gpu here')\n"
+
+SINK_AND_COMMAND = textwrap.dedent('''
+    import json
+    import click
+    import exoframe
+
+    class LastRow:
+        """Keeps only the last metrics row, in last.json."""
+
+        def __init__(self, run_dir):
+            self.path = run_dir / "last.json"
+
+        def write(self, row):
+            self.path.write_text(json.dumps(row))
+
+        def close(self):
+            pass
+
+    @click.command()
+    @click.argument("who")
+    def hello(who):
+        """Say hello."""
+        click.echo(f"hello {who}")
+
+    @exoframe.hookimpl
+    def exoframe_register_sinks(register):
+        register("last", LastRow)
+
+    @exoframe.hookimpl
+    def exoframe_register_commands(register):
+        register("hello", hello)
+''')
+
+
+def manager(folder, monkeypatch, **kw):
+    """A fresh manager that sees the plugins written under `folder` (and nothing from the
+    environment's EXOFRAME_* variables)."""
+    monkeypatch.syspath_prepend(str(folder))
+    return PluginManager(**{"disabled": (), "strict": False, **kw})
+
+
+def test_plugin_json_lists_hooks_items_versions_and_failures(cli):
+    write_plugin(cli.cwd, "exoframe-everyother", "everyother_plugin", GOOD, version="1.2.3")
+    write_plugin(cli.cwd, "exoframe-broken", "broken_plugin", BROKEN)
+    listed = cli("plugins", "--json")
+    assert listed.returncode == 0, listed.stderr_text
+    plugins = {p["name"]: p for p in json.loads(listed.stdout_text)}
+    assert plugins["everyother_plugin"] == {
+        "name": "everyother_plugin", "source": "exoframe-everyother", "version": "1.2.3",
+        "status": "active", "error": "",
+        "hooks": ["exoframe_register_networks", "exoframe_register_strategies"],
+        "items": {"strategies": ["everyother"], "networks": ["campus"]}}
+    assert plugins["broken_plugin"]["status"] == "failed"
+    assert plugins["broken_plugin"]["error"] == "ImportError: no gpu here"
+    assert plugins["exoframe.sinks"]["items"] == {"sinks": ["jsonl", "csv"]}
+    assert "plugins" in plugins["exoframe.commands"]["items"]["commands"]
+
+
+def test_strict_mode_turns_a_broken_plugin_into_an_error_naming_it(cli):
+    write_plugin(cli.cwd, "exoframe-broken", "broken_plugin", BROKEN)
+    for strict in (cli("--strict-plugins", "strategies"),
+                   cli("nets", env={"EXOFRAME_STRICT_PLUGINS": "1"})):
+        assert strict.returncode != 0
+        assert "plugin 'broken_plugin' (exoframe-broken 0.1.0) failed to load: " \
+               "ImportError: no gpu here" in strict.stderr_text
+        assert strict.stdout_text == ""
+    disabled = cli("--strict-plugins", "plugins",
+                   env={"EXOFRAME_DISABLE_PLUGINS": "other, broken_plugin"})
+    assert disabled.returncode == 0, disabled.stderr_text
+    line = next(l for l in disabled.stdout_text.splitlines() if l.startswith("broken_plugin"))
+    assert line.split() == ["broken_plugin", "exoframe-broken", "0.1.0", "disabled"]
+
+
+def test_disabled_plugins_are_not_imported(tmp_path, monkeypatch):
+    write_plugin(tmp_path, "exoframe-everyother", "everyother_plugin", GOOD)
+    write_plugin(tmp_path, "exoframe-broken", "broken_plugin", BROKEN)
+    pm = manager(tmp_path, monkeypatch, disabled={"broken_plugin", "exoframe-everyother"})
+    assert pm.plugins["broken_plugin"].status == "disabled"  # importing it would have failed
+    assert pm.plugins["everyother_plugin"].status == "disabled"  # disabled by package name
+    assert pm.strategies.get_entry_or_none("everyother") is None
+    with pytest.raises(ExoframeError, match="broken_plugin"):
+        manager(tmp_path, monkeypatch, strict=True)
+
+
+@pytest.mark.parametrize("source, error", [
+    ('@exoframe.hookimpl\ndef exoframe_register_strategies(register):\n'
+     '    register("ddp", exoframe.Strategy)\n',
+     "strategy 'ddp' is registered twice: by exoframe and by exoframe-bad."),
+    ('@exoframe.hookimpl\ndef exoframe_register_commands(register):\n'
+     '    import click\n    register("run", click.Command("run"))\n',
+     "command 'run' is registered twice: by exoframe and by exoframe-bad."),
+    ('@exoframe.hookimpl\ndef exoframe_register_commands(register):\n'
+     '    register("go", print)\n',
+     "command 'go' is builtin_function_or_method, not a click.Command."),
+    ('@exoframe.hookimpl\ndef exoframe_register_strategy(register):\n    pass\n',
+     "implements unknown hook 'exoframe_register_strategy'. Did you mean "
+     "'exoframe_register_strategies'?"),
+])
+def test_a_plugin_that_registers_wrongly_fails_alone(tmp_path, monkeypatch, source, error):
+    module = f"bad_plugin_{uuid.uuid4().hex}"  # a fresh module: this process imports each one
+    write_plugin(tmp_path, "exoframe-bad", module, "import exoframe\n" + source)
+    write_plugin(tmp_path, "exoframe-everyother", "everyother_plugin", GOOD)
+    pm = manager(tmp_path, monkeypatch)
+    assert (pm.plugins[module].status, pm.plugins[module].error) == ("failed", error)
+    assert pm.plugins[module].items == {}
+    assert pm.strategies.get("ddp").source == "exoframe"
+    assert pm.commands.get("run").source == "exoframe"
+    assert pm.strategies.get("everyother").source == "exoframe-everyother"
+
+
+def test_plugin_sink_and_command(cli):
+    write_plugin(cli.cwd, "exoframe-extras", "extras_plugin", SINK_AND_COMMAND)
+    hello = cli("hello", "world")
+    assert (hello.returncode, hello.stdout_text) == (0, "hello world\n"), hello.stderr_text
+    assert "hello" in cli("--help").stdout_text
+    run = cli("run", "--workload", "mlp", "--nodes", "2", "--steps", "5", "--eval-every", "2",
+              "--out", "runs", "--sink", "csv,last", "--sink", "jsonl")
+    assert run.returncode == 0, run.stderr_text
+    (folder,) = (cli.cwd / "runs").iterdir()
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert json.loads((folder / "last.json").read_text()) == rows[-1]
+    with open(folder / "metrics.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [float(r["loss"]) for r in table] == [r["loss"] for r in rows]
+    assert [r["val_loss"] for r in table][:2] == ["", str(rows[1]["val_loss"])]
+    assert "sinks:\n- csv\n- last\n- jsonl\n" in (folder / "config.yaml").read_text()
+    unknown = cli("run", "--workload", "mlp", "--sink", "parquet", "--out", "runs")
+    assert unknown.returncode == 2
+    assert "unknown metrics sink 'parquet'" in unknown.stderr_text
+    assert "csv, jsonl, last" in unknown.stderr_text
+
+
+def test_csv_sink_widens_its_header_when_a_metric_first_appears(tmp_path):
+    sink = CsvSink(tmp_path)
+    sink.write({"step": 1, "loss": 2.5})
+    sink.write({"step": 2, "loss": 2.0, "val_loss": 2.1})
+    sink.write({"step": 3, "loss": 1.5})
+    sink.close()
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "step,loss,val_loss", "1,2.5,", "2,2.0,2.1", "3,1.5,"]
+
+
+def test_new_plugin_skeleton_installs_passes_its_test_and_runs(cli):
+    made = cli("new-plugin", "every-h")
+    assert made.returncode == 0, made.stderr_text
+    package = cli.cwd / "exoframe-every-h"
+    assert cli("new-plugin", "every-h").returncode == 2  # never overwrites
+    site = cli.cwd / "site"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(site), str(package)], capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr
+    env = cli.env({"PYTHONPATH": f"{site}:{cli.env()['PYTHONPATH']}"})
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            str(package / "tests")], cwd=cli.cwd, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    assert "2 passed" in tests.stdout
+    (cli.cwd / "exoframe-every-h").rename(cli.cwd / "source")  # only the installed copy is left
+    listed = cli("strategies", env={"PYTHONPATH": env["PYTHONPATH"]})
+    line = next(l for l in listed.stdout_text.splitlines() if l.startswith("every-h "))
+    assert line.endswith("[exoframe-every-h]")
+    run = cli("run", "--strategy", "every-h", "-p", "H=2", "--workload", "mlp", "--nodes", "2",
+              "--steps", "4", "--out", "runs", env={"PYTHONPATH": env["PYTHONPATH"]})
+    assert run.returncode == 0, run.stderr_text
+    assert cli.leftovers() == []
+
+
+def test_two_packages_with_one_plugin_name_keep_the_first_and_report_the_second(
+        tmp_path, monkeypatch):
+    write_plugin(tmp_path, "exoframe-everyother", "everyother_plugin", GOOD)
+    info = tmp_path / "exoframe_clash-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: exoframe-clash\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[exoframe]\neveryother_plugin = everyother_plugin\n")
+    infos = [i for i in manager(tmp_path, monkeypatch).plugins.values()
+             if i.name == "everyother_plugin"]
+    assert sorted(i.status for i in infos) == ["active", "failed"]
+    active, failed = sorted(infos, key=lambda i: i.status)
+    assert failed.error == f"plugin name 'everyother_plugin' is already taken by {active.source}."

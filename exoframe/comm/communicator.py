@@ -14,6 +14,10 @@ import torch.distributed as dist
 from ..sim.clock import SoloClock
 from .traffic import TrafficStats
 
+# torch renamed the flat-buffer collectives; older releases (>= 2.1) have only the old names.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                "min": dist.ReduceOp.MIN}
 
@@ -86,7 +90,7 @@ class Communicator:
         order. wire_bytes: of the whole gathered output."""
         _check_numel(output, input.numel() * self.world_size, "all_gather output")
         return self._submit("all_gather", _wire(output, wire_bytes), async_op, output, None,
-                            lambda: dist.all_gather_into_tensor(output, input, self.group, True))
+                            lambda: _all_gather_flat(output, input, self.group, True))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
                        async_op: bool = False, wire_bytes: int | None = None):
@@ -97,7 +101,7 @@ class Communicator:
         finish = (lambda: output.div_(self.world_size)) if op == "mean" else None
         return self._submit(
             "reduce_scatter", _wire(input, wire_bytes), async_op, output, finish,
-            lambda: dist.reduce_scatter_tensor(output, input, reduce_op, self.group, True))
+            lambda: _reduce_scatter_flat(output, input, reduce_op, self.group, True))
 
     # -- point to point ------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False,

@@ -35,6 +35,7 @@ class Job:
     threads: int = 1
     workload_name: str = "custom"
     best_loss: Optional[float] = None
+    sinks: tuple = ()  # metrics sink factories, each called with the run folder
 
 
 def resolve_strategy(strategy, params: dict | None, pm: PluginManager):
@@ -85,7 +86,7 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         sim=sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm),
         seed=config.seed, eval_every=config.eval_every or max(1, config.steps // 10),
         eval_batches=config.eval_batches, threads=config.threads, workload_name=workload.name,
-        best_loss=workload.best_loss)
+        best_loss=workload.best_loss, sinks=tuple(pm.sinks.get(name).obj for name in config.sinks))
 
 
 def job_from_config(config: RunConfig, pm: PluginManager | None = None) -> Job:

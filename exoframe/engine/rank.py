@@ -62,6 +62,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
         strategy.step_num = step
         strategy.step()
         clock.charge()
+        clock.end_step(step)
         record = {"loss": loss.item(), "bytes_sent": comm.traffic.bytes_sent,
                   "sim_time": clock.now, **strategy.metrics()}
         evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
@@ -69,6 +70,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
         conn.send(("step", rank, step, record, weights))
         clock.skip()
 
+    strategy.finish()
     comm.wait_all()
     conn.send(("done", rank, {
         "traffic": comm.traffic.as_dict(),
@@ -76,4 +78,5 @@ def train(rank: int, job: Job, batches: Batches, conn):
         "bytes_received": comm.traffic.bytes_received,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         **clock.stats(),
+        "trace": clock.trace,
     }))

@@ -21,21 +21,26 @@ class RunResult:
     summary: dict
     metrics: list
     run_dir: Optional[Path] = None
+    trace: Optional[dict] = None  # what each rank's clock saw; see exoframe.sim.replay
 
 
 def execute(job: Job, out: str | None = None, config_record: dict | None = None,
-            progress: bool = False) -> RunResult:
+            progress: bool = False, on_row=None) -> RunResult:
+    """Run `job`; with `out`, in a new run folder under it. on_row(row): after each step."""
     folder = RunFolder.create(out, f"{job.strategy_name}-n{job.nodes}") if out else None
     if folder and config_record is not None:
         folder.write_config(config_record)
+    sinks = [factory(folder.path) for factory in job.sinks] if folder else []
     rows = []
     bar = tqdm(total=job.steps, desc=f"{job.strategy_name} ×{job.nodes}", unit="step",
                disable=not progress, dynamic_ncols=True)
 
-    def on_row(row):
+    def handle_row(row):
         rows.append(row)
-        if folder:
-            folder.append_metrics(row)
+        if on_row is not None:
+            on_row(row)
+        for sink in sinks:
+            sink.write(row)
         bar.update(1)
         postfix = {"loss": f"{row['loss']:.4f}"}
         if "val_loss" in row:
@@ -43,14 +48,32 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
         bar.set_postfix(postfix, refresh=False)
 
     try:
-        result = launch(job, on_row)
+        result = launch(job, handle_row)
     finally:
         bar.close()
-        if folder:
-            folder.close()
+        for sink in sinks:
+            sink.close()
     unflatten_into(result.final_parameters, list(job.model.parameters()))
+    trace = build_trace(job, [r.pop("trace") for r in result.rank_results])
     summary = build_summary(job, rows, result)
     if folder:
+        folder.write_trace(trace)
         folder.write_summary(summary)
     return RunResult(model=job.model, summary=summary, metrics=rows,
-                     run_dir=folder.path if folder else None)
+                     run_dir=folder.path if folder else None, trace=trace)
+
+
+def build_trace(job: Job, rank_traces: list) -> dict:
+    return {
+        "version": 1,
+        "strategy": job.strategy_name,
+        "timing_dependent": job.strategy_cls.timing_dependent,
+        "bucketed_gradients": job.strategy_cls.gradient_all_reduce_after_backward,
+        "nodes": job.nodes,
+        "steps": job.steps,
+        "seed": job.seed,
+        "net": job.sim.net,
+        "compute_model": job.sim.compute.describe(),
+        "model_parameters": sum(p.numel() for p in job.model.parameters()),
+        "ranks": rank_traces,
+    }

@@ -1,4 +1,5 @@
-"""A run's folder: resolved config, metrics streamed as they happen, and the summary."""
+"""A run's folder: the resolved config and the summary; metrics go to the run's sinks
+(exoframe.sinks: metrics.jsonl by default), which write into the same folder."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,6 @@ import yaml
 class RunFolder:
     def __init__(self, path: Path):
         self.path = path
-        self._metrics = open(path / "metrics.jsonl", "a")
 
     @classmethod
     def create(cls, parent, label: str) -> "RunFolder":
@@ -31,12 +31,8 @@ class RunFolder:
     def write_config(self, config: dict):
         (self.path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
-    def append_metrics(self, row: dict):
-        self._metrics.write(json.dumps(row) + "\n")
-        self._metrics.flush()
+    def write_trace(self, trace: dict):
+        (self.path / "trace.json").write_text(json.dumps(trace) + "\n")
 
     def write_summary(self, summary: dict):
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-
-    def close(self):
-        self._metrics.close()

@@ -34,14 +34,16 @@ class Trainer:
             weight_decay: float = 0.0, momentum: float = 0.0, seed: int = 0,
             eval_every: int | None = None, eval_batches: int = 8, threads: int = 1,
             net: str = "ideal", compute: str = "measured", stragglers: str = "",
-            out: str | None = None, progress: bool = False) -> RunResult:
+            out: str | None = None, sinks=("jsonl",), progress: bool = False) -> RunResult:
         """Arguments as the RunConfig fields of `exoframe run` (net: a preset name or a YAML
-        file; compute: measured, fixed:<time per step> or flops:<device>)."""
+        file; compute: measured, fixed:<time per step> or flops:<device>; sinks: metrics
+        sinks writing into the run folder under `out`)."""
         config = RunConfig(
             strategy_params=dict(strategy_params or {}), nodes=num_nodes, steps=steps,
             batch_size=self.batch_size, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
             momentum=momentum, seed=seed, eval_every=eval_every, eval_batches=eval_batches,
-            threads=threads, net=net, compute=compute, stragglers=stragglers).validate()
+            threads=threads, net=net, compute=compute, stragglers=stragglers,
+            sinks=list(sinks)).validate()
         workload = Workload(build_model=lambda: self.model, dataset=self.dataset,
                             batch_size=self.batch_size, lr=lr, best_loss=self.best_loss)
         return execute(build_job(config, workload, self.model, strategy=strategy), out=out,

@@ -38,6 +38,10 @@ class RankClock:
         self._next_id = 0
         self._sequence: dict = {}  # per group / per (src, dst) pair: operations so far
         self._polls = (None, 0)  # (simulated time, questions asked at it)
+        # What this rank did, for replaying it through other networks (exoframe.sim.replay):
+        # ["c", seconds] compute, ["o", op_id, key, kind, bytes, participants, root,
+        # blocking], ["w", op_id] wait, ["t", op_id, answer] question, ["s", step] step end.
+        self.trace: list = []
 
     # -- compute -----------------------------------------------------------------------------
     def start_step(self):
@@ -51,9 +55,17 @@ class RankClock:
         """Do not charge what was done since the last charge (bookkeeping)."""
         self.compute.restart()
 
+    def end_step(self, step: int):
+        self.trace.append(["s", step])
+
     def _add_compute(self, seconds: float):
-        self.now += seconds
-        self.compute_seconds += seconds
+        if seconds:
+            self.now += seconds
+            self.compute_seconds += seconds
+            if self.trace and self.trace[-1][0] == "c":
+                self.trace[-1][1] += seconds
+            else:
+                self.trace.append(["c", seconds])
 
     # -- operations --------------------------------------------------------------------------
     def submit(self, kind: str, nbytes: int, participants: tuple, root: int = 0,
@@ -71,6 +83,7 @@ class RankClock:
         op_id = self._next_id
         self._next_id += 1
         self._send(("op", self.now, op_id, key, kind, nbytes, participants, root, blocking))
+        self.trace.append(["o", op_id, key, kind, nbytes, participants, root, blocking])
         if blocking:
             self._receive_wait()
         compiled = plan.compiled
@@ -80,6 +93,7 @@ class RankClock:
     def wait(self, op_id: int):
         self.charge()
         self._send(("wait", self.now, op_id))
+        self.trace.append(["w", op_id])
         self._receive_wait()
 
     def is_done(self, op_id: int) -> bool:
@@ -96,6 +110,7 @@ class RankClock:
         self._send(("test", self.now, op_id))
         reply = self._receive()
         assert reply[0] == "tested", reply
+        self.trace.append(["t", op_id, reply[1]])
         return reply[1]
 
     def stats(self) -> dict:

@@ -46,6 +46,13 @@ class Topology:
                    site_of=[0] * n, intra=[LinkSpec(latency=latency, jitter=jitter)],
                    algorithms={**DEFAULT_ALGORITHMS, **(algorithms or {})})
 
+    def bottleneck(self) -> float | None:
+        """The slowest link in bytes/s (None if no link is limited): what sweeps plot
+        against."""
+        links = [*self.uplink, *self.downlink, *(s.bandwidth for s in self.inter.values())]
+        slowest = min(links, default=math.inf)
+        return None if math.isinf(slowest) else slowest
+
     def is_ideal(self) -> bool:
         """Unlimited bandwidth and no latency anywhere: every transfer is instantaneous."""
         specs = [*self.intra, *self.inter.values()]

@@ -1,12 +1,22 @@
 """Built-in strategies, registered through the same hook as third-party plugins."""
 from ..hookspecs import hookimpl
+from .async_localsgd import AsyncLocalSGD
 from .base import OptimizerSpec, Strategy
 from .ddp import DDP
 from .diloco import DiLoCo
+from .gossip import Gossip
 from .localsgd import LocalSGD
+from .noloco import NoLoCo
+from .powersgd import PowerSGD
+from .randomk_ef import RandomKEF
 from .sparta import Sparta
+from .sparta_diloco import SpartaDiLoCo
+from .streaming_diloco import StreamingDiLoCo
+from .topk_ef import TopKEF
 
-__all__ = ["Strategy", "OptimizerSpec", "DDP", "LocalSGD", "DiLoCo", "Sparta"]
+__all__ = ["Strategy", "OptimizerSpec", "DDP", "LocalSGD", "DiLoCo", "Sparta",
+           "StreamingDiLoCo", "SpartaDiLoCo", "TopKEF", "RandomKEF", "PowerSGD", "Gossip",
+           "NoLoCo", "AsyncLocalSGD"]
 
 
 @hookimpl
@@ -15,3 +25,11 @@ def exoframe_register_strategies(register):
     register("localsgd", LocalSGD, aliases=["fedavg"])
     register("diloco", DiLoCo)
     register("sparta", Sparta)
+    register("streaming-diloco", StreamingDiLoCo)
+    register("sparta-diloco", SpartaDiLoCo)
+    register("topk-ef", TopKEF)
+    register("randomk-ef", RandomKEF)
+    register("powersgd", PowerSGD)
+    register("gossip", Gossip)
+    register("noloco", NoLoCo)
+    register("async-localsgd", AsyncLocalSGD)

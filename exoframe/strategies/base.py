@@ -60,6 +60,10 @@ class Strategy:
 
     #: True when the strategy's numerics depend on simulated timing (async methods).
     timing_dependent: ClassVar[bool] = False
+    #: True when each step's exchange is the all-reduce of the gradients computed by that
+    #: step's backward pass, which real DDP overlaps with the backward pass (in buckets):
+    #: projections to larger models model that overlap.
+    gradient_all_reduce_after_backward: ClassVar[bool] = False
 
     @dataclass
     class Params:
@@ -89,6 +93,10 @@ class Strategy:
 
     def step(self):
         raise NotImplementedError
+
+    def finish(self):
+        """Called once after the last step, before the engine waits for every operation
+        still in flight: answer what peers still wait for (e.g. a server's last replies)."""
 
     def metrics(self) -> dict:
         """Numbers to log for the step just finished (e.g. an outer gradient norm)."""

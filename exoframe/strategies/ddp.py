@@ -11,6 +11,8 @@ from .base import Strategy
 class DDP(Strategy):
     """Data parallel: all-reduce (mean) of gradients every step."""
 
+    gradient_all_reduce_after_backward = True
+
     @dataclass
     class Params:
         pass

@@ -10,7 +10,7 @@ from .base import Strategy, check_positive
 
 
 class LocalSGD(Strategy):
-    """H local steps, then average parameters (alias: fedavg)."""
+    """H local steps, then average parameters."""
 
     @dataclass
     class Params:

@@ -1,0 +1,104 @@
+"""Replays of a run folder's trace through other networks, saved beside the run.
+
+A replay is stored as <run>/replays/<network>.json with the same timing fields as
+summary.json (simulated_seconds, compute_utilization, per_rank) plus each step's
+simulated time, so reports can draw loss against simulated time for every network.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ExoframeError
+from ..plugins import get_plugin_manager
+from ..sim import SimSetup, resolve_sim
+from ..sim.collectives import plan_for
+from ..sim.replay import ReplayError, project, replay
+
+
+@dataclass
+class Projection:
+    """Answer for a model of `parameters` parameters whose training step computes for
+    `step_seconds` (see exoframe.sim.replay.project)."""
+
+    parameters: float
+    step_seconds: float
+
+    def label(self) -> str:
+        return f"{self.parameters:.3g} params, {self.step_seconds:g} s/step"
+
+
+def load_trace(run_dir) -> dict:
+    path = Path(run_dir) / "trace.json"
+    if not path.is_file():
+        raise ExoframeError(f"{run_dir}: no trace.json; only runs made by exoframe 0.1 with the "
+                            "network simulator record one. Run it again with `exoframe run`.")
+    return json.loads(path.read_text())
+
+
+def check_replayable(trace: dict, where) -> None:
+    if trace["timing_dependent"]:
+        raise ExoframeError(
+            f"{where}: strategy '{trace['strategy']}' is timing-dependent (what it does depends "
+            "on when data arrives), so its trace cannot be replayed on another network; re-run "
+            "it with --net instead (exoframe sweep does that by itself).")
+
+
+def replay_trace(trace: dict, sim: SimSetup, projection: Projection | None = None) -> dict:
+    """Replay `trace` through the network of `sim` (a SimSetup for the trace's node count)."""
+    ranks = trace["ranks"]
+    if projection is not None:
+        ranks = project(ranks, projection.parameters / trace["model_parameters"],
+                        projection.step_seconds, trace["bucketed_gradients"])
+    try:
+        result = replay(ranks, sim.topology, sim.algorithms, seed=trace["seed"])
+    except ReplayError as e:
+        raise ExoframeError(f"replay of '{trace['strategy']}' on {sim.net}: {e}") from None
+    simulated = result.simulated_seconds
+    return {
+        "strategy": trace["strategy"],
+        "net": sim.net,
+        "bottleneck_bandwidth": sim.topology.bottleneck(),
+        "projection": projection.label() if projection else None,
+        "simulated_seconds": simulated,
+        "compute_utilization": result.compute_utilization,
+        "bytes_sent_per_node": _bytes_sent_per_node(ranks, sim),
+        "per_rank": [{"rank": r.rank, **r.stats()} for r in result.ranks],
+        "sim_times": result.step_times(),
+    }
+
+
+def replay_run(run_dir, net: str, projection: Projection | None = None, save: bool = True,
+               pm=None) -> dict:
+    """Replay the run in `run_dir` on network `net` (preset name or YAML file)."""
+    trace = load_trace(run_dir)
+    if projection is None:
+        check_replayable(trace, run_dir)
+    sim = resolve_sim(net, "measured", "", trace["nodes"], pm or get_plugin_manager())
+    record = replay_trace(trace, sim, projection)
+    if save:
+        save_replay(run_dir, record)
+    return record
+
+
+def save_replay(run_dir, record: dict) -> Path:
+    folder = Path(run_dir) / "replays"
+    folder.mkdir(exist_ok=True)
+    projected = f" [{record['projection']}]" if record["projection"] else ""
+    path = folder / f"{record['net']}{projected}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def _bytes_sent_per_node(ranks: list, sim: SimSetup) -> float:
+    """Bytes each rank sends on average, by the network's algorithm for each operation."""
+    total = 0.0
+    for rank, events in enumerate(ranks):
+        for event in (e for e in events if e[0] == "o"):
+            _, _, _, kind, nbytes, participants, root, _ = event
+            algorithm = None if kind in ("send", "recv") else \
+                sim.algorithms[sim.topology.algorithms[kind]]
+            plan = plan_for(algorithm, kind, len(participants), root)
+            total += plan.compiled.sent[list(participants).index(rank)] * nbytes
+    return total / len(ranks)

@@ -1,0 +1,151 @@
+"""`exoframe sweep`: strategies × networks (× seeds), trained once and replayed.
+
+A strategy whose behaviour does not depend on timing trains once, on the first network,
+and its trace is replayed through every other network (same clocks as a re-run, at a
+fraction of the cost). A timing-dependent strategy trains once per network. Everything
+lands in one sweep folder: runs/ (run folders with their replays), nets/ (networks made
+from a bandwidth grid), sweep.csv, sweep.json and the plots.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import yaml
+from tqdm import tqdm
+
+from ..config import RunConfig
+from ..errors import ExoframeError
+from ..plugins import get_plugin_manager
+from ..report.sweep import collect_rows, write_outputs
+from ..sim import resolve_sim
+from ..sim.netconfig import load_network
+from ..sim.units import parse_bandwidth
+from .job import job_from_config
+from .replay import Projection, replay_trace, save_replay
+from .run import execute
+from .run_folder import RunFolder
+
+
+def parse_grid(text: str, points: int) -> list[float]:
+    """'10mbit..10gbit' with `points` -> log-spaced bandwidths in bytes/s, low to high."""
+    low_text, sep, high_text = text.partition("..")
+    if not sep:
+        raise ExoframeError(f"--bandwidth: expected LOW..HIGH, e.g. 10mbit..10gbit; got '{text}'.")
+    low = parse_bandwidth(low_text, "--bandwidth", "sweep")
+    high = parse_bandwidth(high_text, "--bandwidth", "sweep")
+    if math.isinf(high) or math.isinf(low):
+        raise ExoframeError("--bandwidth: the grid's ends must be finite bandwidths.")
+    if low >= high:
+        raise ExoframeError(f"--bandwidth: the low end ({low_text}) must be below the high end "
+                            f"({high_text}), e.g. 10mbit..10gbit.")
+    if points < 2:
+        raise ExoframeError(f"--points: a grid needs at least 2 points, got {points}.")
+    ratio = (high / low) ** (1 / (points - 1))
+    return [low * ratio ** i for i in range(points - 1)] + [high]
+
+
+def grid_networks(base: str, bandwidths: list[float], folder: Path, pm) -> list[str]:
+    """Copies of network `base` with its bottleneck set to each bandwidth, written as YAML
+    files in `folder`: the inter-site links if it has sites, else every node's NIC."""
+    network = load_network(base, pm.networks)
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = {f.name: getattr(network, f.name) for f in dataclasses.fields(network)
+            if f.name not in ("name", "where")}
+    paths = []
+    for bandwidth in bandwidths:
+        text = _bandwidth_text(bandwidth)
+        values = dict(keys, description=f"{network.name} at {text}")
+        if network.links:
+            values["links"] = [dict(dataclasses.asdict(link), bandwidth=text)
+                               for link in network.links]
+            values["sites"] = {name: dataclasses.asdict(site) for name, site in network.sites.items()}
+        else:
+            values.update(bandwidth=text, upload=None, download=None)
+            values["sites"] = {}
+            values["links"] = []
+        path = folder / f"{network.name}@{text}.yaml"
+        path.write_text(yaml.safe_dump(values, sort_keys=False))
+        paths.append(str(path))
+    return paths
+
+
+def strategy_params(strategies: list[str], assignments: dict, pm) -> dict[str, dict]:
+    """-p values for each strategy: 'diloco.H' goes to diloco only; an unscoped 'H' to every
+    strategy that has a parameter H."""
+    params = {s: {} for s in strategies}
+    fields = {s: {f.name for f in dataclasses.fields(pm.strategies.get(s).obj.Params)}
+              for s in strategies}
+    for key, value in assignments.items():
+        scope, dot, name = key.rpartition(".")
+        if dot:
+            if scope not in params:
+                raise ExoframeError(f"-p {key}: '{scope}' is not one of the swept strategies "
+                                    f"({', '.join(strategies)}).")
+            params[scope][name] = value
+            continue
+        takers = [s for s in strategies if key in fields[s]]
+        if not takers:
+            raise ExoframeError(f"-p {key}: none of {', '.join(strategies)} has a parameter "
+                                f"'{key}'; scope it as STRATEGY.{key}=VALUE.")
+        for s in takers:
+            params[s][key] = value
+    return params
+
+
+def _bandwidth_text(bytes_per_s: float) -> str:
+    bits = bytes_per_s * 8
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:.3g}{unit}"
+    return f"{bits:.3g}bit"
+
+
+def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[int],
+          out: str, params: dict[str, dict] | None = None, target_loss: float | None = None,
+          projection: Projection | None = None, plots: bool = True,
+          progress: bool = False) -> tuple[Path, list[dict]]:
+    """Returns the sweep folder and its rows (see exoframe.report.sweep)."""
+    if not strategies or not nets or not seeds:
+        raise ExoframeError("sweep: give at least one strategy, one network and one seed.")
+    pm = get_plugin_manager()
+    folder = RunFolder.create(out, "sweep").path
+    runs_dir = folder / "runs"
+    setups = {net: resolve_sim(net, base.compute, base.stragglers, base.nodes, pm) for net in nets}
+    plan = []  # (strategy, seed, train on these nets, replay on those)
+    for strategy in strategies:
+        timing_dependent = pm.strategies.get(strategy).obj.timing_dependent
+        if timing_dependent and projection is not None:
+            raise ExoframeError(f"sweep: '{strategy}' is timing-dependent; a projection replays "
+                                "traces, so it cannot project it. Leave it out of the sweep.")
+        for seed in seeds:
+            trained = nets if timing_dependent else nets[:1]
+            replayed = [] if timing_dependent else nets[1:] if projection is None else nets
+            plan.append((strategy, seed, trained, replayed))
+    total = sum(len(trained) * base.steps + len(replayed) for _, _, trained, replayed in plan)
+    bar = tqdm(total=total, desc="sweep", unit="step", disable=not progress, dynamic_ncols=True)
+    run_dirs = []
+    try:
+        for strategy, seed, trained, replayed in plan:
+            for net in trained:
+                bar.set_description(f"sweep: {strategy} seed {seed} on {setups[net].net}")
+                config = dataclasses.replace(
+                    base, strategy=strategy, seed=seed, net=net, out=str(runs_dir),
+                    strategy_params={**base.strategy_params, **(params or {}).get(strategy, {})})
+                result = execute(job_from_config(config, pm), out=config.out,
+                                 config_record=dataclasses.asdict(config),
+                                 on_row=lambda _row: bar.update(1))
+                run_dirs.append(result.run_dir)
+                for other in replayed:
+                    bar.set_description(f"sweep: replay {strategy} on {setups[other].net}")
+                    record = replay_trace(result.trace, setups[other], projection)
+                    save_replay(result.run_dir, record)
+                    bar.update(1)
+    finally:
+        bar.close()
+    rows = collect_rows(run_dirs, target_loss)
+    if projection is not None:
+        rows = [r for r in rows if r["source"] == "replay"]
+    write_outputs(rows, folder, plots=plots)
+    return folder, rows

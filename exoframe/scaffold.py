@@ -1,0 +1,132 @@
+"""`exoframe new-plugin NAME`: a plugin package that installs, tests and runs as written.
+
+exoframe-NAME/
+  pyproject.toml            the entry point in group `exoframe`
+  exoframe_NAME/__init__.py a strategy and the hook that registers it as NAME
+  tests/test_exoframe_NAME.py
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from string import Template
+
+from .errors import ExoframeError
+
+PYPROJECT = Template('''\
+[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "$dist"
+version = "0.1.0"
+description = "The $name strategy for exoframe."
+requires-python = ">=3.10"
+dependencies = ["exoframe"]
+
+[project.optional-dependencies]
+dev = ["pytest>=7"]
+
+# exoframe finds the plugin through this entry point: `pip install` is all it takes.
+[project.entry-points.exoframe]
+$name = "$module"
+
+[tool.setuptools]
+packages = ["$module"]
+''')
+
+MODULE = Template('''\
+"""$dist: the `$name` strategy for exoframe."""
+from dataclasses import dataclass
+
+import exoframe
+
+
+class $cls(exoframe.Strategy):
+    """Local steps, then average parameters every H steps."""
+
+    @dataclass
+    class Params:
+        H: int = 10
+
+    def step(self):  # called after each backward pass, on every rank
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        if self.step_num % self.params.H == 0:
+            self.average_parameters()  # one all-reduce through self.comm
+
+
+@exoframe.hookimpl
+def exoframe_register_strategies(register):
+    register("$name", $cls)
+''')
+
+TEST = Template('''\
+"""$dist is installed, registered under its package name, and trains."""
+import torch
+from torch.utils.data import TensorDataset
+
+import exoframe
+from exoframe.plugins import PluginManager
+
+
+def test_registered_through_the_entry_point():
+    entry = PluginManager().strategies.get("$name")
+    assert entry.source == "$dist"
+
+
+class Regression(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 1)
+
+    def forward(self, batch):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), y)
+
+
+def test_trains():
+    torch.manual_seed(0)
+    x = torch.randn(512, 8)
+    data = TensorDataset(x, x @ torch.randn(8))
+    result = exoframe.Trainer(Regression(), data, batch_size=32).fit(
+        strategy="$name", num_nodes=2, steps=40, lr=0.05, strategy_params={"H": 5})
+    losses = [row["loss"] for row in result.metrics]
+    assert losses[-1] < losses[0] / 4
+''')
+
+README = Template('''\
+# $dist
+
+The `$name` strategy for [exoframe](https://github.com/), as a plugin package.
+
+```bash
+pip install -e .                # exoframe finds it through the `exoframe` entry point
+exoframe strategies             # $name ... [$dist]
+exoframe run --strategy $name --workload mlp -p H=20
+python -m pytest tests
+```
+''')
+
+NAME = re.compile(r"[a-z][a-z0-9_-]*")
+
+
+def write_skeleton(name: str, parent=".") -> Path:
+    """Write exoframe-NAME under `parent` and return its folder."""
+    if not NAME.fullmatch(name):
+        raise ExoframeError(f"plugin name '{name}': use lowercase letters, digits, '-' and '_', "
+                            "starting with a letter (it becomes the strategy's name).")
+    module = "exoframe_" + name.replace("-", "_")
+    values = {"name": name, "dist": f"exoframe-{name}", "module": module,
+              "cls": "".join(part.capitalize() for part in re.split(r"[-_]", name))}
+    folder = Path(parent) / values["dist"]
+    if folder.exists():
+        raise ExoframeError(f"{folder} already exists; choose another name or remove it.")
+    files = {"pyproject.toml": PYPROJECT, f"{module}/__init__.py": MODULE,
+             f"tests/test_{module}.py": TEST, "README.md": README}
+    for relative, template in files.items():
+        path = folder / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(template.substitute(values))
+    return folder

@@ -1,0 +1,188 @@
+"""Replay a run's communication trace through another network, without training again.
+
+A trace is, per rank, what its clock saw: compute segments, operations (kind, bytes,
+participants, algorithm by kind), waits and step ends. When a strategy's behaviour does not
+depend on timing, the same operations happen on any network, so feeding the trace to a
+simulator of another network gives exactly the clocks a full re-run would (same compute
+model, same seed). A trace that contains questions ("is it done yet?") came from a
+timing-dependent strategy: replay checks every answer and refuses if one would change.
+
+Projection rescales a trace to a larger model: every operation's bytes by the parameter
+ratio, every step's compute to a given step time; for strategies whose per-step
+communication is the gradient all-reduce (DDP), that all-reduce is split into buckets
+released one by one during the backward pass, so it overlaps compute as real DDP does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .simulator import Simulator
+from .topology import Topology
+
+DDP_BUCKET_BYTES = 25 * 1024 * 1024  # torch DistributedDataParallel's bucket_cap_mb = 25
+BACKWARD_SHARE = 2 / 3  # backward ≈ 2 × forward in FLOPs
+
+
+class ReplayError(Exception):
+    pass
+
+
+@dataclass
+class RankReplay:
+    rank: int
+    events: list
+    now: float = 0.0
+    compute_seconds: float = 0.0
+    comm_seconds: float = 0.0
+    idle_seconds: float = 0.0
+    step_times: dict = field(default_factory=dict)
+    position: int = 0
+    waiting: list | None = None  # the event this rank waits on an answer for
+
+    def stats(self) -> dict:
+        return {"simulated_seconds": self.now, "compute_seconds": self.compute_seconds,
+                "comm_seconds": self.comm_seconds, "idle_seconds": self.idle_seconds}
+
+
+@dataclass
+class ReplayResult:
+    ranks: list[RankReplay]
+
+    @property
+    def simulated_seconds(self) -> float:
+        return max(r.now for r in self.ranks)
+
+    @property
+    def compute_utilization(self) -> float | None:
+        total = len(self.ranks) * self.simulated_seconds
+        return sum(r.compute_seconds for r in self.ranks) / total if total > 0 else None
+
+    def step_times(self) -> list[float]:
+        """Per step, the time its last rank ended it."""
+        steps = sorted(self.ranks[0].step_times)
+        return [max(r.step_times[s] for r in self.ranks) for s in steps]
+
+
+def replay(traces: list[list], topology: Topology, algorithms: dict, seed: int = 0) -> ReplayResult:
+    """traces[r]: rank r's events as recorded by RankClock.trace (JSON-loaded is fine)."""
+    sim = Simulator(topology, algorithms, seed=seed)
+    ranks = [RankReplay(r, events) for r, events in enumerate(traces)]
+    while True:
+        for rank in ranks:
+            if rank.waiting is None and rank.position <= len(rank.events):
+                _run_until_blocked(rank, sim)
+        replies = sim.advance()
+        if not replies:
+            break
+        for r, reply in replies:
+            _answer(ranks[r], reply)
+    stuck = [r.rank for r in ranks if r.waiting is not None]
+    if stuck:
+        raise ReplayError(sim.stuck() or f"ranks {stuck} never got their answers")
+    return ReplayResult(ranks)
+
+
+def _run_until_blocked(rank: RankReplay, sim: Simulator):
+    events = rank.events
+    while rank.position < len(events):
+        event = events[rank.position]
+        rank.position += 1
+        tag = event[0]
+        if tag == "c":
+            rank.now += event[1]
+            rank.compute_seconds += event[1]
+        elif tag == "o":
+            _, op_id, key, kind, nbytes, participants, root, blocking = event
+            sim.receive(rank.rank, ("op", rank.now, op_id, _frozen(key), kind, nbytes,
+                                    tuple(participants), root, blocking))
+            if blocking:
+                rank.waiting = event
+                return
+        elif tag == "w":
+            sim.receive(rank.rank, ("wait", rank.now, event[1]))
+            rank.waiting = event
+            return
+        elif tag == "t":
+            sim.receive(rank.rank, ("test", rank.now, event[1]))
+            rank.waiting = event
+            return
+        elif tag == "s":
+            rank.step_times[event[1]] = rank.now
+            sim.note_clock(rank.rank, rank.now)
+    rank.position += 1  # past the end: finished
+    sim.rank_done(rank.rank)
+
+
+def _answer(rank: RankReplay, reply):
+    event, rank.waiting = rank.waiting, None
+    if reply[0] == "waited":
+        _, end, idle, comm = reply
+        rank.now = end
+        rank.idle_seconds += idle
+        rank.comm_seconds += comm
+    elif reply[1] != event[2]:
+        raise ReplayError(
+            f"rank {rank.rank}: an operation that was {'done' if event[2] else 'not done'} at "
+            f"this point of the recorded run is {'done' if reply[1] else 'not done'} on this "
+            "network: the strategy's behaviour depends on timing; re-run it instead.")
+
+
+def _frozen(value):
+    """JSON turns tuples into lists; operation keys must be hashable again."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def project(traces: list[list], bytes_ratio: float, step_seconds: float,
+            bucketed_gradients: bool = False) -> list[list]:
+    """The traces of the same run for a model `bytes_ratio` times larger whose training
+    step computes for `step_seconds` (each rank's compute is scaled by one factor, so
+    stragglers stay as slow relative to the others). With `bucketed_gradients`, a blocking
+    all-reduce right after a step's compute is split into DDP buckets released during the
+    backward pass."""
+    steps = sum(1 for e in traces[0] if e[0] == "s")
+    total_compute = sum(e[1] for events in traces for e in events if e[0] == "c")
+    if steps == 0 or total_compute <= 0:
+        raise ReplayError("the trace has no compute to scale: record the run with a compute "
+                          "model (measured, fixed or flops).")
+    scale = step_seconds / (total_compute / (len(traces) * steps))
+    projected = []
+    for events in traces:
+        out = []
+        for event in events:
+            if event[0] == "c":
+                out.append(["c", event[1] * scale])
+            elif event[0] == "o":
+                op = list(event)
+                op[4] = event[4] * bytes_ratio
+                if bucketed_gradients and _is_gradient_all_reduce(op, out):
+                    out.extend(_buckets(op, out.pop()[1]))
+                else:
+                    out.append(op)
+            else:
+                out.append(list(event))
+        projected.append(out)
+    return projected
+
+
+def _is_gradient_all_reduce(op, previous) -> bool:
+    return op[3] == "all_reduce" and op[7] and bool(previous) and previous[-1][0] == "c"
+
+
+def _buckets(op, compute: float) -> list:
+    """Forward, then the backward in slices, each slice releasing one bucket's async
+    all-reduce; then wait for all buckets."""
+    _, op_id, key, kind, nbytes, participants, root, _ = op
+    count = max(1, math.ceil(nbytes / DDP_BUCKET_BYTES))
+    backward = compute * BACKWARD_SHARE
+    events = [["c", compute - backward]]
+    for b in range(count):
+        events.append(["c", backward / count])
+        events.append(["o", (op_id, b), [*_as_list(key), b], kind, nbytes / count,
+                       participants, root, False])
+    events.extend(["w", (op_id, b)] for b in range(count))
+    return events
+
+
+def _as_list(key):
+    return list(key) if isinstance(key, (list, tuple)) else [key]

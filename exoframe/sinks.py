@@ -1,0 +1,64 @@
+"""Built-in metrics sinks: where each step's metrics row goes, in the run folder.
+
+A sink is made per run by `factory(run_dir)` and gets `write(row)` for every step as it
+finishes, then `close()`. `jsonl` (the default) writes metrics.jsonl, one JSON object per
+line; `csv` writes metrics.csv. Plugins add sinks through `exoframe_register_sinks`.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from .hookspecs import hookimpl
+
+
+class JsonlSink:
+    """metrics.jsonl: one JSON object per step, flushed as the step finishes."""
+
+    def __init__(self, run_dir: Path):
+        self._file = open(Path(run_dir) / "metrics.jsonl", "a")
+
+    def write(self, row: dict):
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def close(self):
+        self._file.close()
+
+
+class CsvSink:
+    """metrics.csv: one line per step; a column for every metric seen so far."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / "metrics.csv"
+        self.columns: list[str] = []
+        self.rows: list[dict] = []
+        self._file = open(self.path, "w", newline="")
+
+    def write(self, row: dict):
+        self.rows.append(row)
+        new = [key for key in row if key not in self.columns]
+        if new:
+            # Some metrics first appear mid-run (val_loss, a strategy's outer-step metrics):
+            # rewrite the file under the wider header, which happens a few times per run.
+            self.columns += new
+            self._file.seek(0)
+            self._file.truncate()
+            self._writer().writeheader()
+            self._writer().writerows(self.rows)
+        else:
+            self._writer().writerow(row)
+        self._file.flush()
+
+    def _writer(self):
+        return csv.DictWriter(self._file, fieldnames=self.columns, restval="")
+
+    def close(self):
+        self._file.close()
+
+
+@hookimpl
+def exoframe_register_sinks(register):
+    register("jsonl", JsonlSink)
+    register("csv", CsvSink)

@@ -1,0 +1,41 @@
+"""SPARTA-DiLoCo: SPARTA's sparse parameter averaging every step, plus a DiLoCo outer step
+every H steps.
+
+Update: each step, θ_r ← opt(θ_r, g_r), then the elements picked by a shared-seed mask of
+density p are averaged across ranks (SPARTA); every H steps, Δ = mean_r(θ_global − θ_r),
+θ_global ← OuterOpt(θ_global, Δ) and θ_r ← θ_global (DiLoCo). With p = 0 this is DiLoCo.
+Bytes per rank per step (ring): 2(n−1)/n · 4·|mask_t| (|mask_t| ≈ pN), plus 2(n−1)/n · 4N at
+every H-th step.
+Sources: Exo Labs, "SPARTA: Sparse Parameter Averaging" (2025); Douillard et al., "DiLoCo"
+(2023).
+"""
+from dataclasses import dataclass
+
+from .base import check_fraction, check_positive
+from .diloco import DiLoCo
+from .sparta import Sparta
+
+
+class SpartaDiLoCo(Sparta, DiLoCo):
+    """SPARTA each step plus a DiLoCo outer step every H."""
+
+    @dataclass
+    class Params:
+        p: float = 0.005
+        H: int = 100
+        outer_lr: float = 0.7
+        outer_momentum: float = 0.9
+        nesterov: bool = True
+
+        def __post_init__(self):
+            check_fraction("sparta-diloco", p=self.p, outer_momentum=self.outer_momentum)
+            check_positive("sparta-diloco", H=self.H, outer_lr=self.outer_lr)
+
+    def setup(self):
+        Sparta.setup(self)
+        DiLoCo.setup(self)
+
+    def step(self):
+        Sparta.step(self)  # local step, then the sparse average
+        if self.step_num % self.params.H == 0:
+            self.outer_step()

@@ -1,0 +1,141 @@
+"""Streaming DiLoCo: DiLoCo whose outer sync is split into fragments, staggered and overlapped.
+
+The flat parameter vector is cut into F contiguous fragments of ceil(N/F) values (the last
+may be shorter). Fragment f is synced at the steps s with s mod H = ((f+1)·H // F) mod H,
+so the fragments' syncs are spread evenly over each H-step round. At a sync, each rank
+computes the fragment's outer gradient Δ_f = θ_global,f − θ_f, quantizes and dequantizes
+it to `bits` (32: none; 16: bfloat16; 8 or 4: symmetric integers with one fp32 scale per
+fragment) and starts an asynchronous all-reduce (mean) of it. τ inner steps later the
+result is applied: an outer Nesterov step θ_global,f ← OuterOpt(θ_global,f, mean Δ_f), and
+the live fragment becomes θ_f ← α·θ_f + (1 − α)·θ_global,f (α = 0: take the global one).
+With F = 1, τ = 0, α = 0, bits = 32 this is DiLoCo.
+
+Bytes per rank for one fragment sync of m values (ring all-reduce over n ranks):
+    2(n−1)/n · W(m),  W(m) = 4m (32 bits), 2m (16 bits), ceil(m·bits/8) + 4 (8 or 4 bits).
+Peak per step: the largest fragment's, 2(n−1)/n · W(ceil(N/F)); average per step over whole
+rounds: 2(n−1)/n · Σ_f W(m_f) / H (32 bits: 2(n−1)/n · 4N / H, the same as DiLoCo).
+Source: Douillard et al., "Streaming DiLoCo with overlapping communication: Towards a
+Distributed Free Lunch" (2025).
+"""
+from dataclasses import dataclass
+import math
+
+import torch
+
+from ..comm import flatten, unflatten_into
+from ..errors import ExoframeError
+from .base import Strategy, check_fraction, check_positive
+
+BITS = (4, 8, 16, 32)
+
+
+def quantize_dequantize(values: torch.Tensor, bits: int) -> tuple[torch.Tensor, int]:
+    """`values` as they arrive after encoding at `bits` per value, and the encoded size."""
+    numel = values.numel()
+    if bits == 32:
+        return values, 4 * numel
+    if bits == 16:
+        return values.to(torch.bfloat16).float(), 2 * numel
+    levels = 2 ** (bits - 1) - 1  # symmetric: -levels .. levels
+    scale = values.abs().max() / levels
+    encoded_bytes = math.ceil(numel * bits / 8) + 4  # packed integers + one fp32 scale
+    if scale == 0:
+        return values.clone(), encoded_bytes
+    return torch.round(values / scale).clamp_(-levels, levels) * scale, encoded_bytes
+
+
+class StreamingDiLoCo(Strategy):
+    """DiLoCo with F staggered fragments whose outer all-reduce overlaps τ inner steps."""
+
+    @dataclass
+    class Params:
+        H: int = 50
+        fragments: int = 4
+        tau: int = 1
+        alpha: float = 0.5
+        bits: int = 32
+        outer_lr: float = 0.7
+        outer_momentum: float = 0.9
+        nesterov: bool = True
+
+        def __post_init__(self):
+            check_positive("streaming-diloco", H=self.H, fragments=self.fragments,
+                           outer_lr=self.outer_lr)
+            check_fraction("streaming-diloco", alpha=self.alpha,
+                           outer_momentum=self.outer_momentum)
+            if self.fragments > self.H:
+                raise ExoframeError(f"streaming-diloco: parameter 'fragments' ({self.fragments}) "
+                                    f"must not exceed H ({self.H}): each fragment needs its "
+                                    "own step.")
+            if not 0 <= self.tau < self.H:
+                raise ExoframeError(f"streaming-diloco: parameter 'tau' must be in [0, H), "
+                                    f"got {self.tau}.")
+            if self.bits not in BITS:
+                raise ExoframeError(f"streaming-diloco: parameter 'bits' must be one of "
+                                    f"{', '.join(map(str, BITS))}, got {self.bits}.")
+
+    def setup(self):
+        p = self.params
+        flat = flatten(self.trainable_parameters())
+        size = math.ceil(flat.numel() / p.fragments)
+        self.bounds = [(start, min(start + size, flat.numel()))
+                       for start in range(0, flat.numel(), size)]
+        if len(self.bounds) < p.fragments:
+            raise ExoframeError(f"streaming-diloco: {p.fragments} fragments for a model of "
+                                f"{flat.numel()} values leaves some empty.")
+        self.sync_offsets = [((f + 1) * p.H // p.fragments) % p.H for f in range(p.fragments)]
+        self.global_fragments = [torch.nn.Parameter(flat[a:b].clone()) for a, b in self.bounds]
+        self.outer_optimizer = torch.optim.SGD(
+            self.global_fragments, lr=p.outer_lr, momentum=p.outer_momentum,
+            nesterov=p.nesterov and p.outer_momentum > 0)
+        self.in_flight = {}  # fragment -> (handle, outer gradient, step at which to apply)
+        self._metrics = {}
+
+    def step(self):
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        for f, (handle, outer_grad, apply_at) in list(self.in_flight.items()):
+            if apply_at == self.step_num:
+                self.apply_sync(f, handle, outer_grad)
+        for f, offset in enumerate(self.sync_offsets):
+            if self.step_num % self.params.H == offset:
+                self.start_sync(f)
+
+    def start_sync(self, f: int):
+        a, b = self.bounds[f]
+        local = flatten(self.trainable_parameters())[a:b]
+        outer_grad, wire_bytes = quantize_dequantize(
+            self.global_fragments[f].detach() - local, self.params.bits)
+        handle = self.comm.all_reduce(outer_grad, op="mean", async_op=True, wire_bytes=wire_bytes)
+        if self.params.tau == 0:
+            self.apply_sync(f, handle, outer_grad)
+        else:
+            self.in_flight[f] = (handle, outer_grad, self.step_num + self.params.tau)
+
+    def apply_sync(self, f: int, handle, outer_grad):
+        handle.wait()
+        self.in_flight.pop(f, None)
+        fragment = self.global_fragments[f]
+        fragment.grad = outer_grad
+        self.outer_optimizer.step()
+        self.outer_optimizer.zero_grad()  # grads to None: the other fragments do not move
+        params = self.trainable_parameters()
+        flat = flatten(params)
+        a, b = self.bounds[f]
+        flat[a:b] = torch.lerp(fragment.detach(), flat[a:b], self.params.alpha)
+        unflatten_into(flat, params)
+        self._metrics[f"outer_grad_norm_{f}"] = outer_grad.norm().item()
+
+    def metrics(self):
+        metrics, self._metrics = self._metrics, {}
+        return metrics
+
+    def extra_state(self):
+        return {"global_fragments": [g.detach().clone() for g in self.global_fragments],
+                "outer_optimizer": self.outer_optimizer.state_dict()}
+
+    def load_extra_state(self, state):
+        with torch.no_grad():
+            for g, saved in zip(self.global_fragments, state["global_fragments"]):
+                g.copy_(saved)
+        self.outer_optimizer.load_state_dict(state["outer_optimizer"])

@@ -1,0 +1,151 @@
+"""Trace replay against full re-runs, projection against the closed form, the sweep's
+outputs, and its bad inputs."""
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import exoframe
+from exoframe.cli import main
+from exoframe.config import RunConfig
+from exoframe.engine import execute, job_from_config
+from exoframe.engine.replay import Projection, replay_trace
+from exoframe.plugins import get_plugin_manager
+from exoframe.sim import resolve_sim
+
+SMALL_GPT = dict(n_layer=1, n_embd=32, block_size=32, train_tokens=40000, val_tokens=4000)
+NETS = ["wan-10mbps", "geo-2dc", "home-broadband"]
+
+
+def run(out=None, **fields):
+    config = RunConfig(workload_params=dict(SMALL_GPT), eval_every=3, compute="fixed:10ms",
+                       **fields).validate()
+    return execute(job_from_config(config), out=out)
+
+
+def sim_for(net, nodes):
+    return resolve_sim(net, "measured", "", nodes, get_plugin_manager())
+
+
+@pytest.mark.parametrize("strategy,params", [("ddp", {}), ("diloco", {"H": 3}),
+                                             ("sparta", {"p": 0.05})])
+def test_replay_through_other_networks_equals_full_reruns(strategy, params):
+    """Jittery networks, two sites, asymmetric links, random stragglers: the trace of the
+    run on the first network, replayed through each network, gives every rank's clock and
+    every step's time as the run on that network does."""
+    runs = {net: run(strategy=strategy, strategy_params=params, nodes=4, steps=6, net=net,
+                     stragglers="lognormal:0.3") for net in NETS}
+    trace = runs[NETS[0]].trace
+    for net in NETS:
+        replayed = replay_trace(trace, sim_for(net, 4))
+        rerun = runs[net]
+        for ours, theirs in zip(replayed["per_rank"], rerun.summary["per_rank"]):
+            for key in ("simulated_seconds", "compute_seconds", "comm_seconds", "idle_seconds"):
+                assert math.isclose(ours[key], theirs[key], rel_tol=1e-9, abs_tol=1e-12), (net, key)
+        for t, row in zip(replayed["sim_times"], rerun.metrics, strict=True):
+            assert math.isclose(t, row["sim_time"], rel_tol=1e-9)
+        assert replayed["bytes_sent_per_node"] == rerun.summary["bytes_sent_per_node"]
+    times = [runs[net].summary["simulated_seconds"] for net in NETS]
+    assert len(set(times)) == 3  # the networks do differ
+
+
+def test_projection_of_an_every_step_all_reduce_matches_the_ring_closed_form(tmp_path):
+    net = tmp_path / "ring.yaml"
+    net.write_text("bandwidth: 1gbit\nlatency: 5ms\n")
+    n, params, step = 4, 1e9, 0.1
+    result = run(strategy="localsgd", strategy_params={"H": 1}, nodes=n, steps=5)
+    projected = replay_trace(result.trace, sim_for(str(net), n), Projection(params, step))
+    ring = 2 * (n - 1) * (0.005 + 4 * params / (n * 1e9 / 8))
+    times = [0.0, *projected["sim_times"]]
+    for before, after in zip(times, times[1:]):
+        assert math.isclose(after - before, step + ring, rel_tol=1e-6)
+
+    # DDP's gradient all-reduce goes out in buckets during the backward pass: it overlaps
+    # compute, so a step takes less than compute + ring but no less than the ring itself.
+    ddp = run(strategy="ddp", nodes=n, steps=5)
+    overlapped = replay_trace(ddp.trace, sim_for(str(net), n), Projection(params, step))
+    per_step = overlapped["sim_times"][-1] / 5
+    assert ring < per_step < step + ring - 0.05
+
+
+class Impatient(exoframe.Strategy):
+    """Timing-dependent: averages only if last step's all-reduce is done by now."""
+
+    timing_dependent = True
+
+    @dataclass
+    class Params:
+        pass
+
+    def setup(self):
+        self.handle = None
+
+    def step(self):
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        if self.handle is None or self.handle.is_completed():
+            self.handle = self.comm.all_reduce(torch.ones(10), async_op=True)
+
+
+def test_sweep_writes_table_csv_json_and_plots_and_report_rebuilds_them(tmp_path, capsys):
+    main(["sweep", "--strategy", "ddp,diloco", "--net", "wan-100mbps,wan-1gbps", "--nodes", "2",
+          "--steps", "6", "--compute", "fixed:10ms", "-p", "diloco.H=3", "-w", "n_layer=1",
+          "-w", "n_embd=32", "-w", "block_size=32", "-w", "train_tokens=40000",
+          "--target-loss", "3.3", "--out", str(tmp_path / "sweeps"), "--no-progress"])
+    printed = capsys.readouterr().out
+    (folder,) = (tmp_path / "sweeps").glob("*-sweep")
+    rows = json.loads((folder / "sweep.json").read_text())
+    assert sorted((r["strategy"], r["net"], r["source"]) for r in rows) == [
+        ("ddp", "wan-100mbps", "run"), ("ddp", "wan-1gbps", "replay"),
+        ("diloco", "wan-100mbps", "run"), ("diloco", "wan-1gbps", "replay")]
+    by = {(r["strategy"], r["net"]): r for r in rows}
+    assert by["ddp", "wan-1gbps"]["simulated_seconds"] < by["ddp", "wan-100mbps"]["simulated_seconds"]
+    assert all(r["time_to_target"] is None or r["time_to_target"] <= r["simulated_seconds"]
+               for r in rows)
+    csv_lines = (folder / "sweep.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("strategy,seed,net,") and len(csv_lines) == 5
+    pngs = sorted(p.name for p in folder.glob("*.png"))
+    assert pngs == ["loss_vs_time_ddp.png", "loss_vs_time_diloco.png", "time_vs_bandwidth.png",
+                    "utilization_vs_bandwidth.png"]
+    assert all((folder / p).stat().st_size > 10_000 for p in pngs)
+
+    main(["report", str(folder), "--target-loss", "3.3"])
+    assert capsys.readouterr().out.strip() == printed.strip().rsplit("\n", 1)[0].strip()
+
+
+def bad(capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(map(str, args)))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    return err
+
+
+def test_bad_sweep_and_replay_input_is_one_clear_line(tmp_path, capsys):
+    out = ["--out", tmp_path / "s", "--no-progress"]
+    assert "--points: a grid needs at least 2 points" in bad(
+        capsys, "sweep", "--bandwidth", "10mbit..1gbit", "--points", "1", *out)
+    assert "the low end (10mbit) must be below the high end (1mbit)" in bad(
+        capsys, "sweep", "--bandwidth", "10mbit..1mbit", *out)
+    assert "--strategy: give at least one name" in bad(capsys, "sweep", "--strategy", ",", *out)
+    assert "no trace.json" in bad(capsys, "replay", tmp_path, "--net", "wan-1gbps")
+
+    config = RunConfig(workload_params=dict(SMALL_GPT), nodes=2, steps=3,
+                       compute="fixed:10ms").validate()
+    job = job_from_config(config)
+    job.strategy_cls, job.strategy_params, job.strategy_name = Impatient, Impatient.Params(), "impatient"
+    result = execute(job, out=str(tmp_path / "runs"))
+    assert "is timing-dependent" in bad(capsys, "replay", result.run_dir, "--net", "wan-1gbps")
+
+
+def test_a_timing_dependent_strategy_is_trained_again_on_each_network(tmp_path, capsys):
+    main(["sweep", "--strategy", "async-localsgd", "--net", "ideal,wan-10mbps", "--nodes", "2",
+          "--steps", "4", "-p", "H=2", "--compute", "fixed:10ms", "-w", "n_layer=1",
+          "-w", "n_embd=32", "-w", "block_size=32", "-w", "train_tokens=40000",
+          "--out", str(tmp_path), "--no-progress", "--no-plots"])
+    (folder,) = tmp_path.glob("*-sweep")
+    rows = json.loads((folder / "sweep.json").read_text())
+    assert sorted((r["net"], r["source"]) for r in rows) == [("ideal", "run"), ("wan-10mbps", "run")]
+    assert len(list((folder / "runs").iterdir())) == 2
