@@ -218,7 +218,7 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, params, workl
     replayed through every other network (the same clocks a re-run would give); a
     timing-dependent one trains once per network.
     """
-    from .engine.sweep import grid_networks, parse_grid, strategy_params, sweep as run_sweep
+    from .engine.sweep import parse_grid, strategy_params, sweep as run_sweep
     from .plugins import get_plugin_manager
     from .report.sweep import table
 
@@ -236,19 +236,16 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, params, workl
     except ValueError:
         raise ExoframeError(f"--seeds: expected integers like 0,1,2; got '{seeds}'.") from None
     net_list = _names(nets, "--net")
-    if bandwidth:
-        if len(net_list) != 1:
-            raise ExoframeError("--bandwidth applies a grid to one base network; give one --net.")
-        grid = parse_grid(bandwidth, points)
-        net_list = grid_networks(net_list[0], grid, Path(out) / "nets", pm)
+    grid = parse_grid(bandwidth, points) if bandwidth else None
     if plots:
-        from .report.plots import _pyplot
+        from .report.plots import require_matplotlib
 
-        _pyplot()  # fail now, not after the training, when matplotlib is missing
+        require_matplotlib()  # fail now, not after the training, when matplotlib is missing
     if progress is None:
         progress = sys.stderr.isatty()
     folder, rows = run_sweep(base, strategy_names, net_list, seed_list, out, per_strategy,
-                             target_loss, _projection(project_params, step_time), plots, progress)
+                             target_loss, _projection(project_params, step_time), plots, progress,
+                             grid)
     click.echo(table(rows))
     click.echo(f"  sweep folder: {folder}")
 

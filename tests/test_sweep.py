@@ -149,3 +149,22 @@ def test_a_timing_dependent_strategy_is_trained_again_on_each_network(tmp_path, 
     rows = json.loads((folder / "sweep.json").read_text())
     assert sorted((r["net"], r["source"]) for r in rows) == [("ideal", "run"), ("wan-10mbps", "run")]
     assert len(list((folder / "runs").iterdir())) == 2
+
+
+def test_a_bandwidth_grid_is_log_spaced_and_sets_the_bottleneck_link(tmp_path):
+    from exoframe.engine.sweep import grid_networks, parse_grid
+
+    grid = parse_grid("10mbit..10gbit", 4)
+    assert [round(b * 8 / 1e6, 6) for b in grid] == [10, 100, 1000, 10000]
+    pm = get_plugin_manager()
+    for base, changed in (("wan-100mbps", "nic"), ("geo-2dc", "site link")):
+        paths = grid_networks(base, grid, tmp_path / base, pm)
+        original = sim_for(base, 4).topology
+        for bandwidth, path in zip(grid, paths):
+            topology = sim_for(path, 4).topology
+            assert math.isclose(topology.bottleneck(), bandwidth, rel_tol=1e-3)
+            if changed == "nic":
+                assert all(math.isclose(b, bandwidth, rel_tol=1e-3) for b in topology.uplink)
+            else:  # the datacenters keep their own NICs; only the WAN between them changes
+                assert topology.uplink == original.uplink
+                assert topology.intra == original.intra

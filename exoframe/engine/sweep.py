@@ -104,13 +104,18 @@ def _bandwidth_text(bytes_per_s: float) -> str:
 
 def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[int],
           out: str, params: dict[str, dict] | None = None, target_loss: float | None = None,
-          projection: Projection | None = None, plots: bool = True,
-          progress: bool = False) -> tuple[Path, list[dict]]:
-    """Returns the sweep folder and its rows (see exoframe.report.sweep)."""
+          projection: Projection | None = None, plots: bool = True, progress: bool = False,
+          grid: list[float] | None = None) -> tuple[Path, list[dict]]:
+    """Returns the sweep folder and its rows (see exoframe.report.sweep). With `grid`
+    (bandwidths in bytes/s), `nets` is the one base network the grid is applied to."""
     if not strategies or not nets or not seeds:
         raise ExoframeError("sweep: give at least one strategy, one network and one seed.")
+    if grid is not None and len(nets) != 1:
+        raise ExoframeError("--bandwidth applies a grid to one base network; give one --net.")
     pm = get_plugin_manager()
     folder = RunFolder.create(out, "sweep").path
+    if grid is not None:
+        nets = grid_networks(nets[0], grid, folder / "nets", pm)
     runs_dir = folder / "runs"
     setups = {net: resolve_sim(net, base.compute, base.stragglers, base.nodes, pm) for net in nets}
     plan = []  # (strategy, seed, train on these nets, replay on those)

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..errors import ExoframeError
 
 
-def _pyplot():
+def require_matplotlib():
     try:
         import matplotlib
     except ImportError:
@@ -21,7 +21,7 @@ def _pyplot():
 
 
 def plot_sweep(rows: list[dict], folder: Path) -> list[Path]:
-    plt = _pyplot()
+    plt = require_matplotlib()
     written = []
     for strategy, group in _by(rows, "strategy").items():
         path = folder / f"loss_vs_time_{strategy}.png"
