@@ -168,3 +168,19 @@ def test_a_bandwidth_grid_is_log_spaced_and_sets_the_bottleneck_link(tmp_path):
             else:  # the datacenters keep their own NICs; only the WAN between them changes
                 assert topology.uplink == original.uplink
                 assert topology.intra == original.intra
+
+
+def test_a_projected_sweep_reports_only_the_projected_model(tmp_path, capsys):
+    main(["sweep", "--strategy", "localsgd", "-p", "H=1", "--net", "wan-1gbps,wan-100mbps",
+          "--nodes", "2", "--steps", "3", "--compute", "fixed:10ms", "-w", "n_layer=1",
+          "-w", "n_embd=32", "--project-params", "1e8", "--step-time", "200ms",
+          "--out", str(tmp_path), "--no-progress", "--no-plots"])
+    (folder,) = tmp_path.glob("*-sweep")
+    rows = json.loads((folder / "sweep.json").read_text())
+    assert sorted(r["net"] for r in rows) == ["wan-100mbps", "wan-1gbps"]
+    assert {r["projection"] for r in rows} == {"1e+08 params, 0.2 s/step"}
+    by_net = {r["net"]: r for r in rows}
+    for net, bandwidth, latency in (("wan-1gbps", 1e9 / 8, 0.010), ("wan-100mbps", 1e8 / 8, 0.025)):
+        ring = 2 * (2 - 1) * (latency + 4e8 / (2 * bandwidth))  # ± jitter: a few ms per step
+        assert 3 * (0.2 + ring - 0.01) < by_net[net]["simulated_seconds"] < 3 * (0.2 + ring + 0.01)
+    assert len(list((folder / "runs").glob("*/replays/*.json"))) == 2

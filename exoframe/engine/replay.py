@@ -7,6 +7,7 @@ simulated time, so reports can draw loss against simulated time for every networ
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,8 +86,8 @@ def replay_run(run_dir, net: str, projection: Projection | None = None, save: bo
 def save_replay(run_dir, record: dict) -> Path:
     folder = Path(run_dir) / "replays"
     folder.mkdir(exist_ok=True)
-    projected = f" [{record['projection']}]" if record["projection"] else ""
-    path = folder / f"{record['net']}{projected}.json"
+    name = record["net"] + (f" [{record['projection']}]" if record["projection"] else "")
+    path = folder / (re.sub(r"[^\w.@+-]+", "_", name) + ".json")  # "/" in "s/step"
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
 

@@ -95,7 +95,7 @@ def strategy_params(strategies: list[str], assignments: dict, pm) -> dict[str, d
 
 
 def _bandwidth_text(bytes_per_s: float) -> str:
-    bits = bytes_per_s * 8
+    bits = float(f"{bytes_per_s * 8:.3g}")  # 999.99..e6 is 1gbit, not 1e+03mbit
     for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
         if bits >= scale:
             return f"{bits / scale:.3g}{unit}"

@@ -72,7 +72,8 @@ def table(rows: list[dict]) -> str:
               "-" if r["time_to_target"] is None else format_seconds(r["time_to_target"]),
               "-" if r["compute_utilization"] is None else f"{100 * r['compute_utilization']:.1f}%",
               format_bytes(r["bytes_sent_per_node"]),
-              "-" if r["final_val_loss"] is None else f"{r['final_val_loss']:.4f}"]
+              # a projection's times are for another model: the trained model's loss is not
+              "-" if r["final_val_loss"] is None or r["projection"] else f"{r['final_val_loss']:.4f}"]
              for r in sorted(rows, key=_order)]
     widths = [max(len(str(x)) for x in column) for column in zip(headers, *lines)]
     return "\n".join("  " + "  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip()
