@@ -61,8 +61,7 @@ def run(config_file, params, workload_params, sinks, progress, debug, **flags):
     if workload_params:
         overrides["workload_params"] = parse_assignments(workload_params, "--workload-param")
     if sinks:
-        overrides["sinks"] = [name.strip() for names in sinks for name in names.split(",")
-                              if name.strip()]
+        overrides["sinks"] = [name for names in sinks for name in _names(names, "--sink")]
     config = resolve_config(config_file, overrides)
     job = job_from_config(config)
     record = config_to_dict(config)
@@ -154,7 +153,7 @@ def _names(text, flag):
 
 def _projection(project_params, step_time):
     from .engine.replay import Projection
-    from .sim.units import parse_duration
+    from .sim.units import parse_seconds
 
     if project_params is None and step_time is None:
         return None
@@ -163,10 +162,7 @@ def _projection(project_params, step_time):
                             "--step-time (e.g. 0.1s or 100ms).")
     if project_params <= 0:
         raise ExoframeError(f"--project-params must be positive, got {project_params:g}.")
-    try:
-        seconds = float(step_time)
-    except ValueError:
-        seconds = parse_duration(step_time, "--step-time", "projection")
+    seconds = parse_seconds(step_time, "--step-time", "projection")
     if seconds <= 0:
         raise ExoframeError(f"--step-time must be positive, got {step_time}.")
     return Projection(project_params, seconds)

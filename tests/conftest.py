@@ -8,6 +8,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# A gpt workload small enough for tests: as workload parameters, and as CLI flags.
+SMALL_GPT = dict(n_layer=1, n_embd=32, block_size=32, train_tokens=40000, val_tokens=4000)
+SMALL_GPT_FLAGS = [arg for key, value in SMALL_GPT.items() for arg in ("-w", f"{key}={value}")]
+
 
 def processes_with_marker(marker: str):
     """PIDs of live processes whose environment carries `marker` (ranks inherit it)."""

@@ -7,12 +7,10 @@ import textwrap
 import time
 
 import pytest
-from conftest import write_plugin
+from conftest import SMALL_GPT_FLAGS as SMALL_GPT, write_plugin
 
 from exoframe.plugins import PluginManager
 
-SMALL_GPT = ["-w", "n_layer=1", "-w", "n_embd=32", "-w", "block_size=32",
-             "-w", "train_tokens=40000", "-w", "val_tokens=4000"]
 
 BAD_WORKLOADS = textwrap.dedent('''
     import torch

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from conftest import SMALL_GPT
 
 import exoframe
 from exoframe.cli import main
@@ -13,10 +14,9 @@ from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
 from exoframe.engine.launcher import RankFailed
 
-SMALL_GPT = dict(n_layer=1, n_embd=32, block_size=32, train_tokens=40000, val_tokens=4000)
 
 
-def run(tmp_path=None, **fields):
+def run(**fields):
     config = RunConfig(workload_params=dict(SMALL_GPT), eval_every=1000, **fields).validate()
     job = job_from_config(config)
     result = execute(job)
@@ -92,9 +92,8 @@ def test_an_async_handle_completes_when_the_network_says_not_when_the_bytes_land
     n, c = 2, 0.05
     config = RunConfig(workload_params=dict(SMALL_GPT), nodes=n, steps=30, net=str(net),
                        compute="fixed:50ms", eval_every=1000).validate()
-    job = exoframe.engine.job.build_job(
-        config, exoframe.plugins.get_plugin_manager().workloads.get("gpt").obj(**SMALL_GPT),
-        job_from_config(config).model, strategy=Poller)
+    job = job_from_config(config)
+    job.strategy_cls, job.strategy_params = Poller, Poller.Params()
     result = execute(job)
     # Started at c (after step 1's compute), done T later; the check at step s happens at
     # s * c (each step's compute is charged when it starts), so s = ceil(1 + T / c) = 18.

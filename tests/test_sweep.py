@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from conftest import SMALL_GPT, SMALL_GPT_FLAGS
 
 import exoframe
 from exoframe.cli import main
@@ -15,14 +16,13 @@ from exoframe.engine.replay import Projection, replay_trace
 from exoframe.plugins import get_plugin_manager
 from exoframe.sim import resolve_sim
 
-SMALL_GPT = dict(n_layer=1, n_embd=32, block_size=32, train_tokens=40000, val_tokens=4000)
 NETS = ["wan-10mbps", "geo-2dc", "home-broadband"]
 
 
-def run(out=None, **fields):
+def run(**fields):
     config = RunConfig(workload_params=dict(SMALL_GPT), eval_every=3, compute="fixed:10ms",
                        **fields).validate()
-    return execute(job_from_config(config), out=out)
+    return execute(job_from_config(config))
 
 
 def sim_for(net, nodes):
@@ -91,8 +91,7 @@ class Impatient(exoframe.Strategy):
 
 def test_sweep_writes_table_csv_json_and_plots_and_report_rebuilds_them(tmp_path, capsys):
     main(["sweep", "--strategy", "ddp,diloco", "--net", "wan-100mbps,wan-1gbps", "--nodes", "2",
-          "--steps", "6", "--compute", "fixed:10ms", "-p", "diloco.H=3", "-w", "n_layer=1",
-          "-w", "n_embd=32", "-w", "block_size=32", "-w", "train_tokens=40000",
+          "--steps", "6", "--compute", "fixed:10ms", "-p", "diloco.H=3", *SMALL_GPT_FLAGS,
           "--target-loss", "3.3", "--out", str(tmp_path / "sweeps"), "--no-progress"])
     printed = capsys.readouterr().out
     (folder,) = (tmp_path / "sweeps").glob("*-sweep")
@@ -142,8 +141,7 @@ def test_bad_sweep_and_replay_input_is_one_clear_line(tmp_path, capsys):
 
 def test_a_timing_dependent_strategy_is_trained_again_on_each_network(tmp_path, capsys):
     main(["sweep", "--strategy", "async-localsgd", "--net", "ideal,wan-10mbps", "--nodes", "2",
-          "--steps", "4", "-p", "H=2", "--compute", "fixed:10ms", "-w", "n_layer=1",
-          "-w", "n_embd=32", "-w", "block_size=32", "-w", "train_tokens=40000",
+          "--steps", "4", "-p", "H=2", "--compute", "fixed:10ms", *SMALL_GPT_FLAGS,
           "--out", str(tmp_path), "--no-progress", "--no-plots"])
     (folder,) = tmp_path.glob("*-sweep")
     rows = json.loads((folder / "sweep.json").read_text())
@@ -172,8 +170,8 @@ def test_a_bandwidth_grid_is_log_spaced_and_sets_the_bottleneck_link(tmp_path):
 
 def test_a_projected_sweep_reports_only_the_projected_model(tmp_path, capsys):
     main(["sweep", "--strategy", "localsgd", "-p", "H=1", "--net", "wan-1gbps,wan-100mbps",
-          "--nodes", "2", "--steps", "3", "--compute", "fixed:10ms", "-w", "n_layer=1",
-          "-w", "n_embd=32", "--project-params", "1e8", "--step-time", "200ms",
+          "--nodes", "2", "--steps", "3", "--compute", "fixed:10ms", *SMALL_GPT_FLAGS,
+          "--project-params", "1e8", "--step-time", "200ms",
           "--out", str(tmp_path), "--no-progress", "--no-plots"])
     (folder,) = tmp_path.glob("*-sweep")
     rows = json.loads((folder / "sweep.json").read_text())

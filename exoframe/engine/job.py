@@ -89,9 +89,11 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         best_loss=workload.best_loss, sinks=tuple(pm.sinks.get(name).obj for name in config.sinks))
 
 
-def job_from_config(config: RunConfig, pm: PluginManager | None = None) -> Job:
+def job_from_config(config: RunConfig, pm: PluginManager | None = None,
+                    sim: SimSetup | None = None) -> Job:
+    """sim: the config's network already resolved (a sweep resolves each network once)."""
     pm = pm or get_plugin_manager()
-    sim = resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)  # fast
+    sim = sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)
     workload = load_workload(config.workload, config.workload_params, pm)
     torch.manual_seed(config.seed)
     return build_job(config, workload, workload.build_model(), pm=pm, sim=sim)

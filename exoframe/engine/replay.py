@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import ExoframeError
 from ..plugins import get_plugin_manager
 from ..sim import SimSetup, resolve_sim
-from ..sim.collectives import plan_for
+from ..sim.collectives import Plans
 from ..sim.replay import ReplayError, project, replay
 
 
@@ -94,12 +94,10 @@ def save_replay(run_dir, record: dict) -> Path:
 
 def _bytes_sent_per_node(ranks: list, sim: SimSetup) -> float:
     """Bytes each rank sends on average, by the network's algorithm for each operation."""
-    total = 0.0
+    plans, total = Plans(sim.topology.algorithms, sim.algorithms), 0.0
     for rank, events in enumerate(ranks):
         for event in (e for e in events if e[0] == "o"):
             _, _, _, kind, nbytes, participants, root, _ = event
-            algorithm = None if kind in ("send", "recv") else \
-                sim.algorithms[sim.topology.algorithms[kind]]
-            plan = plan_for(algorithm, kind, len(participants), root)
+            plan = plans.of(kind, len(participants), root)
             total += plan.compiled.sent[list(participants).index(rank)] * nbytes
     return total / len(ranks)

@@ -21,7 +21,7 @@ from ..plugins import get_plugin_manager
 from ..report.sweep import collect_rows, write_outputs
 from ..sim import resolve_sim
 from ..sim.netconfig import load_network
-from ..sim.units import parse_bandwidth
+from ..sim.units import format_bandwidth, parse_bandwidth
 from .job import job_from_config
 from .replay import Projection, replay_trace, save_replay
 from .run import execute
@@ -95,11 +95,8 @@ def strategy_params(strategies: list[str], assignments: dict, pm) -> dict[str, d
 
 
 def _bandwidth_text(bytes_per_s: float) -> str:
-    bits = float(f"{bytes_per_s * 8:.3g}")  # 999.99..e6 is 1gbit, not 1e+03mbit
-    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
-        if bits >= scale:
-            return f"{bits / scale:.3g}{unit}"
-    return f"{bits:.3g}bit"
+    """A unit string for YAML and file names: 12.5e6 -> '100mbit'."""
+    return format_bandwidth(bytes_per_s).replace(" ", "").removesuffix("/s").lower()
 
 
 def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[int],
@@ -138,7 +135,7 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
                 config = dataclasses.replace(
                     base, strategy=strategy, seed=seed, net=net, out=str(runs_dir),
                     strategy_params={**base.strategy_params, **(params or {}).get(strategy, {})})
-                result = execute(job_from_config(config, pm), out=config.out,
+                result = execute(job_from_config(config, pm, setups[net]), out=config.out,
                                  config_record=dataclasses.asdict(config),
                                  on_row=lambda _row: bar.update(1))
                 run_dirs.append(result.run_dir)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ExoframeError
-from .collectives import plan_for
+from .collectives import Plans
 
 # is_completed() asked this many times at one simulated instant: the rank spins without
 # letting simulated time pass, and the answer can never change.
@@ -32,7 +32,7 @@ class RankClock:
         self.rank = rank
         self.conn = conn
         self.compute = compute
-        self.kind_algorithm = {kind: algorithms[name] for kind, name in topology_algorithms.items()}
+        self.plans = Plans(topology_algorithms, algorithms)
         self.now = 0.0
         self.compute_seconds = self.comm_seconds = self.idle_seconds = 0.0
         self._next_id = 0
@@ -75,10 +75,9 @@ class RankClock:
         self.charge()
         if kind in ("send", "recv"):
             key = ("p", *participants, self._next_in(("p", participants)))
-            plan = plan_for(None, kind, 2)
         else:
             key = ("c", participants, self._next_in(("c", participants)))
-            plan = plan_for(self.kind_algorithm[kind], kind, len(participants), root)
+        plan = self.plans.of(kind, len(participants), root)
         index = participants.index(self.rank)
         op_id = self._next_id
         self._next_id += 1

@@ -212,3 +212,15 @@ def plan_for(function, kind: str, n: int, root: int = 0) -> Plan:
     if kind in ("send", "recv"):
         return _P2P
     return _cached_plan(function, kind, n, root)
+
+
+class Plans:
+    """The plan of every operation under a network's choice of algorithm per collective."""
+
+    def __init__(self, chosen: dict[str, str], algorithms: dict):
+        """chosen: collective kind -> algorithm name (Topology.algorithms); algorithms:
+        name -> plan function."""
+        self.functions = {kind: algorithms[name] for kind, name in chosen.items()}
+
+    def of(self, kind: str, n: int, root: int = 0) -> Plan:
+        return plan_for(self.functions.get(kind), kind, n, root)

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import ExoframeError, did_you_mean
-from .units import parse_duration
+from .units import parse_seconds
 
 # Peak dense FLOP/s in the precision one trains in on each device.
 DEVICES = {
@@ -71,7 +71,7 @@ def parse_compute(spec: str) -> ComputeModel:
     if kind == "measured" and not rest:
         return ComputeModel("measured")
     if kind == "fixed":
-        seconds = _seconds(rest, "compute")
+        seconds = parse_seconds(rest, "compute", "--compute")
         if seconds <= 0:
             raise ExoframeError(f"compute: fixed needs a positive time per step, got '{rest}'.")
         return ComputeModel("fixed", step_seconds=seconds)
@@ -86,13 +86,6 @@ def parse_compute(spec: str) -> ComputeModel:
         f"compute: unknown compute model '{spec}'.{did_you_mean(kind, ['measured', 'fixed', 'flops'])}"
         " Use measured, fixed:<seconds per step> (e.g. fixed:250ms) or flops:<device> "
         f"(devices: {', '.join(DEVICES)}).")
-
-
-def _seconds(text: str, field_name: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        return parse_duration(text, field_name, "--compute")
 
 
 def _number(text: str, what: str) -> float:

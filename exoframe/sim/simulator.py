@@ -24,7 +24,7 @@ import math
 
 import simpy
 
-from .collectives import plan_for
+from .collectives import Plans
 from .network import Environment, FlowNetwork
 from .topology import Topology
 
@@ -61,7 +61,7 @@ class Simulator:
     def __init__(self, topology: Topology, algorithms: dict, seed: int = 0):
         """algorithms: name -> plan function (see collectives.py)."""
         self.topology = topology
-        self.algorithms = algorithms
+        self.plans = Plans(topology.algorithms, algorithms)
         self.env = Environment()
         self.network = FlowNetwork(self.env, topology, seed)
         # Unlimited links, no latency: an operation completes when its last participant
@@ -161,9 +161,7 @@ class Simulator:
         _, t, op_id, key, kind, nbytes, participants, root, blocking = message
         op = self.operations.get(key)
         if op is None:
-            algorithm = self.algorithms[self.topology.algorithms[kind]] \
-                if kind not in ("send", "recv") else None
-            plan = plan_for(algorithm, kind, len(participants), root)
+            plan = self.plans.of(kind, len(participants), root)
             op = Operation(key, kind, nbytes, participants, root, plan, (rank, kind, nbytes))
             self.operations[key] = op
         else:

@@ -126,6 +126,14 @@ def _scaled(value: float, units: list[tuple[float, str]]) -> str:
     return f"{value / scale:.3g} {name}"
 
 
+def parse_seconds(value, field: str, where: str) -> float:
+    """A time given either as a bare number of seconds ('0.25') or with a unit ('250ms')."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return parse_duration(value, field, where)
+
+
 def format_bandwidth(bytes_per_s: float) -> str:
     """12_500_000.0 -> '100 Mbit/s'; math.inf -> 'unlimited'."""
     if math.isinf(bytes_per_s):
