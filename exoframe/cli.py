@@ -34,6 +34,8 @@ def cli(strict_plugins):
 @click.option("--momentum", type=float, help="Momentum, for sgd. [0]")
 @click.option("--eval-every", type=int, help="Validate the averaged model every N steps. [steps/10]")
 @click.option("--eval-batches", type=int, help="Validation batches per rank. [8]")
+@click.option("--target-loss", type=float, help="Validate every step, report the simulated "
+              "time to reach this validation loss of the averaged model, and stop there.")
 @click.option("--threads", type=int, help="CPU threads per rank. [1]")
 @click.option("--out", help="Parent folder of run folders. [runs]")
 @click.option("--net", help="Network: a preset (see `exoframe nets`) or a YAML file. [ideal]")
@@ -151,43 +153,68 @@ def _names(text, flag):
     return names
 
 
-def _projection(project_params, step_time):
+def _projection(project_params, step_time, payload_bits, bucket_mb):
     from .engine.replay import Projection
     from .sim.units import parse_seconds
 
     if project_params is None and step_time is None:
+        for flag, value in (("--payload-bits", payload_bits), ("--bucket-mb", bucket_mb)):
+            if value is not None:
+                raise ExoframeError(f"{flag} is a projection parameter: give --project-params "
+                                    "(e.g. 1e9) and --step-time (e.g. 0.5s) with it.")
         return None
     if project_params is None or step_time is None:
         raise ExoframeError("a projection needs both --project-params (e.g. 1e9) and "
                             "--step-time (e.g. 0.1s or 100ms).")
-    if project_params <= 0:
-        raise ExoframeError(f"--project-params must be positive, got {project_params:g}.")
     seconds = parse_seconds(step_time, "--step-time", "projection")
-    if seconds <= 0:
-        raise ExoframeError(f"--step-time must be positive, got {step_time}.")
-    return Projection(project_params, seconds)
+    extras = {"payload_bits": payload_bits, "bucket_mb": bucket_mb}
+    return Projection(project_params, seconds, **{k: v for k, v in extras.items() if v is not None})
 
 
-_PROJECTION_HELP = ("Answer for a model of this many parameters: every exchange's bytes are "
-                    "scaled by (this / the trained model's parameters) and every step's compute "
-                    "to --step-time; DDP's gradient all-reduce is split into 25 MB buckets "
-                    "released during the backward pass (taken as 2/3 of the step) so it "
-                    "overlaps compute. Needs --step-time.")
+def _projection_options(command):
+    """The projection flags, shared by `sweep` and `replay`."""
+    options = [
+        click.option("--project-params", type=float, metavar="P", help=(
+            "Answer for a model of P parameters instead of the one trained: every exchange's "
+            "bytes are scaled by P / (the trained model's parameters) × --payload-bits / 32, "
+            "and every rank's compute by one factor so that a step computes for --step-time "
+            "on average. DDP's gradient all-reduce, and an outer sync the strategy declares "
+            "overlappable (diloco's), are split into --bucket-mb buckets that go one after "
+            "another on one communication stream per rank during the backward pass (taken as "
+            "2/3 of the step): bucket i+1 starts once bucket i is done and its gradients are "
+            "ready, so each bucket pays the collective's latency. Assumes payloads scale "
+            "linearly with parameters, the optimizer's time is inside --step-time, and the "
+            "network and algorithms are the ones named. Needs --step-time.")),
+        click.option("--step-time", metavar="TIME",
+                     help="Compute time of one training step of the projected model (e.g. 0.5s)."),
+        click.option("--payload-bits", type=float, metavar="BITS", help=(
+            "Bits per value on the wire in the projection: 16 for bf16, 8 or 4 for quantized "
+            "exchanges; scales the bytes of every operation of the trace (taken as fp32), "
+            "indices and a strategy's own encoding included. [32]")),
+        click.option("--bucket-mb", type=float, metavar="MiB", help=(
+            "Bucket size of a projected streamed all-reduce, in MiB of payload (torch's "
+            "bucket_cap_mb). [25]")),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
 @cli.command()
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
-              help="YAML file of RunConfig fields for every run; flags override it.")
-@click.option("--strategy", "strategies", default="ddp,diloco",
-              help="Strategies, comma-separated. [ddp,diloco]")
-@click.option("--net", "nets", default="wan-100mbps",
+              help="YAML file of RunConfig fields for every run (`exoframe run --config` takes "
+                   "the same): its strategy, net, seed, out and every other field are the "
+                   "sweep's defaults; flags override them.")
+@click.option("--strategy", "strategies",
+              help="Strategies, comma-separated. [the config's strategy, else ddp,diloco]")
+@click.option("--net", "nets",
               help="Networks, comma-separated (presets or YAML files); with --bandwidth, the "
-                   "one base network of the grid. [wan-100mbps]")
+                   "one base network of the grid. [the config's net, else wan-100mbps]")
 @click.option("--bandwidth", help="A grid LOW..HIGH (e.g. 10mbit..10gbit) of --points "
               "log-spaced bandwidths applied to the base network: its inter-site links if it "
               "has sites, else every node's NIC.")
 @click.option("--points", type=int, default=8, help="Points in the --bandwidth grid. [8]")
-@click.option("--seeds", default="0", help="Seeds, comma-separated. [0]")
+@click.option("--seeds", help="Seeds, comma-separated. [the config's seed, else 0]")
 @click.option("--nodes", type=int, help="Nodes per run. [2]")
 @click.option("--steps", type=int, help="Training steps per run. [300]")
 @click.option("--workload", help="Workload. [gpt]")
@@ -195,18 +222,19 @@ _PROJECTION_HELP = ("Answer for a model of this many parameters: every exchange'
 @click.option("--stragglers", help="Slow ranks (see `exoframe run --help`).")
 @click.option("-p", "--param", "params", multiple=True, metavar="[STRATEGY.]KEY=VALUE",
               help="Strategy parameter, repeatable; unscoped keys go to every swept strategy "
-                   "that has them (e.g. -p diloco.H=50).")
+                   "that has them (e.g. -p diloco.H=50), as do the config's strategy_params, "
+                   "which these override.")
 @click.option("-w", "--workload-param", "workload_params", multiple=True, metavar="KEY=VALUE")
 @click.option("--target-loss", type=float, help="Also report the simulated time to reach this "
-              "loss (validation loss when the run has it, else training loss).")
-@click.option("--project-params", type=float, help=_PROJECTION_HELP)
-@click.option("--step-time", help="Compute time of one training step of the projected model "
-              "(e.g. 0.1s).")
-@click.option("--out", default="sweeps", help="Parent folder of sweep folders. [sweeps]")
+              "validation loss of the averaged model: each run validates every step and stops "
+              "there.")
+@_projection_options
+@click.option("--out", help="Parent folder of sweep folders. [the config's out, else sweeps]")
 @click.option("--plots/--no-plots", default=True, help="Write PNG plots (needs matplotlib).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. [on in a terminal]")
 def sweep(config_file, strategies, nets, bandwidth, points, seeds, params, workload_params,
-          target_loss, project_params, step_time, out, plots, progress, **flags):
+          target_loss, project_params, step_time, payload_bits, bucket_mb, out, plots, progress,
+          **flags):
     """Strategies × networks: simulated wall-clock, compute utilization and bytes, as a
     table, sweep.csv, sweep.json and plots.
 
@@ -214,34 +242,34 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, params, workl
     replayed through every other network (the same clocks a re-run would give); a
     timing-dependent one trains once per network.
     """
-    from .engine.sweep import parse_grid, strategy_params, sweep as run_sweep
-    from .plugins import get_plugin_manager
+    from .config import load_yaml
+    from .engine.sweep import config_axes, parse_grid, sweep as run_sweep
     from .report.sweep import table
 
     overrides = {k: v for k, v in flags.items() if v is not None}
     if workload_params:
         overrides["workload_params"] = parse_assignments(workload_params, "--workload-param")
     base = resolve_config(config_file, overrides)
-    pm = get_plugin_manager()
-    strategy_names = _names(strategies, "--strategy")
-    for name in strategy_names:
-        pm.strategies.get(name)
-    per_strategy = strategy_params(strategy_names, parse_assignments(params, "--param"), pm)
+    defaults = config_axes(base, set(load_yaml(config_file)) if config_file else set())
+    strategy_names = _names(strategies, "--strategy") if strategies is not None \
+        else defaults["strategies"]
+    net_list = _names(nets, "--net") if nets is not None else defaults["nets"]
     try:
-        seed_list = [int(s) for s in _names(seeds, "--seeds")]
+        seed_list = [int(s) for s in _names(seeds, "--seeds")] if seeds is not None \
+            else defaults["seeds"]
     except ValueError:
         raise ExoframeError(f"--seeds: expected integers like 0,1,2; got '{seeds}'.") from None
-    net_list = _names(nets, "--net")
     grid = parse_grid(bandwidth, points) if bandwidth else None
+    projection = _projection(project_params, step_time, payload_bits, bucket_mb)
     if plots:
         from .report.plots import require_matplotlib
 
         require_matplotlib()  # fail now, not after the training, when matplotlib is missing
     if progress is None:
         progress = sys.stderr.isatty()
-    folder, rows = run_sweep(base, strategy_names, net_list, seed_list, out, per_strategy,
-                             target_loss, _projection(project_params, step_time), plots, progress,
-                             grid)
+    folder, rows = run_sweep(base, strategy_names, net_list, seed_list, out or defaults["out"],
+                             parse_assignments(params, "--param"), target_loss, projection,
+                             plots, progress, grid)
     click.echo(table(rows))
     click.echo(f"  sweep folder: {folder}")
 
@@ -249,16 +277,16 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, params, workl
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--net", required=True, help="Network to replay through (preset or YAML file).")
-@click.option("--project-params", type=float, help=_PROJECTION_HELP)
-@click.option("--step-time", help="Compute time of one training step of the projected model.")
-def replay(run_dir, net, project_params, step_time):
+@_projection_options
+def replay(run_dir, net, project_params, step_time, payload_bits, bucket_mb):
     """Replay a run's trace through another network (no training); saved in RUN_DIR/replays."""
     from .engine.replay import replay_run
     from .report.summary import format_bytes, format_seconds
 
     if not Path(run_dir).is_dir():
         raise ExoframeError(f"{run_dir}: no such run folder.")
-    record = replay_run(run_dir, net, _projection(project_params, step_time))
+    record = replay_run(run_dir, net,
+                        _projection(project_params, step_time, payload_bits, bucket_mb))
     utilization = record["compute_utilization"]
     click.echo(f"  {record['strategy']} on {record['net']}"
                + (f" [{record['projection']}]" if record["projection"] else "")
@@ -270,7 +298,8 @@ def replay(run_dir, net, project_params, step_time):
 @cli.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("--out", help="Folder for sweep.csv, sweep.json and plots. [none: table only]")
-@click.option("--target-loss", type=float, help="Also report the time to reach this loss.")
+@click.option("--target-loss", type=float, help="Also report the simulated time to reach this "
+              "validation loss of the averaged model.")
 @click.option("--plots/--no-plots", default=True, help="Write PNG plots (needs matplotlib).")
 def report(run_dirs, out, target_loss, plots):
     """Rebuild the table (and with --out the CSV, JSON and plots) from run folders (a

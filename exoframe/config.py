@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ class RunConfig:
     seed: int = 0
     eval_every: typing.Optional[int] = None
     eval_batches: int = 8
+    # Validate every step and stop once the averaged model's validation loss is at most this.
+    target_loss: typing.Optional[float] = None
     threads: int = 1
     out: str = "runs"
     net: str = "ideal"  # a preset name (exoframe nets) or a YAML file
@@ -47,6 +50,8 @@ class RunConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ExoframeError(f"{name} must be at least 1, got {value}.")
+        if self.target_loss is not None and not math.isfinite(self.target_loss):
+            raise ExoframeError(f"target_loss must be a finite number, got {self.target_loss}.")
         if self.lr is not None and self.lr <= 0:
             raise ExoframeError(f"lr must be positive, got {self.lr}.")
         if not all(isinstance(name, str) for name in self.sinks):

@@ -61,13 +61,7 @@ def test_projection_of_an_every_step_all_reduce_matches_the_ring_closed_form(tmp
     times = [0.0, *projected["sim_times"]]
     for before, after in zip(times, times[1:]):
         assert math.isclose(after - before, step + ring, rel_tol=1e-6)
-
-    # DDP's gradient all-reduce goes out in buckets during the backward pass: it overlaps
-    # compute, so a step takes less than compute + ring but no less than the ring itself.
-    ddp = run(strategy="ddp", nodes=n, steps=5)
-    overlapped = replay_trace(ddp.trace, sim_for(str(net), n), Projection(params, step))
-    per_step = overlapped["sim_times"][-1] / 5
-    assert ring < per_step < step + ring - 0.05
+    # DDP's buckets, one after another through the backward pass: tests/test_projection.py.
 
 
 class Impatient(exoframe.Strategy):

@@ -2,11 +2,13 @@
 import math
 from collections import Counter
 
+import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+import exoframe
 from exoframe.engine.data import Batches
-from exoframe.workloads.base import shard
+from exoframe.workloads.base import shard, split_factory
 from exoframe.workloads.markov import MarkovSource
 from exoframe.workloads.mlp import best_loss
 
@@ -52,3 +54,68 @@ def test_shards_are_disjoint_and_epochs_reshuffle():
     epoch1 = torch.cat([next(batches)[0] for _ in range(2)]).tolist()
     assert sorted(epoch0) == sorted(epoch1) == list(range(10, 20))
     assert epoch0 != epoch1
+
+
+# -- dataset factories: exoframe's (rank, num_nodes, split) and EXO Gym's (..., train: bool) ---
+
+class Offset(torch.nn.Module):
+    """loss = (w - y)², w starting at 0: training on y = 0 leaves w at exactly 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, batch):
+        (y,) = batch
+        return ((self.w - y) ** 2).mean()
+
+
+def targets(rank, is_train):
+    """Training targets are 0; rank r's validation targets are 3 + r."""
+    return TensorDataset(torch.full((8,), 0.0 if is_train else 3.0 + rank))
+
+
+def annotated(rank, num_nodes, train: bool):
+    assert isinstance(train, bool), train
+    return targets(rank, train)
+
+
+def named_like_exo_gym(rank, num_nodes, train_dataset):
+    assert isinstance(train_dataset, bool), train_dataset
+    return targets(rank, train_dataset)
+
+
+def bool_default(rank, num_nodes, use_training_data=True):
+    assert isinstance(use_training_data, bool), use_training_data
+    return targets(rank, use_training_data)
+
+
+def split_name(rank, num_nodes, split):
+    assert split in ("train", "val"), split
+    return targets(rank, split == "train")
+
+
+@pytest.mark.parametrize("factory", [annotated, named_like_exo_gym, bool_default, split_name])
+def test_validation_uses_the_val_data_of_every_kind_of_factory(factory):
+    result = exoframe.Trainer(Offset(), factory, batch_size=4).fit(
+        strategy="ddp", num_nodes=2, steps=2, eval_every=1, optimizer="sgd", lr=0.1)
+    assert [row["loss"] for row in result.metrics] == [0.0, 0.0]
+    # w stays 0, so the loss on rank r's validation data is (3 + r)², averaged over ranks;
+    # on the training data it would be 0.
+    assert [row["val_loss"] for row in result.metrics] == [(9 + 16) / 2] * 2
+
+
+def test_a_string_annotation_marks_a_bool_split_and_other_names_keep_the_string():
+    seen = []
+
+    def postponed(rank, num_nodes, flag: "bool"):  # what `from __future__ import annotations` gives
+        seen.append(flag)
+
+    def plain(rank, num_nodes, which):
+        seen.append(which)
+
+    for factory in (postponed, plain):
+        wrapped = split_factory(factory)
+        wrapped(0, 1, "train")
+        wrapped(0, 1, "val")
+    assert seen == [True, False, "train", "val"]

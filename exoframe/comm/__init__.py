@@ -1,4 +1,5 @@
 from .communicator import Communicator, Handle
-from .flat import flatten, unflatten_into
+from .flat import flatten, flatten_bytes, unflatten_bytes_into, unflatten_into
 
-__all__ = ["Communicator", "Handle", "flatten", "unflatten_into"]
+__all__ = ["Communicator", "Handle", "flatten", "flatten_bytes", "unflatten_bytes_into",
+           "unflatten_into"]

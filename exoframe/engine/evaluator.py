@@ -1,4 +1,4 @@
-"""The evaluator process: validation loss of the ranks' averaged weights.
+"""The evaluator process: validation loss of the ranks' averaged model (weights and buffers).
 
 It runs beside the ranks, so validation never makes one rank wait for another outside the
 simulated network (which would stall the simulator's conservative synchronization).
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from ..comm import unflatten_into
 from .data import eval_batches
 from .job import Job
+from .model_state import load
 
 
 @torch.no_grad()
@@ -26,11 +26,10 @@ def validation_loss(model, val_shards, batch_size: int, max_batches: int) -> flo
 
 
 def evaluate(job: Job, val_shards, conn):
-    """Answer each (step, flat averaged weights) with ("val", step, loss) until None."""
+    """Answer each (step, averaged model state) with ("val", step, loss) until None."""
     torch.set_num_threads(job.threads)
-    params = list(job.model.parameters())
     while (message := conn.recv()) is not None:
-        step, weights = message
-        unflatten_into(torch.from_numpy(weights), params)
+        step, state = message
+        load(job.model, state)
         conn.send(("val", step, validation_loss(job.model, val_shards, job.batch_size,
                                                 job.eval_batches)))

@@ -36,6 +36,7 @@ class Job:
     workload_name: str = "custom"
     best_loss: Optional[float] = None
     sinks: tuple = ()  # metrics sink factories, each called with the run folder
+    target_loss: Optional[float] = None  # validate every step; stop once reached
 
 
 def resolve_strategy(strategy, params: dict | None, pm: PluginManager):
@@ -84,7 +85,10 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
                                 config.momentum),
         nodes=config.nodes, steps=config.steps, batch_size=config.batch_size or workload.batch_size,
         sim=sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm),
-        seed=config.seed, eval_every=config.eval_every or max(1, config.steps // 10),
+        seed=config.seed, target_loss=config.target_loss,
+        # A target is judged at every step, so the time to reach it is resolved to one step.
+        eval_every=1 if config.target_loss is not None else
+        config.eval_every or max(1, config.steps // 10),
         eval_batches=config.eval_batches, threads=config.threads, workload_name=workload.name,
         best_loss=workload.best_loss, sinks=tuple(pm.sinks.get(name).obj for name in config.sinks))
 

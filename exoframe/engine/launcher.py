@@ -20,7 +20,6 @@ import time
 import traceback
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -30,7 +29,9 @@ from .data import Batches, fetch
 from .evaluator import evaluate
 from .flops import count_step_flops
 from .job import Job
+from .model_state import average
 from .rank import check_loss, train
+from .target import TargetVerdicts
 
 EVALUATOR = "evaluator"
 
@@ -52,7 +53,8 @@ class LaunchResult:
     rank_results: list
     startup_seconds: float
     elapsed_seconds: float
-    final_parameters: torch.Tensor | None = None
+    final_state: tuple | None = None  # the last step's averaged model (see model_state)
+    steps: int = 0  # steps run: fewer than job.steps when a target loss stopped the run
 
 
 def _die_with_parent():
@@ -85,33 +87,32 @@ class StepRows:
     """Turns per-rank step records into one row per step, in step order.
 
     A row is ready once every rank reported the step and, at evaluation steps, once the
-    evaluator validated the ranks' averaged weights. Values are averaged over ranks, except
+    evaluator validated the ranks' averaged model. Values are averaged over ranks, except
     the simulated time, where a step ends when its last rank ends it.
     """
 
     def __init__(self, nodes: int):
         self.nodes = nodes
         self.records: dict[int, list] = {}
-        self.weights: dict[int, list] = {}
+        self.states: dict[int, list] = {}
         self.rows: dict[int, dict] = {}
         self.awaiting_val: set[int] = set()
         self.next_step = 1
 
-    def add(self, rank: int, step: int, record: dict, weights):
-        """Returns the averaged weights of `step` when they are complete, else None."""
+    def add(self, rank: int, step: int, record: dict, state):
+        """Returns the averaged model state of `step` when it is complete, else None."""
         records = self.records.setdefault(step, [None] * self.nodes)
         records[rank] = record
-        if weights is not None:
-            self.weights.setdefault(step, [None] * self.nodes)[rank] = weights
+        if state is not None:
+            self.states.setdefault(step, [None] * self.nodes)[rank] = state
         if any(r is None for r in records):
             return None
         del self.records[step]
         self.rows[step] = self._row(step, records)
-        if step not in self.weights:
+        if step not in self.states:
             return None
-        stack = self.weights.pop(step)  # summed in rank order: deterministic
         self.awaiting_val.add(step)
-        return np.sum(np.stack(stack), axis=0) / self.nodes
+        return average(self.states.pop(step))
 
     def add_val(self, step: int, val_loss):
         self.awaiting_val.discard(step)
@@ -164,6 +165,9 @@ def launch(job: Job, on_row=None) -> LaunchResult:
     batches = [Batches(job.dataset(rank, job.nodes, "train"), job.batch_size, job.seed, rank)
                for rank in range(job.nodes)]
     val_shards = [job.dataset(rank, job.nodes, "val") for rank in range(job.nodes)]
+    if job.target_loss is not None and not any(len(shard) for shard in val_shards):
+        raise ExoframeError("target_loss needs validation data: the time to target is read "
+                            "from the validation loss. Give validation data or drop target_loss.")
     first_batch = check_model(job, batches[0].dataset)
     if job.sim.compute.needs_flops:
         job.sim.compute = job.sim.compute.with_flops(count_step_flops(job.model, first_batch))
@@ -193,8 +197,8 @@ def launch(job: Job, on_row=None) -> LaunchResult:
         end = time.perf_counter()
         return LaunchResult(rank_results=monitor.results,
                             startup_seconds=(monitor.first_step_at or end) - start,
-                            elapsed_seconds=end - start,
-                            final_parameters=torch.from_numpy(monitor.final_weights))
+                            elapsed_seconds=end - start, final_state=monitor.final_state,
+                            steps=monitor.last_step())
     except KeyboardInterrupt:
         raise RunInterrupted("interrupted: every rank was stopped.") from None
     finally:
@@ -210,8 +214,9 @@ class _Monitor:
         self.who = [*range(job.nodes), EVALUATOR]
         self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
         self.rows = StepRows(job.nodes)
+        self.verdicts = TargetVerdicts(job.target_loss) if job.target_loss is not None else None
         self.results = [None] * job.nodes
-        self.final_weights = None
+        self.final_state = None  # the latest step's averaged model: the last step's at the end
         self.errors = []
         self.first_step_at = None
 
@@ -220,17 +225,20 @@ class _Monitor:
         if kind == "sim":
             self.sim.receive(message[1], message[2])
         elif kind == "step":
-            _, rank, step, record, weights = message
+            _, rank, step, record, state = message
             if self.first_step_at is None:
                 self.first_step_at = time.perf_counter()
             self.sim.note_clock(rank, record["sim_time"])
-            averaged = self.rows.add(rank, step, record, weights)
+            averaged = self.rows.add(rank, step, record, state)
             if averaged is not None:
                 self.conns[-1].send((step, averaged))
-                if step == self.job.steps:
-                    self.final_weights = averaged
+                self.final_state = averaged  # steps complete in order
         elif kind == "val":
             self.rows.add_val(message[1], message[2])
+            if self.verdicts is not None:
+                self.send_verdicts(self.verdicts.add_val(message[1], message[2]))
+        elif kind == "verdict":
+            self.send_verdicts(self.verdicts.ask(message[1], message[2]))
         elif kind == "done":
             self.results[message[1]] = message[2]
             self.sim.rank_done(message[1])
@@ -264,13 +272,34 @@ class _Monitor:
             if self.on_row is not None:
                 self.on_row(row)
 
+    def send_verdicts(self, answers):
+        for rank, stop in answers:
+            try:
+                self.conns[rank].send(("verdict", stop))
+            except OSError:
+                pass  # the rank died; its sentinel says so
+
+    def release_stalled_verdicts(self):
+        """Let the ranks waiting for a verdict go on when nothing else can move: every rank
+        is done or waits for the simulator or a verdict, and no validation runs (see
+        exoframe.engine.target)."""
+        if self.verdicts is None or not self.verdicts.waiting or self.rows.awaiting_val:
+            return
+        if all(self.results[r] is not None or self.sim.blocked[r] or r in self.verdicts.waiting
+               for r in range(self.job.nodes)):
+            self.send_verdicts(self.verdicts.release())
+
+    def last_step(self) -> int:
+        stop = self.verdicts.stop_step if self.verdicts is not None else None
+        return self.job.steps if stop is None else min(stop, self.job.steps)
+
     def raise_first_error(self):
         if self.errors:  # the earliest failure is the cause; later ones are its echoes
             _, who, _, text, details, user_error = min(self.errors, key=lambda m: m[2])
             raise RankFailed(who, text, details, user_error)
 
     def finished(self) -> bool:
-        return all(r is not None for r in self.results) and self.rows.next_step > self.job.steps
+        return all(r is not None for r in self.results) and self.rows.next_step > self.last_step()
 
     def run(self):
         open_conns = {conn: i for i, conn in enumerate(self.conns)}
@@ -287,6 +316,7 @@ class _Monitor:
             self.raise_first_error()
             self.simulate()
             self.emit()
+            self.release_stalled_verdicts()
             for obj in ready:
                 if obj in sentinels:
                     self._check_exit(sentinels.pop(obj), open_conns)

@@ -7,12 +7,14 @@ import resource
 import torch
 import torch.distributed as dist
 
-from ..comm import Communicator, flatten
+from ..comm import Communicator
 from ..errors import ExoframeError
 from ..sim.clock import RankClock
 from ..sim.compute import ComputeClock
 from .data import Batches
 from .job import Job
+from .model_state import snapshot
+from .target import LAG
 
 STORE_TIMEOUT = datetime.timedelta(seconds=60)
 
@@ -37,13 +39,22 @@ def make_clock(rank: int, job: Job, conn) -> RankClock:
     return RankClock(rank, conn, compute, sim.topology.algorithms, sim.algorithms)
 
 
+def stop_after(conn, rank: int, step: int) -> bool:
+    """Whether to stop after `step`, as the launcher answers once it has validated step
+    `step` − LAG: the same answer for every rank (see engine/target.py)."""
+    conn.send(("verdict", rank, step))
+    _, stop = conn.recv()
+    return stop
+
+
 def train(rank: int, job: Job, batches: Batches, conn):
     """batches: this rank's data, made by the launcher before the fork. Every rank inherits
     the launcher's model through the fork, so all start identical.
 
-    At evaluation steps the rank sends its weights with its step record; the launcher
-    averages them and an evaluator process validates the average, so no rank waits for
-    another outside the simulated network."""
+    At evaluation steps the rank sends its model state (weights and buffers) with its step
+    record; the launcher averages them and an evaluator process validates the average, so
+    no rank waits for another outside the simulated network. With a target loss, every step
+    is evaluated and the rank asks the launcher whether to stop (see engine/target.py)."""
     torch.set_num_threads(job.threads)
     join_group(rank, job.nodes, conn.recv())
     torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
@@ -66,9 +77,13 @@ def train(rank: int, job: Job, batches: Batches, conn):
         record = {"loss": loss.item(), "bytes_sent": comm.traffic.bytes_sent,
                   "sim_time": clock.now, **strategy.metrics()}
         evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
-        weights = flatten(model.parameters()).numpy() if evaluate else None
-        conn.send(("step", rank, step, record, weights))
+        state = snapshot(model, rank) if evaluate else None
+        conn.send(("step", rank, step, record, state))
+        stop = (job.target_loss is not None and LAG < step < job.steps
+                and stop_after(conn, rank, step))
         clock.skip()
+        if stop:
+            break
 
     strategy.finish()
     comm.wait_all()

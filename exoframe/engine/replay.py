@@ -7,6 +7,7 @@ simulated time, so reports can draw loss against simulated time for every networ
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,19 +16,45 @@ from ..errors import ExoframeError
 from ..plugins import get_plugin_manager
 from ..sim import SimSetup, resolve_sim
 from ..sim.collectives import Plans
-from ..sim.replay import ReplayError, project, replay
+from ..sim.replay import DDP_BUCKET_BYTES, ReplayError, project, replay
+
+MIB = 1024 * 1024
 
 
 @dataclass
 class Projection:
     """Answer for a model of `parameters` parameters whose training step computes for
-    `step_seconds` (see exoframe.sim.replay.project)."""
+    `step_seconds`, whose exchanges carry `payload_bits` per value (32: fp32 as recorded,
+    16: bf16, fewer for a quantized exchange) and whose streamed all-reduces go in buckets of
+    `bucket_mb` MiB (see exoframe.sim.replay.project)."""
 
     parameters: float
     step_seconds: float
+    payload_bits: float = 32
+    bucket_mb: float = DDP_BUCKET_BYTES / MIB
+
+    def __post_init__(self):
+        if not 0 < self.parameters < math.inf:
+            raise ExoframeError(f"--project-params must be a positive number of parameters "
+                                f"(e.g. 1e9), got {self.parameters:g}.")
+        if not 0 < self.step_seconds < math.inf:
+            raise ExoframeError(f"--step-time must be a positive time (e.g. 0.5s), got "
+                                f"{self.step_seconds:g} s.")
+        if not 0 < self.payload_bits <= 32:
+            raise ExoframeError(f"--payload-bits must be more than 0 and at most 32 bits per "
+                                f"value (32: fp32, 16: bf16, 8, 4, ...), got "
+                                f"{self.payload_bits:g}.")
+        if not 0 < self.bucket_mb < math.inf:
+            raise ExoframeError(f"--bucket-mb must be a positive size in MiB (torch's DDP: 25), "
+                                f"got {self.bucket_mb:g}.")
 
     def label(self) -> str:
-        return f"{self.parameters:.3g} params, {self.step_seconds:g} s/step"
+        extras = []
+        if self.payload_bits != 32:
+            extras.append(f"{self.payload_bits:g}-bit payloads")
+        if self.bucket_mb != DDP_BUCKET_BYTES / MIB:
+            extras.append(f"{self.bucket_mb:g} MiB buckets")
+        return ", ".join([f"{self.parameters:.3g} params, {self.step_seconds:g} s/step", *extras])
 
 
 def load_trace(run_dir) -> dict:
@@ -50,8 +77,11 @@ def replay_trace(trace: dict, sim: SimSetup, projection: Projection | None = Non
     """Replay `trace` through the network of `sim` (a SimSetup for the trace's node count)."""
     ranks = trace["ranks"]
     if projection is not None:
-        ranks = project(ranks, projection.parameters / trace["model_parameters"],
-                        projection.step_seconds, trace["bucketed_gradients"])
+        # Traces made before outer syncs could be declared overlappable lack the key.
+        streamed = trace["bucketed_gradients"] or trace.get("overlapped_outer_sync", False)
+        ratio = projection.parameters / trace["model_parameters"] * projection.payload_bits / 32
+        ranks = project(ranks, ratio, projection.step_seconds, streamed,
+                        projection.bucket_mb * MIB)
     try:
         result = replay(ranks, sim.topology, sim.algorithms, seed=trace["seed"])
     except ReplayError as e:

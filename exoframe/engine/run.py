@@ -8,16 +8,16 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
-from ..comm import unflatten_into
 from ..report import build_summary
 from .job import Job
 from .launcher import launch
+from .model_state import load
 from .run_folder import RunFolder
 
 
 @dataclass
 class RunResult:
-    model: torch.nn.Module  # holds the average of the ranks' final weights
+    model: torch.nn.Module  # the ranks' final weights and buffers, averaged (see model_state)
     summary: dict
     metrics: list
     run_dir: Optional[Path] = None
@@ -53,8 +53,8 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
         bar.close()
         for sink in sinks:
             sink.close()
-    unflatten_into(result.final_parameters, list(job.model.parameters()))
-    trace = build_trace(job, [r.pop("trace") for r in result.rank_results])
+    load(job.model, result.final_state)
+    trace = build_trace(job, [r.pop("trace") for r in result.rank_results], result.steps)
     summary = build_summary(job, rows, result)
     if folder:
         folder.write_trace(trace)
@@ -63,14 +63,15 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
                      run_dir=folder.path if folder else None, trace=trace)
 
 
-def build_trace(job: Job, rank_traces: list) -> dict:
+def build_trace(job: Job, rank_traces: list, steps: int) -> dict:
     return {
         "version": 1,
         "strategy": job.strategy_name,
         "timing_dependent": job.strategy_cls.timing_dependent,
         "bucketed_gradients": job.strategy_cls.gradient_all_reduce_after_backward,
+        "overlapped_outer_sync": job.strategy_cls.outer_sync_overlaps_backward,
         "nodes": job.nodes,
-        "steps": job.steps,
+        "steps": steps,
         "seed": job.seed,
         "net": job.sim.net,
         "compute_model": job.sim.compute.describe(),

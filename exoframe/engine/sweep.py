@@ -27,6 +27,10 @@ from .replay import Projection, replay_trace, save_replay
 from .run import execute
 from .run_folder import RunFolder
 
+DEFAULT_STRATEGIES = ["ddp", "diloco"]
+DEFAULT_NETS = ["wan-100mbps"]
+DEFAULT_OUT = "sweeps"
+
 
 def parse_grid(text: str, points: int) -> list[float]:
     """'10mbit..10gbit' with `points` -> log-spaced bandwidths in bytes/s, low to high."""
@@ -71,12 +75,25 @@ def grid_networks(base: str, bandwidths: list[float], folder: Path, pm) -> list[
     return paths
 
 
-def strategy_params(strategies: list[str], assignments: dict, pm) -> dict[str, dict]:
-    """-p values for each strategy: 'diloco.H' goes to diloco only; an unscoped 'H' to every
-    strategy that has a parameter H."""
+def strategy_params(strategies: list[str], assignments: dict, pm,
+                    config_params: dict | None = None,
+                    config_strategy: str | None = None) -> dict[str, dict]:
+    """Parameters for each strategy. First the config's strategy_params (`config_params`, of
+    `config_strategy`): each goes to every swept strategy that has it; one that none has is
+    an error unless it is a parameter of `config_strategy`, which the sweep replaced. Then -p
+    values on top: 'diloco.H' goes to diloco only; an unscoped 'H' to every strategy that
+    has a parameter H."""
     params = {s: {} for s in strategies}
-    fields = {s: {f.name for f in dataclasses.fields(pm.strategies.get(s).obj.Params)}
-              for s in strategies}
+    fields = {s: _parameter_names(s, pm) for s in strategies}
+    owned = _parameter_names(config_strategy, pm) if config_strategy and config_params else set()
+    for key, value in (config_params or {}).items():
+        takers = [s for s in strategies if key in fields[s]]
+        if not takers and key not in owned:
+            raise ExoframeError(f"strategy_params: none of {', '.join(strategies)} has a "
+                                f"parameter '{key}'; remove it from the config file or sweep a "
+                                "strategy that has it.")
+        for s in takers:
+            params[s][key] = value
     for key, value in assignments.items():
         scope, dot, name = key.rpartition(".")
         if dot:
@@ -94,22 +111,41 @@ def strategy_params(strategies: list[str], assignments: dict, pm) -> dict[str, d
     return params
 
 
+def _parameter_names(strategy: str, pm) -> set[str]:
+    return {f.name for f in dataclasses.fields(pm.strategies.get(strategy).obj.Params)}
+
+
+def config_axes(config: RunConfig, given: set) -> dict:
+    """What a sweep takes from a config file where no flag says otherwise: the file's
+    strategy, net and out when it gives them (else the sweep's defaults), and its seed."""
+    return {"strategies": [config.strategy] if "strategy" in given else DEFAULT_STRATEGIES,
+            "nets": [config.net] if "net" in given else DEFAULT_NETS,
+            "seeds": [config.seed],
+            "out": config.out if "out" in given else DEFAULT_OUT}
+
+
 def _bandwidth_text(bytes_per_s: float) -> str:
     """A unit string for YAML and file names: 12.5e6 -> '100mbit'."""
     return format_bandwidth(bytes_per_s).replace(" ", "").removesuffix("/s").lower()
 
 
 def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[int],
-          out: str, params: dict[str, dict] | None = None, target_loss: float | None = None,
+          out: str, assignments: dict | None = None, target_loss: float | None = None,
           projection: Projection | None = None, plots: bool = True, progress: bool = False,
           grid: list[float] | None = None) -> tuple[Path, list[dict]]:
-    """Returns the sweep folder and its rows (see exoframe.report.sweep). With `grid`
-    (bandwidths in bytes/s), `nets` is the one base network the grid is applied to."""
+    """Returns the sweep folder and its rows (see exoframe.report.sweep). Every run is `base`
+    with the strategy, seed and network swept; its strategy parameters are base's that the
+    strategy has plus `assignments` (-p values, see strategy_params). With `grid` (bandwidths
+    in bytes/s), `nets` is the one base network the grid is applied to."""
     if not strategies or not nets or not seeds:
         raise ExoframeError("sweep: give at least one strategy, one network and one seed.")
     if grid is not None and len(nets) != 1:
         raise ExoframeError("--bandwidth applies a grid to one base network; give one --net.")
     pm = get_plugin_manager()
+    # Each run validates every step and stops at the target (see exoframe.engine.target).
+    target_loss = base.target_loss if target_loss is None else target_loss
+    params = strategy_params(strategies, assignments or {}, pm, base.strategy_params,
+                             base.strategy)
     folder = RunFolder.create(out, "sweep").path
     if grid is not None:
         nets = grid_networks(nets[0], grid, folder / "nets", pm)
@@ -134,7 +170,7 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
                 bar.set_description(f"sweep: {strategy} seed {seed} on {setups[net].net}")
                 config = dataclasses.replace(
                     base, strategy=strategy, seed=seed, net=net, out=str(runs_dir),
-                    strategy_params={**base.strategy_params, **(params or {}).get(strategy, {})})
+                    strategy_params=params[strategy], target_loss=target_loss)
                 result = execute(job_from_config(config, pm, setups[net]), out=config.out,
                                  config_record=dataclasses.asdict(config),
                                  on_row=lambda _row: bar.update(1))

@@ -32,18 +32,20 @@ class Trainer:
     def fit(self, strategy="ddp", num_nodes: int = 2, steps: int = 100,
             strategy_params: dict | None = None, optimizer: str = "adamw", lr: float = 1e-3,
             weight_decay: float = 0.0, momentum: float = 0.0, seed: int = 0,
-            eval_every: int | None = None, eval_batches: int = 8, threads: int = 1,
+            eval_every: int | None = None, eval_batches: int = 8,
+            target_loss: float | None = None, threads: int = 1,
             net: str = "ideal", compute: str = "measured", stragglers: str = "",
             out: str | None = None, sinks=("jsonl",), progress: bool = False) -> RunResult:
         """Arguments as the RunConfig fields of `exoframe run` (net: a preset name or a YAML
         file; compute: measured, fixed:<time per step> or flops:<device>; sinks: metrics
-        sinks writing into the run folder under `out`)."""
+        sinks writing into the run folder under `out`; target_loss: validate every step and
+        stop once the averaged model's validation loss is at most this)."""
         config = RunConfig(
             strategy_params=dict(strategy_params or {}), nodes=num_nodes, steps=steps,
             batch_size=self.batch_size, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
             momentum=momentum, seed=seed, eval_every=eval_every, eval_batches=eval_batches,
-            threads=threads, net=net, compute=compute, stragglers=stragglers,
-            sinks=list(sinks)).validate()
+            target_loss=target_loss, threads=threads, net=net, compute=compute,
+            stragglers=stragglers, sinks=list(sinks)).validate()
         workload = Workload(build_model=lambda: self.model, dataset=self.dataset,
                             batch_size=self.batch_size, lr=lr, best_loss=self.best_loss)
         return execute(build_job(config, workload, self.model, strategy=strategy), out=out,

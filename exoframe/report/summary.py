@@ -6,7 +6,9 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
     ranks = launch_result.rank_results
     last = rows[-1] if rows else {}
     val_rows = [r for r in rows if r.get("val_loss") is not None]
+    at_target = first_at_target(rows, job.target_loss)
     nodes = job.nodes
+    steps = launch_result.steps or job.steps
     simulated = max(r["simulated_seconds"] for r in ranks)
     per_rank = [{
         "rank": rank,
@@ -23,10 +25,14 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "strategy_params": vars(job.strategy_params).copy(),
         "workload": job.workload_name,
         "num_nodes": nodes,
-        "steps": job.steps,
+        "steps": steps,  # run: fewer than asked when the target stopped the run
         "final_loss": last.get("loss"),
         "final_val_loss": val_rows[-1]["val_loss"] if val_rows else None,
         "best_achievable_loss": job.best_loss,
+        # Read from the validation loss of the averaged model, validated at every step.
+        "target_loss": job.target_loss,
+        "time_to_target": at_target["sim_time"] if at_target else None,
+        "steps_to_target": at_target["step"] if at_target else None,
         "seed": job.seed,
         "net": job.sim.net,
         "bottleneck_bandwidth": job.sim.topology.bottleneck(),
@@ -39,16 +45,24 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "per_rank": per_rank,
         "bytes_sent_per_node": sum(r["bytes_sent"] for r in ranks) / nodes,
         "bytes_received_per_node": sum(r["bytes_received"] for r in ranks) / nodes,
-        "bytes_sent_per_node_per_step": sum(r["bytes_sent"] for r in ranks) / nodes / job.steps,
+        "bytes_sent_per_node_per_step": sum(r["bytes_sent"] for r in ranks) / nodes / steps,
         "bytes_sent_per_rank": [r["bytes_sent"] for r in ranks],
         "bytes_received_per_rank": [r["bytes_received"] for r in ranks],
         "traffic_by_kind_rank0": ranks[0]["traffic"],
         "elapsed_seconds": launch_result.elapsed_seconds,
         "startup_seconds": launch_result.startup_seconds,
         "seconds_per_step": (launch_result.elapsed_seconds - launch_result.startup_seconds)
-        / max(1, job.steps - 1),
+        / max(1, steps - 1),
         "peak_rss_mb_per_rank": [round(r["peak_rss_mb"], 1) for r in ranks],
     }
+
+
+def first_at_target(rows: list[dict], target: float | None) -> dict | None:
+    """The first step's row whose validation loss is at most `target`."""
+    if target is None:
+        return None
+    return next((r for r in rows if r.get("val_loss") is not None and r["val_loss"] <= target),
+                None)
 
 
 def _ratio(a: float, b: float):
@@ -89,8 +103,20 @@ def summary_table(summary: dict) -> str:
                                  f"(compute model {summary['compute_model']})"),
         ("compute utilization", "-" if summary["compute_utilization"] is None
          else f"{100 * summary['compute_utilization']:.1f}%"),
+        *_target_rows(summary),
         ("elapsed (real)", f"{summary['elapsed_seconds']:.1f} s "
                            f"(start-up {summary['startup_seconds']:.1f} s)"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def _target_rows(summary: dict) -> list:
+    target = summary.get("target_loss")
+    if target is None:
+        return []
+    if summary["time_to_target"] is None:
+        return [("time to target", f"not reached (val loss {target:g})")]
+    return [("time to target", f"{format_seconds(summary['time_to_target'])} simulated, step "
+                               f"{summary['steps_to_target']} (val loss of the averaged model "
+                               f"<= {target:g})")]

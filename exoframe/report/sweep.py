@@ -52,20 +52,22 @@ def collect_rows(run_dirs, target_loss: float | None = None) -> list[dict]:
 
 
 def time_to_target(row: dict, target: float | None) -> float | None:
-    """Simulated time of the first step whose loss is at most `target`: the validation loss
-    when the run has any, else the training loss."""
+    """Simulated time of the first step whose validation loss of the averaged model is at
+    most `target`, on the row's network: a replay keeps the step and reads its own time for
+    it. A sweep with a target validates every step (engine/target.py); for runs made
+    without one, the time is only resolved to their evaluation steps."""
     if target is None:
         return None
-    losses = row["val_losses"] if any(v is not None for v in row["val_losses"]) else row["losses"]
-    for loss, t in zip(losses, row["sim_times"]):
+    for loss, t in zip(row["val_losses"], row["sim_times"]):
         if loss is not None and loss <= target:
             return t
     return None
 
 
 def table(rows: list[dict]) -> str:
-    headers = ["strategy", "network", "simulated time", "to target", "compute util.",
-               "sent / node", "final loss"]
+    headers = ["strategy", "network", "simulated time",
+               "to target (val loss, averaged model)", "compute util.", "sent / node",
+               "final loss"]
     lines = [[r["strategy"] + (f" s{r['seed']}" if r.get("seed") else ""),
               r["net"] + (f" [{r['projection']}]" if r["projection"] else ""),
               format_seconds(r["simulated_seconds"]),

@@ -1,20 +1,22 @@
-"""Flow-level network model: links shared by processor sharing, on a simpy clock.
+"""Flow-level network model: links shared max-min fairly, on a simpy clock.
 
 Each rank has an uplink and a downlink; ranks in different sites also cross the directed
-inter-site link between their sites. A link of capacity C carrying n flows serves each at
-C/n (equal shares: the max-min fair allocation of one link). A flow is carried by all the
-links of its path at once and has been transmitted when its slowest link has carried all
-its bytes; it is delivered one latency (plus jitter) later.
+inter-site link between their sites. A flow is carried by all the links of its path at once,
+at one rate, and is delivered one latency (plus jitter) after its last byte was sent.
 
-Cost grows about linearly with flows: a link keeps a "virtual time" V, the bytes served so
-far to each of its flows (dV/dt = C/n), and its flows in a heap keyed by the V at which
-each is done. A flow joining or leaving is a heap operation, and a link has one pending
-deadline (when its first flow is done); no other flow is touched.
+Rates are the max-min fair allocation (progressive filling, as SimGrid and the textbooks
+define it): every flow's rate grows at the same pace; a link saturates when its flows' rates
+add up to its capacity, and its flows then keep the rate they reached, which is that link's
+"level". A flow held back by a slow link elsewhere therefore leaves the rest of its other
+links to the flows beside it.
 
-Known approximation: a flow held back elsewhere (by a slower link on its path) keeps its
-equal share on its other links; true network-wide max-min would give that share to the
-other flows. Times are exact for flows whose links carry only them or equal flows (rings,
-uniform topologies, one shared link).
+Rates change only when a flow starts or finishes. All changes at one instant are applied
+together, once, and only to the connected part of the network they touch (the links reached
+from a changed link through shared flows); a flow whose rate is unchanged keeps its finish
+time. Collectives whose rounds use disjoint links (rings, trees) touch a flow or two per
+change, so their cost grows linearly with flows. One large shared component (thousands of
+flows crossing the same links at once) costs a progressive filling of that component per
+change: every flow there may get a new rate, which exact max-min requires.
 """
 from __future__ import annotations
 
@@ -29,24 +31,28 @@ from .topology import Topology
 
 
 class Flow:
-    __slots__ = ("links_left", "latency", "on_delivered", "arg")
+    __slots__ = ("id", "links", "remaining", "rate", "since", "version", "latency",
+                 "on_delivered", "arg")
 
-    def __init__(self, links_left, latency, on_delivered, arg):
-        self.links_left = links_left
+    def __init__(self, id, links, nbytes, latency, on_delivered, arg):
+        self.id = id  # creation order: breaks ties deterministically
+        self.links = links
+        self.remaining = nbytes  # bytes still to send as of `since`
+        self.rate = 0.0  # bytes/s
+        self.since = 0.0
+        self.version = 0  # bumps whenever the flow's finish time changes
         self.latency = latency
         self.on_delivered = on_delivered
         self.arg = arg
 
 
 class Link:
-    __slots__ = ("capacity", "virtual", "updated", "flows", "generation")
+    __slots__ = ("id", "capacity", "flows")
 
-    def __init__(self, capacity: float):
+    def __init__(self, id: int, capacity: float):
+        self.id = id
         self.capacity = capacity  # bytes/s
-        self.virtual = 0.0  # bytes served to each active flow since the link was last idle
-        self.updated = 0.0  # simulated time at which `virtual` was last brought up to date
-        self.flows = []  # heap of (virtual finish, seq, flow)
-        self.generation = 0  # bumps whenever the link's pending deadline changes
+        self.flows = {}  # flow id -> Flow, in creation order (dicts iterate deterministically)
 
 
 class FlowNetwork:
@@ -57,13 +63,16 @@ class FlowNetwork:
         self.env = env
         self.topology = topology
         self.rng = random.Random(seed)
-        self.uplinks = [_link_or_none(b) for b in topology.uplink]
-        self.downlinks = [_link_or_none(b) for b in topology.downlink]
-        self.site_links = {pair: _link_or_none(spec.bandwidth)
+        ids = itertools.count()
+        self.uplinks = [_link_or_none(next(ids), b) for b in topology.uplink]
+        self.downlinks = [_link_or_none(next(ids), b) for b in topology.downlink]
+        self.site_links = {pair: _link_or_none(next(ids), spec.bandwidth)
                            for pair, spec in topology.inter.items()}
         self._paths: dict[tuple[int, int], tuple] = {}
-        self._agenda = []  # heap of (time, seq, link or None, generation or flow)
+        self._agenda = []  # heap of (time, seq, flow, version); version None: a delivery
         self._seq = itertools.count()
+        self._flow_ids = itertools.count()
+        self._changed = {}  # link id -> Link whose flows changed since rates were computed
         self._armed_at = math.inf  # time of the simpy wake-up currently scheduled
         self.flows_started = 0
 
@@ -73,30 +82,35 @@ class FlowNetwork:
         if jitter:
             latency = max(0.0, latency + self.rng.uniform(-jitter, jitter))
         self.flows_started += 1
-        flow = Flow(0, latency, on_delivered, arg)
+        flow = Flow(next(self._flow_ids), links, nbytes, latency, on_delivered, arg)
         now = self.env.now
-        if nbytes > 0:
+        if nbytes > 0 and links:
+            flow.since = now
             for link in links:
-                self._join(link, flow, nbytes, now)
-        if flow.links_left == 0:
-            self._transmitted(flow, now)
-        if self._agenda[0][0] < self._armed_at if self._agenda else False:
+                link.flows[flow.id] = flow
+                self._changed[link.id] = link
+            # Rates are computed once every start at this instant is in: wake up now.
+            self._arm_at(now)
+        else:
+            self._deliver_after_latency(flow, now)
             self._arm()
 
     def next_time(self) -> float:
         """Time of the next pending network event (math.inf if none)."""
+        if self._changed:
+            self._reallocate(self.env.now)
         agenda = self._agenda
         while agenda:
-            _, _, link, generation = agenda[0]
-            if link is None or link.generation == generation:
+            _, _, flow, version = agenda[0]
+            if version is None or flow.version == version:
                 return agenda[0][0]
-            heapq.heappop(agenda)  # a deadline that a later change superseded
+            heapq.heappop(agenda)  # a finish time that a later rate change superseded
         return math.inf
 
     def busy(self) -> bool:
         return self.next_time() < math.inf
 
-    # -- links ---------------------------------------------------------------------------------
+    # -- paths ---------------------------------------------------------------------------------
     def _path(self, src, dst):
         path = self._paths.get((src, dst))
         if path is None:
@@ -113,27 +127,58 @@ class FlowNetwork:
             self._paths[(src, dst)] = path
         return path
 
-    def _join(self, link: Link, flow: Flow, nbytes: float, now: float):
-        flows = link.flows
-        if flows:
-            link.virtual += (now - link.updated) * link.capacity / len(flows)
-        else:
-            link.virtual = 0.0  # restart from zero so that an isolated flow's time is exact
-        link.updated = now
-        heapq.heappush(flows, (link.virtual + nbytes, next(self._seq), flow))
-        flow.links_left += 1
-        link.generation += 1
-        deadline = now + (flows[0][0] - link.virtual) * len(flows) / link.capacity
-        heapq.heappush(self._agenda, (deadline, next(self._seq), link, link.generation))
+    # -- max-min fair rates ----------------------------------------------------------------------
+    def _reallocate(self, now: float):
+        """Progressive filling over the links connected to those that changed."""
+        changed, self._changed = self._changed, {}
+        links = _component(changed)
+        left = {link.id: link.capacity for link in links}  # capacity not yet given out
+        unfixed = {link.id: len(link.flows) for link in links}
+        fixed = set()
+        heap = [(link.capacity / len(link.flows), link.id, link) for link in links if link.flows]
+        heapq.heapify(heap)
+        level = 0.0
+        agenda, seq = self._agenda, self._seq
+        while heap:
+            share, link_id, link = heapq.heappop(heap)
+            if unfixed[link_id] == 0 or share != left[link_id] / unfixed[link_id]:
+                continue  # saturated already, or an entry that a later push superseded
+            level = max(level, share)  # rounding must not let a level fall below the last
+            for flow in link.flows.values():
+                if flow.id in fixed:
+                    continue
+                fixed.add(flow.id)
+                for other in flow.links:
+                    left[other.id] -= level
+                    unfixed[other.id] -= 1
+                    if unfixed[other.id] and other is not link:
+                        heapq.heappush(heap, (left[other.id] / unfixed[other.id], other.id,
+                                              other))
+                if flow.rate != level:
+                    # max: a flow due to finish right now must not finish in the past
+                    flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.since))
+                    flow.since, flow.rate = now, level
+                    flow.version += 1
+                    heapq.heappush(agenda, (now + flow.remaining / level, next(seq), flow,
+                                            flow.version))
+        self._arm()
 
     def _transmitted(self, flow: Flow, now: float):
+        for link in flow.links:
+            del link.flows[flow.id]
+            self._changed[link.id] = link
+        self._deliver_after_latency(flow, now)
+
+    def _deliver_after_latency(self, flow: Flow, now: float):
         # Delivered through the agenda even without latency: calling back directly would
         # recurse once per hop of a long chain of flows.
-        heapq.heappush(self._agenda, (now + flow.latency, next(self._seq), None, flow))
+        heapq.heappush(self._agenda, (now + flow.latency, next(self._seq), flow, None))
 
     # -- the simpy side: one wake-up per distinct event time -------------------------------
     def _arm(self):
-        when = self.next_time()
+        self._arm_at(self.next_time())
+
+    def _arm_at(self, when: float):
         if when < self._armed_at:
             self._armed_at = when
             event = self.env.event()
@@ -146,31 +191,32 @@ class FlowNetwork:
         if now != self._armed_at:
             return  # superseded by an earlier wake-up that already handled this time
         self._armed_at = math.inf
-        agenda, pop, push, seq = self._agenda, heapq.heappop, heapq.heappush, self._seq
+        agenda, pop = self._agenda, heapq.heappop
         while agenda and agenda[0][0] <= now:
-            _, _, link, item = pop(agenda)
-            if link is None:  # a flow's latency has elapsed: delivered
-                item.on_delivered(item.arg)
-                continue
-            if link.generation != item:
-                continue  # a deadline that a later change superseded
-            # The link's first flow, and any other done at the same virtual time, is carried.
-            flows = link.flows
-            finish = flows[0][0]
-            link.virtual = finish  # where catching up would land, without its rounding drift
-            link.updated = now
-            done = []
-            while flows and flows[0][0] <= finish:
-                done.append(pop(flows)[2])
-            link.generation += 1
-            if flows:
-                deadline = now + (flows[0][0] - finish) * len(flows) / link.capacity
-                push(agenda, (deadline, next(seq), link, link.generation))
-            for flow in done:
-                flow.links_left -= 1
-                if flow.links_left == 0:
-                    self._transmitted(flow, now)
-        self._arm()
+            _, _, flow, version = pop(agenda)
+            if version is None:  # a flow's latency has elapsed: delivered
+                flow.on_delivered(flow.arg)
+            elif version == flow.version:  # its last byte is sent
+                self._transmitted(flow, now)
+        self._arm()  # computes the new rates first, if any flow started or finished
+
+
+def _component(changed: dict) -> list:
+    """The links reachable from `changed` through shared flows."""
+    links, flows = [], set()
+    seen = set(changed)
+    stack = list(changed.values())
+    while stack:
+        link = stack.pop()
+        links.append(link)
+        for flow in link.flows.values():
+            if flow.id not in flows:
+                flows.add(flow.id)
+                for other in flow.links:
+                    if other.id not in seen:
+                        seen.add(other.id)
+                        stack.append(other)
+    return links
 
 
 class Environment(simpy.Environment):
@@ -181,5 +227,5 @@ class Environment(simpy.Environment):
         heapq.heappush(self._queue, (when, priority, next(self._eid), event))
 
 
-def _link_or_none(bandwidth: float):
-    return None if math.isinf(bandwidth) else Link(bandwidth)
+def _link_or_none(id: int, bandwidth: float):
+    return None if math.isinf(bandwidth) else Link(id, bandwidth)

@@ -7,10 +7,21 @@ simulator of another network gives exactly the clocks a full re-run would (same 
 model, same seed). A trace that contains questions ("is it done yet?") came from a
 timing-dependent strategy: replay checks every answer and refuses if one would change.
 
-Projection rescales a trace to a larger model: every operation's bytes by the parameter
-ratio, every step's compute to a given step time; for strategies whose per-step
-communication is the gradient all-reduce (DDP), that all-reduce is split into buckets
-released one by one during the backward pass, so it overlaps compute as real DDP does.
+Projection rescales a trace to a larger model: every operation's bytes by one ratio (the
+parameter ratio times the payload's bits over 32), every step's compute to a given step
+time. An all-reduce that a real implementation streams out during the backward pass (DDP's
+gradients; an outer synchronization a strategy declares overlappable) is split into buckets
+on one communication stream per rank, as torch's DDP does: bucket i is ready once its
+slice of the backward pass is computed, and starts when it is ready and bucket i-1 is done
+on this rank; the backward pass goes on meanwhile, and the step ends when the last bucket
+is done. Each bucket pays the collective's latency, one after the other.
+
+Projected traces use two more events, for the backward pass running beside the
+communication stream: ["b", seconds] queues compute on the rank's compute stream without
+moving its clock, and ["r"] moves the clock to the end of the oldest queued compute not
+yet waited for (the next bucket's gradients are ready). Waiting while queued compute is
+still running is hidden behind it: only the part past the compute counts as communication
+or idle time.
 """
 from __future__ import annotations
 
@@ -38,6 +49,8 @@ class RankReplay:
     idle_seconds: float = 0.0
     step_times: dict = field(default_factory=dict)
     position: int = 0
+    compute_free: float = 0.0  # when the compute stream has done what was queued on it
+    ready: list = field(default_factory=list)  # end of each queued compute not yet waited for
     waiting: list | None = None  # the event this rank waits on an answer for
 
     def stats(self) -> dict:
@@ -90,8 +103,14 @@ def _run_until_blocked(rank: RankReplay, sim: Simulator):
         rank.position += 1
         tag = event[0]
         if tag == "c":
-            rank.now += event[1]
+            rank.now = rank.compute_free = max(rank.now, rank.compute_free) + event[1]
             rank.compute_seconds += event[1]
+        elif tag == "b":
+            rank.compute_free = max(rank.now, rank.compute_free) + event[1]
+            rank.compute_seconds += event[1]
+            rank.ready.append(rank.compute_free)
+        elif tag == "r":
+            rank.now = max(rank.now, rank.ready.pop(0))
         elif tag == "o":
             _, op_id, key, kind, nbytes, participants, root, blocking = event
             sim.receive(rank.rank, ("op", rank.now, op_id, _frozen(key), kind, nbytes,
@@ -118,6 +137,11 @@ def _answer(rank: RankReplay, reply):
     event, rank.waiting = rank.waiting, None
     if reply[0] == "waited":
         _, end, idle, comm = reply
+        start = rank.now
+        if rank.compute_free > start:  # the backward pass still runs: hidden up to its end
+            hidden_until = min(end, rank.compute_free)
+            idle = max(0.0, start + idle - hidden_until)
+            comm = end - hidden_until - idle
         rank.now = end
         rank.idle_seconds += idle
         rank.comm_seconds += comm
@@ -134,12 +158,14 @@ def _frozen(value):
 
 
 def project(traces: list[list], bytes_ratio: float, step_seconds: float,
-            bucketed_gradients: bool = False) -> list[list]:
-    """The traces of the same run for a model `bytes_ratio` times larger whose training
-    step computes for `step_seconds` (each rank's compute is scaled by one factor, so
-    stragglers stay as slow relative to the others). With `bucketed_gradients`, a blocking
-    all-reduce right after a step's compute is split into DDP buckets released during the
-    backward pass."""
+            streamed_all_reduce: bool = False,
+            bucket_bytes: float = DDP_BUCKET_BYTES) -> list[list]:
+    """The traces of the same run for a model whose payloads are `bytes_ratio` times larger
+    and whose training step computes for `step_seconds` (each rank's compute is scaled by one
+    factor, so stragglers stay as slow relative to the others). With `streamed_all_reduce`,
+    a blocking all-reduce right after a step's compute (DDP's gradients, or a declared
+    overlappable outer sync) is split into buckets of at most `bucket_bytes`, streamed one
+    after another during the backward pass."""
     steps = sum(1 for e in traces[0] if e[0] == "s")
     total_compute = sum(e[1] for events in traces for e in events if e[0] == "c")
     if steps == 0 or total_compute <= 0:
@@ -155,8 +181,8 @@ def project(traces: list[list], bytes_ratio: float, step_seconds: float,
             elif event[0] == "o":
                 op = list(event)
                 op[4] = event[4] * bytes_ratio
-                if bucketed_gradients and _is_gradient_all_reduce(op, out):
-                    out.extend(_buckets(op, out.pop()[1]))
+                if streamed_all_reduce and _is_all_reduce_after_compute(op, out):
+                    out.extend(_buckets(op, out.pop()[1], bucket_bytes))
                 else:
                     out.append(op)
             else:
@@ -165,22 +191,26 @@ def project(traces: list[list], bytes_ratio: float, step_seconds: float,
     return projected
 
 
-def _is_gradient_all_reduce(op, previous) -> bool:
+def _is_all_reduce_after_compute(op, previous) -> bool:
     return op[3] == "all_reduce" and op[7] and bool(previous) and previous[-1][0] == "c"
 
 
-def _buckets(op, compute: float) -> list:
-    """Forward, then the backward in slices, each slice releasing one bucket's async
-    all-reduce; then wait for all buckets."""
+def _buckets(op, compute: float, bucket_bytes: float) -> list:
+    """The forward pass; the backward pass queued in one slice per bucket; then, on the
+    communication stream, each bucket once its slice is computed and the previous bucket is
+    done; then wait for the last bucket."""
     _, op_id, key, kind, nbytes, participants, root, _ = op
-    count = max(1, math.ceil(nbytes / DDP_BUCKET_BYTES))
+    count = max(1, math.ceil(nbytes / bucket_bytes))
     backward = compute * BACKWARD_SHARE
     events = [["c", compute - backward]]
+    events.extend(["b", backward / count] for _ in range(count))
     for b in range(count):
-        events.append(["c", backward / count])
+        if b > 0:
+            events.append(["w", (op_id, b - 1)])
+        events.append(["r"])
         events.append(["o", (op_id, b), [*_as_list(key), b], kind, nbytes / count,
                        participants, root, False])
-    events.extend(["w", (op_id, b)] for b in range(count))
+    events.append(["w", (op_id, count - 1)])
     return events
 
 

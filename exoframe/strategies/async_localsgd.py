@@ -19,8 +19,13 @@ N = n).
 The server accepts push k of a worker once it has itself run k rounds (all ranks run the
 same number of steps, so that push is sure to come); after its last step it serves the
 pushes still owed before finishing.
+Floating-point buffers (BatchNorm statistics) ride along: a push carries the worker's
+buffers b_r, each server update moves the global buffers by Σ_arrived (b_r − b_global)/n (all
+n pushes at once: their mean, as DiLoCo), a reply carries b_global and the worker rebases its
+buffers as it rebases its weights.
 Bytes per round: each worker other than rank 0 sends 4N (its push); rank 0 sends 4N to each
-such worker (the replies): 4N per round for workers, 4N(n−1) per round for rank 0.
+such worker (the replies): 4N per round for workers, 4N(n−1) per round for rank 0 (N counts
+the float buffers too).
 Source: Liu et al., "Asynchronous Local-SGD Training for Language Modeling" (2024).
 """
 from dataclasses import dataclass
@@ -76,10 +81,11 @@ class AsyncLocalSGD(Strategy):
 
     def push(self):
         weights = flatten(self.trainable_parameters())
-        delta = self.base - weights
+        delta = self.with_buffers(self.base - weights)  # [Δ_r; b_r]
         self.push_out = (self.comm.send(delta, SERVER, async_op=True), delta)
-        buffer = torch.empty_like(weights)
-        self.reply = (self.comm.recv(buffer, SERVER, async_op=True), buffer, weights)
+        buffer = torch.empty_like(delta)  # the reply: [θ_global; b_global]
+        self.reply = (self.comm.recv(buffer, SERVER, async_op=True), buffer,
+                      self.with_buffers(weights))
         self.rebase(wait=False)
 
     def rebase(self, wait: bool):
@@ -88,14 +94,18 @@ class AsyncLocalSGD(Strategy):
             return
         handle.wait()
         params = self.trainable_parameters()
-        unflatten_into(new_global + (flatten(params) - at_push), params)
-        self.base = new_global
+        rebased = new_global + (self.with_buffers(flatten(params)) - at_push)
+        numel = self.base.numel()
+        unflatten_into(self.take_buffers(rebased, numel), params)
+        self.base = new_global[:numel]
         self.reply = None
 
     # -- server ----------------------------------------------------------------------------
     def setup_server(self):
         n = self.world_size
         self.global_params = self.base.clone()
+        buffers = self.float_buffers()
+        self.global_buffers = flatten(buffers) if buffers else self.base.new_zeros(0)
         self.period = self.params.nesterov_period or n
         self.momentum = torch.zeros_like(self.global_params)
         self.buffer = torch.zeros_like(self.global_params)
@@ -114,7 +124,8 @@ class AsyncLocalSGD(Strategy):
     def serve(self, own_push: bool):
         arrived = []
         if own_push:
-            arrived.append((SERVER, self.base - flatten(self.trainable_parameters())))
+            arrived.append((SERVER, self.with_buffers(self.base - flatten(
+                self.trainable_parameters()))))
         self.expect_pushes(self.step_num // self.params.H)
         for r, entry in enumerate(self.incoming):
             if entry is not None and entry[0].is_completed():
@@ -126,7 +137,8 @@ class AsyncLocalSGD(Strategy):
         """Post the receive of each worker's next push, if that push is sure to come."""
         for r in range(self.world_size):
             if r != SERVER and self.incoming[r] is None and self.received[r] < rounds_done:
-                buffer = torch.empty_like(self.global_params)
+                buffer = self.global_params.new_empty(
+                    self.global_params.numel() + self.global_buffers.numel())
                 self.incoming[r] = (self.comm.recv(buffer, r, async_op=True), buffer)
 
     def take_push(self, r: int):
@@ -141,9 +153,13 @@ class AsyncLocalSGD(Strategy):
         if not arrived:
             return
         p = self.params
+        numel = self.global_params.numel()
         for r, _ in arrived:
             self.staleness.append(self.pushes - self.pulled_at[r])
-        for _, delta in arrived:
+        self.global_buffers = self.global_buffers + sum(
+            push[numel:] - self.global_buffers for _, push in arrived) / self.world_size
+        for _, push in arrived:
+            delta = push[:numel]
             self.pushes += 1
             self.buffer += delta
             self.global_params -= p.outer_lr / self.period * delta
@@ -156,8 +172,9 @@ class AsyncLocalSGD(Strategy):
             if r == SERVER:
                 self.base = self.global_params.clone()
                 unflatten_into(self.base, self.trainable_parameters())
+                self.take_buffers(torch.cat([self.base, self.global_buffers]), numel)
             else:
-                reply = self.global_params.clone()
+                reply = torch.cat([self.global_params, self.global_buffers])
                 self.replies[r] = (self.comm.send(reply, r, async_op=True), reply)
 
     def serve_remaining(self):

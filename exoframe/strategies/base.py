@@ -18,6 +18,13 @@ implements `step()`, called after each backward pass. Subclass it in a few lines
 
 Parameters are a typed dataclass: unknown or mistyped parameters are an error that
 lists the valid ones.
+
+Buffers (BatchNorm's running statistics, ...) are part of the model too. Wherever a
+strategy averages or mixes weights, the floating-point buffers travel in the same message
+(`all_reduce_with_buffers`, `with_buffers` / `take_buffers`); DDP broadcasts rank 0's
+buffers each step, as torch's DistributedDataParallel does (`broadcast_buffers`). Gradient
+compressors (topk-ef, randomk-ef, powersgd) exchange gradients only: their buffers stay
+local, and evaluation and the final model average them like every strategy's.
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ from typing import ClassVar
 
 import torch
 
-from ..comm import Communicator, flatten, unflatten_into
+from ..comm import Communicator, flatten, flatten_bytes, unflatten_bytes_into, unflatten_into
 from ..config import build_dataclass
 from ..errors import ExoframeError, unknown_name_error
 
@@ -64,6 +71,12 @@ class Strategy:
     #: step's backward pass, which real DDP overlaps with the backward pass (in buckets):
     #: projections to larger models model that overlap.
     gradient_all_reduce_after_backward: ClassVar[bool] = False
+    #: True when the strategy's outer synchronization, a blocking all-reduce right after the
+    #: compute of the steps that have one (DiLoCo's outer gradient), is one a real
+    #: implementation would overlap with that step's backward pass (inner step and outer
+    #: gradient computed layer by layer as the backward produces gradients): projections
+    #: stream it in buckets during the backward pass, as they do DDP's gradients.
+    outer_sync_overlaps_backward: ClassVar[bool] = False
 
     @dataclass
     class Params:
@@ -133,11 +146,53 @@ class Strategy:
         unflatten_into(flat, [p.grad for p in params])
 
     def average_parameters(self):
-        """One all-reduce (mean) over every parameter, as a flat buffer."""
+        """One all-reduce (mean) over every parameter and floating-point buffer, as a flat
+        buffer."""
         params = self.trainable_parameters()
-        flat = flatten(params)
-        self.comm.all_reduce(flat, op="mean")
-        unflatten_into(flat, params)
+        unflatten_into(self.all_reduce_with_buffers(flatten(params)), params)
+
+    def float_buffers(self) -> list[torch.Tensor]:
+        return float_buffers(self.model)
+
+    def with_buffers(self, flat: torch.Tensor) -> torch.Tensor:
+        """`flat` followed by the floating-point buffers' values, to send in one message
+        (`flat` itself when the model has none)."""
+        buffers = self.float_buffers()
+        return flatten([flat, *buffers]) if buffers else flat
+
+    def take_buffers(self, joined: torch.Tensor, numel: int, keep: float = 0.0) -> torch.Tensor:
+        """Set the floating-point buffers from what follows the first `numel` values of
+        `joined` (mixed with their own values by weight `keep`); return those first values."""
+        buffers = self.float_buffers()
+        if buffers:
+            received = joined[numel:]
+            if keep:
+                received = torch.lerp(received, flatten(buffers), keep)
+            unflatten_into(received, buffers)
+        return joined[:numel]
+
+    def all_reduce_with_buffers(self, flat: torch.Tensor) -> torch.Tensor:
+        """One all-reduce (mean) of `flat` and the floating-point buffers; the buffers take
+        their mean. Returns the mean of `flat`."""
+        joined = self.with_buffers(flat)
+        self.comm.all_reduce(joined, op="mean")
+        return self.take_buffers(joined, flat.numel())
+
+    def broadcast_buffers(self, src: int = 0):
+        """Every buffer (floating-point or not) from rank `src`, as one broadcast of their
+        bytes; nothing is sent when the model has no buffers."""
+        buffers = list(self.model.buffers())
+        if not buffers:
+            return
+        flat = flatten_bytes(buffers)
+        self.comm.broadcast(flat, src)
+        unflatten_bytes_into(flat, buffers)
+
+
+def float_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The model's floating-point buffers (running statistics): averaged wherever weights are.
+    Other buffers (counters such as num_batches_tracked) are taken from rank 0."""
+    return [b for b in model.buffers() if b.is_floating_point()]
 
 
 def check_positive(owner: str, **values):

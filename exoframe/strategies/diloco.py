@@ -4,7 +4,8 @@ Every H steps each rank computes its outer gradient Δ_r = θ_global − θ_r, a
 mean Δ = mean_r(Δ_r), and takes an outer SGD step θ_global ← OuterOpt(θ_global, Δ) (Nesterov,
 lr 0.7, momentum 0.9 by default); the live weights are then set to θ_global. Every rank keeps
 the same outer state, so a sync is one all-reduce and no broadcast. θ_global is a separate
-buffer that shares no storage with the live weights.
+buffer that shares no storage with the live weights. The model's floating-point buffers
+(BatchNorm statistics) travel in the same all-reduce and are set to their mean.
 Source: Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models"
 (2023).
 """
@@ -18,6 +19,8 @@ from .base import Strategy, check_fraction, check_positive
 
 class DiLoCo(Strategy):
     """Inner optimizer for H steps, then one all-reduce of the outer gradient and an outer Nesterov step."""
+
+    outer_sync_overlaps_backward = True
 
     @dataclass
     class Params:
@@ -46,8 +49,8 @@ class DiLoCo(Strategy):
 
     def outer_step(self):
         params = self.trainable_parameters()
-        outer_grad = self.global_params.detach() - flatten(params)
-        self.comm.all_reduce(outer_grad, op="mean")
+        # The buffers ride along and take their plain mean (no outer optimizer for statistics).
+        outer_grad = self.all_reduce_with_buffers(self.global_params.detach() - flatten(params))
         self._metrics = {"outer_grad_norm": outer_grad.norm().item()}
         self.global_params.grad = outer_grad
         self.outer_optimizer.step()

@@ -7,8 +7,9 @@ j and W_ii = 1 − Σ_j W_ij (doubly stochastic on any graph; uniform, 1/(d+1), 
 one). Graphs: `ring` (i ± 1), `complete` (every rank: the average, i.e. localsgd), `random`
 (Erdős–Rényi with edge probability `edge_prob`, drawn once from the run seed, redrawn until
 connected, so every rank draws the same graph).
-Bytes per rank per exchange: d_i · 4N (one send of the fp32 parameters to each neighbour);
-ring with n ≥ 3: 8N; complete: 4N(n−1).
+Floating-point buffers (BatchNorm statistics) are sent and mixed with the parameters.
+Bytes per rank per exchange: d_i · 4N (one send of the fp32 parameters, and float buffers, to
+each neighbour); ring with n ≥ 3: 8N; complete: 4N(n−1).
 Source: Lian et al., "Can Decentralized Algorithms Outperform Centralized Algorithms? A Case
 Study for Decentralized Parallel Stochastic Gradient Descent" (2017).
 """
@@ -92,7 +93,7 @@ class Gossip(Strategy):
         self.optimizer.zero_grad()
         if self.step_num % self.params.H == 0 and self.neighbours:
             params = self.trainable_parameters()
-            own = flatten(params)
+            own = self.with_buffers(flatten(params))
             values = {self.rank: own, **exchange_with(self.comm, own, self.neighbours)}
             mixed = sum(self.weights[j] * values[j] for j in sorted(values))
-            unflatten_into(mixed, params)
+            unflatten_into(self.take_buffers(mixed, sum(p.numel() for p in params)), params)

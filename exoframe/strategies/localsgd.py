@@ -1,6 +1,7 @@
 """Local SGD / FedAvg: H local optimizer steps, then average parameters.
 
-Update: θ_r ← opt(θ_r, g_r) every step; every H steps θ_r ← mean_r(θ_r).
+Update: θ_r ← opt(θ_r, g_r) every step; every H steps θ_r ← mean_r(θ_r) (floating-point
+buffers such as BatchNorm statistics are averaged in the same all-reduce).
 Source: Stich, "Local SGD Converges Fast and Communicates Little" (2019); McMahan et al.,
 "Communication-Efficient Learning of Deep Networks from Decentralized Data" (FedAvg, 2017).
 """

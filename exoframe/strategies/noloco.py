@@ -9,6 +9,7 @@ outer gradient Δ = φ − θ and outer weights φ, then each rank updates
 The γ term pulls partners' outer weights together: with no global average, it is what keeps
 the replicas from drifting apart. With lr = 1, μ = 0, γ = 0 a round averages the partners'
 parameters.
+Floating-point buffers (BatchNorm statistics) ride along and take the pair's mean.
 Bytes per rank per round: one send of Δ and φ to the partner, 8N (none when sitting out).
 Source: Kolehmainen et al., "NoLoCo: No-all-reduce Low Communication Training Method for
 Large Models" (2025).
@@ -62,11 +63,12 @@ class NoLoCo(Strategy):
         partner = self.partner(self.step_num // p.H)
         mean_grad, mean_outer = outer_grad, self.outer_params
         if partner is not None:
-            mine = torch.cat([outer_grad, self.outer_params])
+            mine = self.with_buffers(torch.cat([outer_grad, self.outer_params]))
             theirs = exchange_with(self.comm, mine, [partner])[partner]
             numel = outer_grad.numel()
             mean_grad = (outer_grad + theirs[:numel]) / 2
-            mean_outer = (self.outer_params + theirs[numel:]) / 2
+            mean_outer = (self.outer_params + theirs[numel:2 * numel]) / 2
+            self.take_buffers((mine + theirs) / 2, 2 * numel)  # buffers: the pair's mean
         self.velocity = (p.outer_momentum * self.velocity - p.outer_lr * mean_grad
                          - p.gamma * (self.outer_params - mean_outer))
         self.outer_params = self.outer_params + self.velocity

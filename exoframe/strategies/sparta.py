@@ -2,7 +2,8 @@
 
 Every step, each parameter element is selected with probability p by a mask drawn from a
 generator seeded with (run seed, step), identical on every rank, so no mask is sent; the
-selected values are all-reduced (mean) and written back.
+selected values are all-reduced (mean) and written back. The model's floating-point buffers
+(BatchNorm statistics) are part of the vector the mask is drawn over.
 Bytes per step: one all-reduce of about p × (number of parameters) values.
 Source: Exo Labs, "SPARTA: Sparse Parameter Averaging" (2025).
 """
@@ -31,7 +32,8 @@ class Sparta(Strategy):
         self.optimizer.step()
         self.optimizer.zero_grad()
         params = self.trainable_parameters()
-        flat = flatten(params)
+        numel = sum(p.numel() for p in params)
+        flat = self.with_buffers(flatten(params))  # buffers are sampled like parameters
         self.generator.manual_seed(self.seed * 1_000_003 + self.step_num)
         index = (torch.rand(flat.numel(), generator=self.generator) < self.params.p).nonzero()
         if index.numel() == 0:
@@ -40,4 +42,4 @@ class Sparta(Strategy):
         values = flat[index]
         self.comm.all_reduce(values, op="mean")
         flat[index] = values
-        unflatten_into(flat, params)
+        unflatten_into(self.take_buffers(flat, numel), params)

@@ -19,6 +19,10 @@ from .sparta import Sparta
 class SpartaDiLoCo(Sparta, DiLoCo):
     """SPARTA each step plus a DiLoCo outer step every H."""
 
+    # The exchange right after each step's compute is SPARTA's sparse average, not the
+    # outer sync a projection would stream through the backward pass.
+    outer_sync_overlaps_backward = False
+
     @dataclass
     class Params:
         p: float = 0.005

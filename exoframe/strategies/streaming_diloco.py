@@ -8,7 +8,9 @@ it to `bits` (32: none; 16: bfloat16; 8 or 4: symmetric integers with one fp32 s
 fragment) and starts an asynchronous all-reduce (mean) of it. τ inner steps later the
 result is applied: an outer Nesterov step θ_global,f ← OuterOpt(θ_global,f, mean Δ_f), and
 the live fragment becomes θ_f ← α·θ_f + (1 − α)·θ_global,f (α = 0: take the global one).
-With F = 1, τ = 0, α = 0, bits = 32 this is DiLoCo.
+With F = 1, τ = 0, α = 0, bits = 32 this is DiLoCo. The model's floating-point buffers
+(BatchNorm statistics) travel, in full precision, with the last fragment (synced at multiples
+of H) and are mixed in the same way: b ← α·b + (1 − α)·mean_r(b).
 
 Bytes per rank for one fragment sync of m values (ring all-reduce over n ranks):
     2(n−1)/n · W(m),  W(m) = 4m (32 bits), 2m (16 bits), ceil(m·bits/8) + 4 (8 or 4 bits).
@@ -88,6 +90,9 @@ class StreamingDiLoCo(Strategy):
         self.outer_optimizer = torch.optim.SGD(
             self.global_fragments, lr=p.outer_lr, momentum=p.outer_momentum,
             nesterov=p.nesterov and p.outer_momentum > 0)
+        # The floating-point buffers (BatchNorm statistics) travel with the last fragment,
+        # the one synced at multiples of H, as DiLoCo's do.
+        self.buffer_fragment = p.fragments - 1
         self.in_flight = {}  # fragment -> (handle, outer gradient, step at which to apply)
         self._metrics = {}
 
@@ -106,6 +111,9 @@ class StreamingDiLoCo(Strategy):
         local = flatten(self.trainable_parameters())[a:b]
         outer_grad, wire_bytes = quantize_dequantize(
             self.global_fragments[f].detach() - local, self.params.bits)
+        if f == self.buffer_fragment:
+            buffer_bytes = sum(t.numel() * t.element_size() for t in self.float_buffers())
+            outer_grad, wire_bytes = self.with_buffers(outer_grad), wire_bytes + buffer_bytes
         handle = self.comm.all_reduce(outer_grad, op="mean", async_op=True, wire_bytes=wire_bytes)
         if self.params.tau == 0:
             self.apply_sync(f, handle, outer_grad)
@@ -116,6 +124,8 @@ class StreamingDiLoCo(Strategy):
         handle.wait()
         self.in_flight.pop(f, None)
         fragment = self.global_fragments[f]
+        if f == self.buffer_fragment:  # full precision; mixed with the local ones like weights
+            outer_grad = self.take_buffers(outer_grad, fragment.numel(), keep=self.params.alpha)
         fragment.grad = outer_grad
         self.outer_optimizer.step()
         self.outer_optimizer.zero_grad()  # grads to None: the other fragments do not move

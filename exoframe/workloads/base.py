@@ -13,6 +13,9 @@ from ..errors import ExoframeError, did_you_mean
 # (rank, num_nodes, split) -> that rank's Dataset; split is "train" or "val"
 DatasetFactory = Callable[[int, int, str], Dataset]
 
+# EXO Gym's factories take (rank, num_nodes, train_dataset: bool) instead of a split name.
+BOOL_SPLIT_NAMES = {"train", "train_dataset", "is_train", "training", "is_training"}
+
 
 @dataclass
 class Workload:
@@ -25,9 +28,39 @@ class Workload:
     best_loss: Optional[float] = None  # the best achievable validation loss, when known
     name: str = "custom"
 
+    def __post_init__(self):
+        self.dataset = split_factory(self.dataset)
+
     @classmethod
     def from_datasets(cls, build_model, train: Dataset, val: Optional[Dataset] = None, **kw):
         return cls(build_model=build_model, dataset=shard_factory(train, val), **kw)
+
+
+def split_factory(factory) -> DatasetFactory:
+    """`factory` as a (rank, num_nodes, split) factory: one written for EXO Gym, whose third
+    parameter is a bool, gets True for "train" and False for "val" (the string "val" is
+    truthy: passed as is, validation would silently run on training data)."""
+    if takes_bool_split(factory):
+        def bool_split(rank: int, num_nodes: int, split: str) -> Dataset:
+            return factory(rank, num_nodes, split == "train")
+        return bool_split
+    return factory
+
+
+def takes_bool_split(factory) -> bool:
+    """Whether the factory's third parameter is a train flag: annotated bool, defaulting to
+    a bool, or named like one (train, train_dataset, is_train, ...)."""
+    try:
+        parameters = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):  # a callable without an inspectable signature
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 3:
+        return False
+    third = positional[2]
+    # Under `from __future__ import annotations` the annotation is the string "bool".
+    return (third.annotation in (bool, "bool") or isinstance(third.default, bool)
+            or third.name in BOOL_SPLIT_NAMES)
 
 
 def shard_factory(train: Dataset, val: Optional[Dataset] = None) -> DatasetFactory:

@@ -1,0 +1,44 @@
+"""A model's state as the ranks send it to the launcher for evaluation and the final model.
+
+Parameters and floating-point buffers (BatchNorm's running statistics) are averaged over
+ranks; the other buffers (counters such as num_batches_tracked) are taken from rank 0, as
+torch's DistributedDataParallel broadcasts them. Arrays, not tensors, cross the pipes:
+torch would pass tensors through shared memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..comm import flatten, unflatten_into
+from ..strategies.base import float_buffers
+
+
+def averaged_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [*model.parameters(), *float_buffers(model)]
+
+
+def exact_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [b for b in model.buffers() if not b.is_floating_point()]
+
+
+def snapshot(model: torch.nn.Module, rank: int) -> tuple:
+    """(flat parameters and float buffers, rank 0's other buffers or None elsewhere)."""
+    flat = flatten(averaged_tensors(model)).numpy()
+    exact = [b.detach().numpy().copy() for b in exact_buffers(model)] if rank == 0 else None
+    return flat, exact
+
+
+def average(snapshots: list) -> tuple:
+    """The mean of the ranks' snapshots (summed in rank order: deterministic)."""
+    flat = np.sum(np.stack([s[0] for s in snapshots]), axis=0) / len(snapshots)
+    return flat, snapshots[0][1]
+
+
+def load(model: torch.nn.Module, state: tuple):
+    """Write an averaged snapshot into `model`, in place."""
+    flat, exact = state
+    unflatten_into(torch.from_numpy(flat), averaged_tensors(model))
+    with torch.no_grad():
+        for buffer, value in zip(exact_buffers(model), exact, strict=True):
+            buffer.copy_(torch.from_numpy(value).view_as(buffer))

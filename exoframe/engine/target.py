@@ -1,0 +1,68 @@
+"""Stopping at a target validation loss: every rank stops after the same step.
+
+With a target, the averaged model is validated at every step. A rank runs steps 1..LAG+1
+freely; at the end of each later step k it asks the launcher whether to go on and waits for
+the answer, which normally comes once step k − LAG is validated: training runs LAG steps
+ahead of validation, so the two overlap. Once some step j is at or below the target, the
+run stops after step S = max(j + LAG, the furthest step any rank was allowed to run);
+every rank is answered "continue" before S and "stop" at S, so all stop after the same step
+and their collectives stay matched.
+
+A rank waiting for the answer waits outside the simulated network, and the simulator cannot
+move past that rank's clock. If another rank cannot finish step k − LAG until it does (it
+waits for a transfer that a straggler or a slow link delays past that clock), neither could
+go on. The launcher recognizes that state (every rank is done or waits for the simulator
+or an answer, and no validation is running) and lets the waiting ranks run one more step.
+Whether and where that state arises is decided by the simulated events alone, not by the
+OS's scheduling, so S is the same for the same config and seed (with compute `measured`
+simulated times vary from run to run, and so may such an S). The time to target does not
+depend on S: it is read from the per-step validation losses.
+"""
+from __future__ import annotations
+
+LAG = 1  # at the end of step k, a rank waits for step k − LAG to be validated
+
+
+class TargetVerdicts:
+    """The launcher's side: questions and validation losses in, (rank, stop) answers out."""
+
+    def __init__(self, target: float):
+        self.target = target
+        self.validated = 0  # steps are validated in order: every step up to this one
+        self.allowed = LAG + 1  # the furthest step any rank may run so far
+        self.waiting: dict[int, int] = {}  # rank -> the step it has just finished
+        self.stop_step = None  # the last step every rank runs, once the target is reached
+
+    def ask(self, rank: int, step: int) -> list[tuple[int, bool]]:
+        """`rank` finished `step` (> LAG) and waits to know whether to run the next."""
+        self.waiting[rank] = step
+        return self._answers()
+
+    def add_val(self, step: int, val_loss) -> list[tuple[int, bool]]:
+        self.validated = max(self.validated, step)
+        if self.stop_step is None and val_loss is not None and val_loss <= self.target:
+            # No rank was allowed past `allowed`: every rank can still stop there.
+            self.stop_step = max(step + LAG, self.allowed)
+        return self._answers()
+
+    def release(self) -> list[tuple[int, bool]]:
+        """Let every waiting rank run one more step (or stop, at the stop step)."""
+        answers = []
+        for rank, step in sorted(self.waiting.items()):
+            answers.append((rank, self._answer(step)))
+        self.waiting.clear()
+        return answers
+
+    def _answers(self):
+        answers = []
+        for rank, step in sorted(self.waiting.items()):
+            if self.stop_step is not None or step - LAG <= self.validated:
+                answers.append((rank, self._answer(step)))
+                del self.waiting[rank]
+        return answers
+
+    def _answer(self, step: int) -> bool:
+        if self.stop_step is not None and step >= self.stop_step:
+            return True
+        self.allowed = max(self.allowed, step + 1)
+        return False

@@ -1,0 +1,198 @@
+"""Projections against closed forms computed here from first principles: DDP's buckets one
+after another on one stream per rank, a declared overlappable outer sync, payload bits; and
+`sweep --config` honouring the file, flags overriding it."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, SMALL_GPT, SMALL_GPT_FLAGS
+
+from exoframe.cli import main
+from exoframe.config import RunConfig
+from exoframe.engine import execute, job_from_config
+from exoframe.engine.replay import Projection, replay_trace
+from exoframe.plugins import get_plugin_manager
+from exoframe.sim import resolve_sim
+
+MIB = 2 ** 20
+
+
+def train(strategy, nodes, steps, **params):
+    config = RunConfig(workload_params=dict(SMALL_GPT), strategy=strategy, strategy_params=params,
+                       nodes=nodes, steps=steps, compute="fixed:10ms").validate()
+    return execute(job_from_config(config)).trace
+
+
+@pytest.fixture(scope="module")
+def traces():
+    return {"ddp": train("ddp", 3, 3), "diloco": train("diloco", 2, 4, H=2),
+            "localsgd": train("localsgd", 2, 4, H=2), "topk-ef": train("topk-ef", 2, 2)}
+
+
+def network(tmp_path, bandwidth: str, latency: str) -> str:
+    path = tmp_path / f"net-{bandwidth}-{latency}.yaml"
+    path.write_text(f"bandwidth: {bandwidth}\nlatency: {latency}\n")
+    return str(path)
+
+
+def project(trace, net, projection):
+    sim = resolve_sim(net, "measured", "", trace["nodes"], get_plugin_manager())
+    return replay_trace(trace, sim, projection)
+
+
+def ring_all_reduce(nbytes, n, bandwidth, latency):
+    """2(n-1) rounds, in each of which every node sends nbytes/n to its neighbour."""
+    return 2 * (n - 1) * (latency + nbytes / n / bandwidth)
+
+
+def streamed_step(compute, nbytes, n, bandwidth, latency, bucket_bytes=25 * MIB):
+    """A step whose all-reduce of nbytes goes out in equal buckets during the backward pass,
+    one after another: the forward pass is 1/3 of the compute, the backward's k equal
+    slices each make one bucket's gradients ready, and a bucket starts once they are ready
+    and the bucket before it is done."""
+    k = math.ceil(nbytes / bucket_bytes)
+    forward, backward_slice = compute / 3, compute * 2 / 3 / k
+    done = 0.0
+    for i in range(k):
+        ready = forward + (i + 1) * backward_slice
+        done = max(ready, done) + ring_all_reduce(nbytes / k, n, bandwidth, latency)
+    return done
+
+
+def step_durations(record):
+    times = [0.0, *record["sim_times"]]
+    return [after - before for before, after in zip(times, times[1:])]
+
+
+def check_clocks_add_up(record):
+    for rank in record["per_rank"]:
+        parts = rank["compute_seconds"] + rank["comm_seconds"] + rank["idle_seconds"]
+        assert math.isclose(parts, rank["simulated_seconds"], rel_tol=1e-9), rank
+
+
+@pytest.mark.parametrize("params,step,bandwidth,bandwidth_text", [
+    # The issue's case, latency-bound: 153 buckets, each waiting for the one before.
+    (1e9, 0.5, 1e12 / 8, "1tbit"),
+    (1e8, 6.0, 1e10 / 8, "10gbit"),  # compute-bound: every bucket waits for its gradients
+])
+def test_ddp_buckets_go_one_after_another_on_a_40ms_wan(traces, tmp_path, params, step,
+                                                        bandwidth, bandwidth_text):
+    trace = traces["ddp"]
+    record = project(trace, network(tmp_path, bandwidth_text, "40ms"), Projection(params, step))
+    expected = streamed_step(step, 4 * params, 3, bandwidth, 0.040)
+    for duration in step_durations(record):
+        assert math.isclose(duration, expected, rel_tol=1e-6), (duration, expected)
+    assert math.isclose(record["compute_utilization"], step / expected, rel_tol=1e-6)
+    check_clocks_add_up(record)
+    for rank in record["per_rank"]:  # what the backward pass hides is not communication time
+        exposed = rank["comm_seconds"] + rank["idle_seconds"]
+        assert math.isclose(exposed, 3 * (expected - step), rel_tol=1e-6), rank
+
+
+def test_a_declared_overlappable_outer_sync_streams_through_the_sync_steps_backward(
+        traces, tmp_path):
+    """diloco (declared) with H=2: steps 2 and 4 end with its outer all-reduce streamed in
+    100 MiB buckets through their backward pass; steps 1 and 3 are compute only. localsgd
+    (not declared) runs the same all-reduce after the compute."""
+    net = network(tmp_path, "1gbit", "40ms")
+    bandwidth, latency, params, step = 1e9 / 8, 0.040, 1e8, 1.0
+    projection = Projection(params, step, bucket_mb=100)
+    assert traces["diloco"]["overlapped_outer_sync"]
+    assert not traces["localsgd"]["overlapped_outer_sync"]
+
+    sync = streamed_step(step, 4 * params, 2, bandwidth, latency, bucket_bytes=100 * MIB)
+    overlapped = step_durations(project(traces["diloco"], net, projection))
+    for duration, expected in zip(overlapped, [step, sync, step, sync], strict=True):
+        assert math.isclose(duration, expected, rel_tol=1e-6), (duration, expected)
+
+    blocking = step + ring_all_reduce(4 * params, 2, bandwidth, latency)
+    after = step_durations(project(traces["localsgd"], net, projection))
+    for duration, expected in zip(after, [step, blocking, step, blocking], strict=True):
+        assert math.isclose(duration, expected, rel_tol=1e-6), (duration, expected)
+    assert sync < blocking  # 4 buckets: the backward hides more than their extra latency
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "diloco", "topk-ef"])
+def test_16_bit_payloads_halve_every_strategys_bytes(traces, tmp_path, strategy):
+    net = network(tmp_path, "1gbit", "10ms")
+    fp32 = project(traces[strategy], net, Projection(1e8, 0.5))
+    bf16 = project(traces[strategy], net, Projection(1e8, 0.5, payload_bits=16))
+    assert fp32["bytes_sent_per_node"] > 0
+    assert math.isclose(bf16["bytes_sent_per_node"], fp32["bytes_sent_per_node"] / 2,
+                        rel_tol=1e-12)
+    assert bf16["projection"] == "1e+08 params, 0.5 s/step, 16-bit payloads"
+    assert bf16["simulated_seconds"] < fp32["simulated_seconds"]
+
+
+def test_16_bit_ddp_matches_the_closed_form_with_half_the_bytes(traces, tmp_path):
+    record = project(traces["ddp"], network(tmp_path, "10gbit", "40ms"),
+                     Projection(1e9, 0.5, payload_bits=16))
+    expected = streamed_step(0.5, 2e9, 3, 1e10 / 8, 0.040)
+    for duration in step_durations(record):
+        assert math.isclose(duration, expected, rel_tol=1e-6), (duration, expected)
+
+
+def bad(capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(map(str, args)))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    return err
+
+
+def test_bad_projection_input_is_one_clear_line(tmp_path, capsys):
+    projection = ["--project-params", "1e9", "--step-time", "1s"]
+    sweep = ["sweep", "--out", tmp_path / "s", "--no-progress", "--no-plots"]
+    assert "--payload-bits must be more than 0 and at most 32" in bad(
+        capsys, *sweep, *projection, "--payload-bits", "0")
+    assert "--payload-bits must be more than 0 and at most 32" in bad(
+        capsys, "replay", tmp_path, "--net", "wan-1gbps", *projection, "--payload-bits", "64")
+    assert "--payload-bits is a projection parameter" in bad(
+        capsys, "replay", tmp_path, "--net", "wan-1gbps", "--payload-bits", "16")
+    assert "--bucket-mb must be a positive size in MiB" in bad(
+        capsys, *sweep, *projection, "--bucket-mb", "-1")
+    config = tmp_path / "stray.yaml"
+    config.write_text("strategy_params: {H: 5}\n")
+    assert "strategy_params: none of ddp has a parameter 'H'" in bad(
+        capsys, *sweep, "--config", config, "--strategy", "ddp")
+    assert not (tmp_path / "s").exists()  # nothing was started
+
+
+def run_configs(rows):
+    return {r["strategy"]: yaml.safe_load((Path(r["run_dir"]) / "config.yaml").read_text())
+            for r in rows}
+
+
+def test_sweep_config_uses_the_files_fields_and_flags_override_them(tmp_path, capsys):
+    example = REPO / "examples" / "diloco.yaml"
+    shrink = ["--steps", "4", "--nodes", "2", *SMALL_GPT_FLAGS, "--no-progress", "--no-plots"]
+    main(["sweep", "--config", example, *shrink, "--out", str(tmp_path / "file")])
+    (folder,) = (tmp_path / "file").glob("*-sweep")
+    rows = json.loads((folder / "sweep.json").read_text())
+    assert [(r["strategy"], r["net"], r["source"]) for r in rows] == [
+        ("diloco", "wan-100mbps", "run")]
+    config = run_configs(rows)["diloco"]
+    assert config["strategy_params"] == {"H": 25, "outer_lr": 0.7, "outer_momentum": 0.9}
+    assert (config["nodes"], config["steps"], config["lr"]) == (2, 4, 0.003)
+    assert config["compute"] == "fixed:100ms"
+    assert math.isclose(rows[0]["simulated_seconds"], 4 * 0.1)  # H=25: no sync in 4 steps
+
+    # The same file with a seed and an out: the sweep's seeds and folder; flags override the
+    # strategy, the net and one of the strategy's parameters.
+    edited = tmp_path / "diloco.yaml"
+    edited.write_text(example.read_text() + f"seed: 3\nout: {tmp_path / 'from-file'}\n")
+    main(["sweep", "--config", edited, *shrink, "--strategy", "ddp,diloco", "--net",
+          "wan-1gbps", "-p", "diloco.H=2"])
+    (folder,) = (tmp_path / "from-file").glob("*-sweep")
+    rows = json.loads((folder / "sweep.json").read_text())
+    assert sorted((r["strategy"], r["net"], r["seed"]) for r in rows) == [
+        ("ddp", "wan-1gbps", 3), ("diloco", "wan-1gbps", 3)]
+    configs = run_configs(rows)
+    assert configs["ddp"]["strategy_params"] == {}  # the file's H is diloco's, not ddp's
+    assert configs["diloco"]["strategy_params"] == {"H": 2, "outer_lr": 0.7,
+                                                    "outer_momentum": 0.9}
+    by = {r["strategy"]: r for r in rows}
+    assert by["diloco"]["bytes_sent_per_node"] > 0  # it synced, at steps 2 and 4
+    assert by["diloco"]["simulated_seconds"] > 4 * 0.1

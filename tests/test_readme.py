@@ -1,0 +1,306 @@
+"""Every command README.md shows runs, shrunk to a few steps, so the README cannot drift.
+
+README is parsed at test time: a command added, changed or removed there is what runs here.
+`exoframe` commands run through the CLI in one scratch folder, in README order (a later
+command may use an earlier one's output: `runs/<run>` is the newest folder in runs/), with
+their training shrunk (--steps 3, a tiny gpt, no plots). The files README supposes the user
+has (their own network file, workload module, the examples/ folder) are made first. Python
+blocks are executed with a tiny model and data; YAML blocks must load as a network or a
+run configuration.
+"""
+import dataclasses
+import json
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import torch
+import yaml
+from conftest import REPO, SMALL_GPT_FLAGS
+from torch.utils.data import TensorDataset
+
+import exoframe
+from exoframe.config import RunConfig, resolve_config
+from exoframe.plugins import get_plugin_manager
+from exoframe.sim import resolve_sim
+
+README = REPO / "README.md"
+STEPS = "3"
+
+
+def code_blocks(language: str):
+    """The bodies of README's ```language blocks (indented ones in list items too)."""
+    pattern = re.compile(rf"^([ \t]*)```{language}[ \t]*\n(.*?)^\1```", re.M | re.S)
+    return [re.sub(rf"^{m.group(1)}", "", m.group(2), flags=re.M)
+            for m in pattern.finditer(README.read_text())]
+
+
+def shell_lines(block: str):
+    """Logical lines: `\\` continuations joined, blank and comment-only lines dropped."""
+    joined = re.sub(r"\\\n", " ", block)
+    return [line.strip() for line in joined.splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def simple_commands(line: str):
+    """argv of each command in a line joined by ; && || (comments dropped)."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    commands, current = [], []
+    for token in lexer:
+        if token in (";", "&&", "||"):
+            commands.append(current)
+            current = []
+        else:
+            current.append(token)
+    return [argv for argv in commands + [current] if argv]
+
+
+# -- what README supposes the user already has --------------------------------------------
+
+def make_user_files(cwd: Path):
+    shutil.copytree(REPO / "examples", cwd / "examples")
+    preset = (REPO / "netmodels" / "wan-100mbps.yaml").read_text()
+    (cwd / "my-network.yaml").write_text(preset.replace("100mbit", "40mbit"))  # copied, edited
+    package = cwd / "mypackage"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mymodule.py").write_text("from examples.my_workload import make as make_workload\n")
+
+
+# -- shrinking ---------------------------------------------------------------------------
+
+def option(argv, name):
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def with_option(argv, name, value):
+    """argv with option `name` set to `value`: replaced where README gives it, else added."""
+    if name in argv:
+        i = argv.index(name)
+        return argv[:i + 1] + [value] + argv[i + 2:]
+    return argv + [name, value]
+
+
+def workload_of(argv, cwd: Path):
+    if option(argv, "--workload"):
+        return option(argv, "--workload")
+    config = option(argv, "--config")
+    if config:
+        return yaml.safe_load((cwd / config).read_text()).get("workload", "gpt")
+    return "gpt"
+
+
+def fill_placeholders(arg: str, cwd: Path):
+    """`runs/<run>`: the newest entry of cwd/runs."""
+    def newest(match):
+        parent = cwd / match.group(1)
+        entries = sorted(parent.iterdir(), key=lambda p: p.stat().st_mtime_ns) \
+            if parent.is_dir() else []
+        assert entries, f"{match.group(0)}: nothing in {match.group(1)} yet"
+        return f"{match.group(1)}{entries[-1].name}"
+    return re.sub(r"([\w./-]*/)<\w+>", newest, arg)
+
+
+def shrink(argv, cwd: Path):
+    """`exoframe ...` as README gives it, made small: few steps, a tiny gpt, no plots."""
+    args = [fill_placeholders(a, cwd) for a in argv[1:]]
+    command = args[0] if args else None
+    if command in ("run", "sweep"):
+        args = with_option(args, "--steps", STEPS)
+        if workload_of(args, cwd) == "gpt":
+            args += SMALL_GPT_FLAGS
+    if command == "sweep" and "--points" in args:
+        args = with_option(args, "--points", "2")
+    if command in ("sweep", "report"):
+        args += ["--no-plots"]
+    return args
+
+
+# -- what each command must leave behind ---------------------------------------------------
+
+def printed_path(stdout: str, label: str, cwd: Path) -> Path:
+    """The folder a command reports, e.g. `run folder  runs/...` or `wrote exoframe-x`."""
+    match = re.search(rf"{label}:?\s+(\S+)", stdout)
+    assert match, f"no '{label}' line in the output:\n{stdout[-1000:]}"
+    return cwd / match.group(1)
+
+
+def check_run(args, stdout, cwd):
+    run_dir = printed_path(stdout, "run folder", cwd)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if option(args, "--nodes"):
+        assert summary["num_nodes"] == int(option(args, "--nodes")), summary["num_nodes"]
+    sinks = [name for i in range(1, len(args)) if args[i - 1] == "--sink"
+             for name in args[i].split(",")] or ["jsonl"]
+    for sink in sinks:
+        assert (run_dir / f"metrics.{sink}").exists(), f"no metrics.{sink} in {run_dir}"
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert 1 <= len(rows) <= int(STEPS), f"{len(rows)} metrics rows for --steps {STEPS}"
+
+
+def check_sweep(args, stdout, cwd):
+    sweep_dir = printed_path(stdout, "sweep folder", cwd)
+    rows = json.loads((sweep_dir / "sweep.json").read_text())
+    assert rows, "an empty sweep.json"
+    if option(args, "--strategy"):
+        assert {r["strategy"] for r in rows} == set(option(args, "--strategy").split(",")), rows
+
+
+def check_replay(args, stdout, cwd):
+    replays = [json.loads(p.read_text()) for p in (cwd / args[1] / "replays").glob("*.json")]
+    assert option(args, "--net") in [r["net"] for r in replays], "no replay through --net saved"
+
+
+def check_report(args, stdout, cwd):
+    if option(args, "--out"):
+        assert (cwd / option(args, "--out") / "sweep.json").exists(), "no sweep.json in --out"
+
+
+def check_new_plugin(args, stdout, cwd):
+    assert (printed_path(stdout, "wrote", cwd) / "pyproject.toml").exists(), "no package"
+
+
+def check_listing(args, stdout, cwd):
+    assert stdout.strip(), "printed nothing"
+    if "--json" in args:
+        json.loads(stdout)
+
+
+CHECKS = {"run": check_run, "sweep": check_sweep, "replay": check_replay,
+          "report": check_report, "new-plugin": check_new_plugin}
+
+
+# -- the commands -------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Command:
+    line: str   # README's line, as written
+    argv: list
+
+
+def readme_commands():
+    return [Command(line, argv) for block in code_blocks("bash")
+            for line in shell_lines(block) for argv in simple_commands(line)]
+
+
+def not_rerun_here(argv):
+    """Why a non-exoframe command is not run here, or None when the test cannot place it."""
+    if argv[0] == "pip" or argv[:2] == ["python", "-c"]:
+        return "installs (or checks for) packages"
+    if argv[:3] == ["python", "-m", "pytest"]:
+        return "runs this suite; .ci/run holds it verbatim (checked)"
+    return None
+
+
+# Commands run two at a time (one per core): most of each is start-up. A command that
+# reads an earlier one's output (`runs/<run>`) waits for all before it, and runs alone.
+BATCH = 2
+
+
+def test_every_readme_command_runs_shrunk(cli):
+    commands = readme_commands()
+    assert any(c.argv == ["exoframe", "run"] for c in commands), "README's set-up run is gone"
+    make_user_files(cli.cwd)
+    failures, running = [], []
+
+    def finish_all():
+        try:
+            for command, args, proc in running:
+                stdout, stderr = proc.communicate(timeout=300)  # a hang guard, not a speed limit
+                try:
+                    assert proc.returncode == 0, f"exit {proc.returncode}: {stderr[-1500:]}"
+                    CHECKS.get(args[0], check_listing)(args, stdout, cli.cwd)
+                except Exception as e:  # noted, and the other commands still run
+                    failures.append(f"{command.line}\n  ran: exoframe {shlex.join(args)}\n"
+                                    f"  {type(e).__name__}: {e}")
+        finally:
+            for _, _, proc in running:
+                proc.kill()
+                proc.wait()
+            running.clear()
+
+    for command in commands:
+        if command.argv[0] != "exoframe":
+            if not_rerun_here(command.argv) is None:
+                failures.append(f"{command.line}\n  test_readme cannot run {command.argv[0]!r}")
+            continue
+        reads_earlier_output = any(re.search(r"<\w+>", a) for a in command.argv)
+        if reads_earlier_output or len(running) == BATCH:
+            finish_all()
+        try:
+            args = shrink(command.argv, cli.cwd)
+        except AssertionError as e:
+            failures.append(f"{command.line}\n  {e}")
+            continue
+        running.append((command, args, cli.popen(*args)))
+        if reads_earlier_output:
+            finish_all()
+    finish_all()
+    assert not failures, "README commands that fail:\n\n" + "\n\n".join(failures)
+    assert cli.leftovers() == []
+
+
+def test_ci_runs_readmes_test_command_verbatim():
+    tests = [c.line for c in readme_commands() if c.argv[:3] == ["python", "-m", "pytest"]]
+    assert tests, "README shows no test command"
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    for line in tests:
+        assert line in ci, f".ci/run does not hold README's test command:\n{line}"
+
+
+def test_every_readme_yaml_block_is_a_network_or_a_run_config(tmp_path):
+    blocks = code_blocks("yaml")
+    assert blocks, "README shows no YAML"
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"block{i}.yaml"
+        path.write_text(block)
+        if set(yaml.safe_load(block)) & {f.name for f in dataclasses.fields(RunConfig)}:
+            resolve_config(str(path))
+        else:
+            resolve_sim(str(path), "measured", "", 4, get_plugin_manager())
+
+
+# -- Python blocks ------------------------------------------------------------------------
+
+class LinearRegression(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, batch):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.linear(x).squeeze(1), y)
+
+
+def regression_data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, x @ torch.tensor([1.0, -2.0, 0.5, 3.0]))
+
+
+def test_every_readme_python_block_runs_shrunk():
+    blocks = code_blocks("python")
+    assert blocks, "README shows no Python"
+    for block in blocks:
+        source = re.sub(r"\bsteps=\d+", f"steps={STEPS}", block)
+        model = LinearRegression()
+        names = dict(model=model, train_dataset=regression_data(256, 0),
+                     val_dataset=regression_data(64, 1))
+        exec(compile(source, "README.md python block", "exec"), names)
+        if "result" in names:  # a training run: the API's result is what README says
+            result = names["result"]
+            assert result.model is model
+            assert result.summary["steps"] == int(STEPS) and len(result.metrics) == int(STEPS)
+        strategies = [v for v in names.values() if isinstance(v, type)
+                      and issubclass(v, exoframe.Strategy) and v is not exoframe.Strategy]
+        for strategy in strategies:  # a strategy README writes trains and communicates
+            registered = []
+            for hook in (v for k, v in names.items() if k.startswith("exoframe_register_")):
+                hook(lambda *registration: registered.extend(registration))
+            assert strategy in registered, f"{strategy} is not registered"
+            trainer = exoframe.Trainer(LinearRegression(), regression_data(256, 0),
+                                       regression_data(64, 1), batch_size=16)
+            summary = trainer.fit(strategy=strategy, num_nodes=2, steps=20).summary
+            assert summary["steps"] == 20 and summary["bytes_sent_per_node"] > 0, summary
