@@ -1,6 +1,8 @@
 """The `exoframe` command line."""
 from __future__ import annotations
 
+import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -9,13 +11,16 @@ import click
 
 from .commands import PluginGroup, format_plugins
 from .config import config_to_dict, parse_assignments, resolve_config
-from .errors import ExoframeError
+from .errors import ExoframeError, shorten
+
+MAX_MESSAGE = 1000  # characters of an error line; values inside are cut at 200 already
 
 
 @click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--strict-plugins", is_flag=True,
               help="A plugin that fails to load is an error (also: EXOFRAME_STRICT_PLUGINS=1).")
-def cli(strict_plugins):
+@click.option("--debug", is_flag=True, help="Show full tracebacks of errors.")
+def cli(strict_plugins, debug):
     """Simulate distributed training of PyTorch models on one machine."""
 
 
@@ -65,6 +70,7 @@ def run(config_file, params, workload_params, sinks, progress, debug, **flags):
     if sinks:
         overrides["sinks"] = [name for names in sinks for name in _names(names, "--sink")]
     config = resolve_config(config_file, overrides)
+    check_out_folder(config.out, "--out")
     job = job_from_config(config)
     record = config_to_dict(config)
     record.update(strategy=job.strategy_name, batch_size=job.batch_size, lr=job.optimizer.lr,
@@ -144,6 +150,23 @@ def _print_registry(registry):
     for e in entries:
         aliases = f" (alias: {', '.join(e.aliases)})" if e.aliases else ""
         click.echo(f"{e.name:<{width}}  {e.description}{aliases}  [{e.source}]")
+
+
+def check_out_folder(folder, flag: str):
+    """Refuse an output folder that cannot be made or written, before anything runs."""
+    path = Path(folder)
+    existing = path
+    while not existing.exists():
+        if existing.is_symlink():
+            raise ExoframeError(f"{flag} {folder}: {existing} is a broken link; give another "
+                                "folder.")
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"is under {existing}, a file"
+        raise ExoframeError(f"{flag} {folder}: {where}; give a folder.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ExoframeError(f"{flag} {folder}: {existing} is not writable; give a folder you "
+                            "can write to.")
 
 
 def _names(text, flag):
@@ -260,6 +283,7 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, params, workl
     except ValueError:
         raise ExoframeError(f"--seeds: expected integers like 0,1,2; got '{seeds}'.") from None
     grid = parse_grid(bandwidth, points) if bandwidth else None
+    check_out_folder(out or defaults["out"], "--out")
     projection = _projection(project_params, step_time, payload_bits, bucket_mb)
     if plots:
         from .report.plots import require_matplotlib
@@ -306,6 +330,8 @@ def report(run_dirs, out, target_loss, plots):
     sweep folder stands for the runs in it)."""
     from .report.sweep import collect_rows, table, write_outputs
 
+    if out:
+        check_out_folder(out, "--out")
     folders = []
     for d in map(Path, run_dirs):
         folders += sorted(p for p in (d / "runs").iterdir() if p.is_dir()) \
@@ -335,5 +361,36 @@ def main(argv=None):
             click.echo(details.rstrip(), err=True)
         elif debug:
             traceback.print_exc()
-        click.echo(f"error: {e}", err=True)
+        _error_line(str(e))
         sys.exit(130 if type(e).__name__ == "RunInterrupted" else (2 if user_error else 1))
+    except Exception as e:  # the one boundary: one line, the traceback only with --debug
+        if debug:
+            traceback.print_exc()
+        _error_line(_describe(e))
+        sys.exit(2 if isinstance(e, (OSError, UnicodeDecodeError, json.JSONDecodeError))
+                 else 1)
+
+
+def _error_line(message: str):
+    line = " ".join(message.split())
+    if len(line) > MAX_MESSAGE:
+        line = f"{line[:MAX_MESSAGE]}... (cut)"
+    click.echo(f"error: {line}", err=True)
+
+
+def _describe(e: Exception) -> str:
+    import yaml
+
+    if isinstance(e, OSError):
+        name = e.filename if e.filename is not None else "a file"
+        return (f"{shorten(str(name))}: {e.strerror or e}; check that the path exists and "
+                "can be read and written.")
+    if isinstance(e, UnicodeDecodeError):
+        return "a file is not UTF-8 text (binary?); give a text file (--debug names it)."
+    if isinstance(e, json.JSONDecodeError):
+        return (f"malformed JSON (line {e.lineno}): {e.msg}; the file is truncated or corrupt "
+                "(--debug names it).")
+    if isinstance(e, yaml.YAMLError):
+        return f"malformed YAML: {shorten(str(e))}"
+    return (f"unexpected {type(e).__name__}: {shorten(str(e))}. Run again with --debug for "
+            "the traceback, and report it if the input looks right.")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -10,7 +11,17 @@ from pathlib import Path
 
 import yaml
 
-from .errors import ExoframeError, did_you_mean
+from .errors import ExoframeError, did_you_mean, shorten
+
+# Each node is a process on this machine: more than this many per core only thrashes (on 2
+# cores and 24 GiB, 128 ranks ran and 256 ran out of memory), and the simulator's
+# collectives are planned for at most MAX_NODES ranks.
+NODES_PER_CORE = 64
+MAX_NODES = 1024
+
+
+def max_nodes() -> int:
+    return min(MAX_NODES, NODES_PER_CORE * (os.cpu_count() or 1))
 
 
 @dataclass
@@ -41,6 +52,10 @@ class RunConfig:
     sinks: list = field(default_factory=lambda: ["jsonl"])  # metrics sinks (exoframe plugins)
 
     def validate(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ExoframeError(f"{f.name} must be a finite number, got {value}.")
         positive = {"nodes": self.nodes, "steps": self.steps, "threads": self.threads,
                     "eval_batches": self.eval_batches}
         if self.batch_size is not None:
@@ -50,13 +65,34 @@ class RunConfig:
         for name, value in positive.items():
             if value < 1:
                 raise ExoframeError(f"{name} must be at least 1, got {value}.")
-        if self.target_loss is not None and not math.isfinite(self.target_loss):
-            raise ExoframeError(f"target_loss must be a finite number, got {self.target_loss}.")
+        if self.nodes > max_nodes():
+            raise ExoframeError(
+                f"nodes: {self.nodes} is more than this machine can run: each node is a "
+                f"process, at most {NODES_PER_CORE} per CPU core ({os.cpu_count()} here) and "
+                f"{MAX_NODES} in all, so at most {max_nodes()}.")
+        cores = os.cpu_count() or 1
+        if self.threads > cores:
+            raise ExoframeError(f"threads: {self.threads} threads per rank, but this machine "
+                                f"has {cores} CPU cores; give at most {cores}.")
+        if not 0 <= self.seed < 2 ** 63:
+            raise ExoframeError(f"seed must be in [0, 2**63), got {shorten(self.seed)}.")
         if self.lr is not None and self.lr <= 0:
             raise ExoframeError(f"lr must be positive, got {self.lr}.")
+        check_optimizer_values(weight_decay=self.weight_decay, momentum=self.momentum)
         if not all(isinstance(name, str) for name in self.sinks):
-            raise ExoframeError(f"sinks must be a list of sink names, got {self.sinks!r}.")
+            raise ExoframeError(f"sinks must be a list of sink names, got {shorten(self.sinks)}.")
         return self
+
+
+def check_optimizer_values(lr=None, weight_decay=0.0, momentum=0.0):
+    """The local optimizer's numbers, checked before any rank builds it (torch would only
+    complain inside the ranks, after the fork)."""
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        raise ExoframeError(f"lr must be a positive finite number, got {lr}.")
+    if not (math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ExoframeError(f"weight_decay must be a finite number >= 0, got {weight_decay}.")
+    if not (math.isfinite(momentum) and 0 <= momentum < 1):
+        raise ExoframeError(f"momentum must be in [0, 1), got {momentum}.")
 
 
 def _type_name(tp) -> str:
@@ -90,18 +126,21 @@ def _check_type(value, tp):
     raise TypeError
 
 
-def build_dataclass(cls, values: dict, where: str, noun: str = "field"):
+def build_dataclass(cls, values: dict, where: str, noun: str = "field", finite: bool = True):
     """Instantiate dataclass `cls` from a mapping, checking names and types.
 
     `where` names the source for messages, e.g. "config.yaml" or "strategy 'diloco'".
+    finite: refuse NaN and infinite floats (a network file allows .inf: 'unlimited').
     """
     if not isinstance(values, dict):
-        raise ExoframeError(f"{where}: expected a mapping of field names to values, got {values!r}.")
+        raise ExoframeError(f"{where}: expected a mapping of field names to values, "
+                            f"got {shorten(repr(values))}.")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in values.items():
         if key not in fields:
+            key = shorten(str(key))
             raise ExoframeError(
                 f"{where}: unknown {noun} '{key}'.{did_you_mean(key, fields)} "
                 f"Valid {noun}s: {', '.join(fields) or '(none)'}."
@@ -110,15 +149,41 @@ def build_dataclass(cls, values: dict, where: str, noun: str = "field"):
             kwargs[key] = _check_type(value, hints[key])
         except TypeError:
             raise ExoframeError(
-                f"{where}: {noun} '{key}' must be {_type_name(hints[key])}, got {value!r}."
+                f"{where}: {noun} '{key}' must be {_type_name(hints[key])}, "
+                f"got {shorten(repr(value))}."
             ) from None
+        if isinstance(value, float) and not math.isfinite(value) and (finite or math.isnan(value)):
+            raise ExoframeError(f"{where}: {noun} '{key}' must be a finite number, got {value}.")
     return cls(**kwargs)
 
 
-def parse_scalar(text: str):
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without anchors and aliases: nothing here needs them, and nested aliases expand
+    a few hundred bytes into gigabytes (a "billion laughs")."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed; write the value out",
+                event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def safe_load(text: str):
+    """yaml.safe_load without aliases; every YAML file and value goes through this."""
+    return yaml.load(text, Loader=_NoAliasLoader)
+
+
+def parse_scalar(text: str, what: str = "value"):
     """Parse a command-line value the way YAML would ("0.7" -> 0.7, "true" -> True)."""
     try:
-        return yaml.safe_load(text)
+        return safe_load(text)
+    except yaml.composer.ComposerError as e:
+        if "aliases" in str(e.problem):
+            raise ExoframeError(f"{what}: YAML aliases (*name) are not allowed in values; "
+                                "write the value out.") from None
+        return text
     except yaml.YAMLError:
         return text
 
@@ -129,19 +194,30 @@ def parse_assignments(pairs, flag: str) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ExoframeError(f"{flag} expects KEY=VALUE, got '{pair}'.")
-        out[key.strip()] = parse_scalar(value.strip())
+            raise ExoframeError(f"{flag} expects KEY=VALUE, got '{shorten(pair)}'.")
+        out[key.strip()] = parse_scalar(value.strip(), f"{flag} {shorten(key.strip())}")
     return out
 
 
-def load_yaml(path) -> dict:
+def read_text(path, what: str = "file") -> str:
+    """A text file's contents, or one line naming the file when it cannot be read."""
     path = Path(path)
     try:
-        text = path.read_text()
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ExoframeError(f"{what} {path}: not a UTF-8 text file (binary?); give a text "
+                            "file.") from None
+    except IsADirectoryError:
+        raise ExoframeError(f"{what} {path}: is a folder; give a file.") from None
     except OSError as e:
-        raise ExoframeError(f"cannot read config file {path}: {e.strerror}.") from None
+        raise ExoframeError(f"cannot read {what} {path}: {e.strerror}.") from None
+
+
+def load_yaml(path, what: str = "config file") -> dict:
+    path = Path(path)
+    text = read_text(path, what)
     try:
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as e:
         # An unclosed bracket is reported at the end of the file; its context mark says
         # where the construct began, which is the line a user needs.
@@ -150,11 +226,12 @@ def load_yaml(path) -> dict:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         if getattr(e, "context", None):
             problem = f"{e.context}: {problem}"
-        raise ExoframeError(f"{path}{line}: malformed YAML: {problem}.") from None
+        raise ExoframeError(f"{path}{line}: malformed YAML: {shorten(problem)}.") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ExoframeError(f"{path}: expected a mapping of RunConfig fields at the top level.")
+        fields = "RunConfig fields" if what == "config file" else "keys"
+        raise ExoframeError(f"{path}: expected a mapping of {fields} at the top level.")
     return data
 
 

@@ -17,3 +17,15 @@ def unknown_name_error(kind, name, known):
     return ExoframeError(
         f"unknown {kind} '{name}'.{did_you_mean(name, known)} Known: {', '.join(known)}."
     )
+
+
+MAX_SHOWN = 200  # characters of a user's value quoted in a message
+
+
+def shorten(value, limit: int = MAX_SHOWN) -> str:
+    """repr(value), cut to `limit` characters: a message quotes input, it must not echo a
+    megabyte of it (a YAML alias bomb expands 400 bytes into 58 MB)."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"

@@ -7,10 +7,26 @@ line; `csv` writes metrics.csv. Plugins add sinks through `exoframe_register_sin
 from __future__ import annotations
 
 import csv
-import json
+import numbers
 from pathlib import Path
 
+from .errors import ExoframeError, shorten
 from .hookspecs import hookimpl
+from .report.strict_json import dumps, finite
+
+
+def check_row(row: dict) -> dict:
+    """The row with non-finite values as None (strict JSON: no bare NaN); a value that is not
+    a number (a strategy's metrics() returning a tensor or a string) is refused by name."""
+    out = {}
+    for key, value in row.items():
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, numbers.Real)):
+            raise ExoframeError(
+                f"metric '{shorten(str(key))}' is {shorten(value)} ({type(value).__name__}), "
+                "not a number: a strategy's metrics() must return numbers, e.g. float(x).")
+        out[key] = value if value is None or isinstance(value, int) else float(value)
+    return finite(out)
 
 
 class JsonlSink:
@@ -20,7 +36,7 @@ class JsonlSink:
         self._file = open(Path(run_dir) / "metrics.jsonl", "a")
 
     def write(self, row: dict):
-        self._file.write(json.dumps(row) + "\n")
+        self._file.write(dumps(check_row(row)) + "\n")
         self._file.flush()
 
     def close(self):
@@ -37,6 +53,7 @@ class CsvSink:
         self._file = open(self.path, "w", newline="")
 
     def write(self, row: dict):
+        row = check_row(row)
         self.rows.append(row)
         new = [key for key in row if key not in self.columns]
         if new:

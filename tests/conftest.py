@@ -5,6 +5,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch.nn as nn
+import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,3 +76,26 @@ def write_plugin(folder: Path, dist: str, module: str, source: str, version: str
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
     (info / "entry_points.txt").write_text(f"[exoframe]\n{module} = {module}\n")
+
+
+class Regressor(nn.Module):
+    """A tiny MLP regressor whose forward(batch) returns the MSE loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+
+    def forward(self, batch):
+        x, y = batch
+        return F.mse_loss(self.net(x).squeeze(1), y)
+
+
+def one_line_error(capsys, *args):
+    """Run the CLI in-process on bad input: exit 2 with one line on stderr, returned."""
+    from exoframe.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(map(str, args)))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    return err

@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from conftest import Regressor
 from torch.utils.data import TensorDataset
 
 import exoframe
@@ -12,16 +12,6 @@ import exoframe.errors
 from exoframe.plugins import PluginManager
 
 SHARD = 12  # examples per rank; the batch size equals it, so every step sees the whole shard
-
-
-class Regressor(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
-
-    def forward(self, batch):
-        x, y = batch
-        return F.mse_loss(self.net(x).squeeze(1), y)
 
 
 def all_data(num_nodes):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SMALL_GPT, SMALL_GPT_FLAGS
+from conftest import REPO, SMALL_GPT, SMALL_GPT_FLAGS, one_line_error as bad
 
 from exoframe.cli import main
 from exoframe.config import RunConfig
@@ -132,14 +132,6 @@ def test_16_bit_ddp_matches_the_closed_form_with_half_the_bytes(traces, tmp_path
     expected = streamed_step(0.5, 2e9, 3, 1e10 / 8, 0.040)
     for duration in step_durations(record):
         assert math.isclose(duration, expected, rel_tol=1e-6), (duration, expected)
-
-
-def bad(capsys, *args):
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(map(str, args)))
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1, err
-    return err
 
 
 def test_bad_projection_input_is_one_clear_line(tmp_path, capsys):

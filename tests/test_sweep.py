@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from conftest import SMALL_GPT, SMALL_GPT_FLAGS
+from conftest import SMALL_GPT, SMALL_GPT_FLAGS, one_line_error as bad
 
 import exoframe
 from exoframe.cli import main
@@ -106,14 +106,6 @@ def test_sweep_writes_table_csv_json_and_plots_and_report_rebuilds_them(tmp_path
 
     main(["report", str(folder), "--target-loss", "3.3"])
     assert capsys.readouterr().out.strip() == printed.strip().rsplit("\n", 1)[0].strip()
-
-
-def bad(capsys, *args):
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(map(str, args)))
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1, err
-    return err
 
 
 def test_bad_sweep_and_replay_input_is_one_clear_line(tmp_path, capsys):

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from conftest import Regressor
 from torch.utils.data import TensorDataset
 
 import exoframe
@@ -17,16 +17,6 @@ from exoframe.errors import ExoframeError
 
 SHARD, STEPS = 12, 30
 WEIGHTS = torch.linspace(-1, 1, 6)
-
-
-class Regressor(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
-
-    def forward(self, batch):
-        x, y = batch
-        return F.mse_loss(self.net(x).squeeze(1), y)
 
 
 def per_rank(rank, num_nodes, split):

@@ -4,13 +4,14 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from ..config import RunConfig
-from ..errors import ExoframeError
+from ..errors import ExoframeError, shorten
 from ..plugins import PluginManager, get_plugin_manager
 from ..sim import SimSetup, resolve_sim
 from ..strategies.base import OptimizerSpec, Strategy
@@ -53,8 +54,10 @@ def load_workload(spec: str, params: dict, pm: PluginManager) -> Workload:
     """A registered workload name, or `package.module:function` returning a Workload."""
     if ":" in spec:
         module_name, _, attr = spec.partition(":")
-        if os.getcwd() not in sys.path:  # let users name modules next to where they run
-            sys.path.insert(0, os.getcwd())
+        # Let users name modules next to where they run, but after everything installed:
+        # a stray file there (sympy.py, ...) must not shadow a module torch imports.
+        if os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())
         try:
             module = importlib.import_module(module_name)
         except Exception as e:
@@ -64,7 +67,11 @@ def load_workload(spec: str, params: dict, pm: PluginManager) -> Workload:
             raise ExoframeError(f"workload module '{module_name}' has no attribute '{attr}'.")
     else:
         factory = pm.workloads.get(spec).obj
-    workload = call_with_params(factory, params, f"workload '{spec}'")
+    if not callable(factory):
+        raise ExoframeError(f"workload '{spec}' is a {type(factory).__name__}, not a function "
+                            "returning an exoframe.Workload.")
+    workload = _user_code(lambda: call_with_params(factory, params, f"workload '{spec}'"),
+                          f"workload '{spec}'", params)
     if not isinstance(workload, Workload):
         raise ExoframeError(
             f"workload '{spec}' returned {type(workload).__name__}, expected exoframe.Workload.")
@@ -100,4 +107,21 @@ def job_from_config(config: RunConfig, pm: PluginManager | None = None,
     sim = sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)
     workload = load_workload(config.workload, config.workload_params, pm)
     torch.manual_seed(config.seed)
-    return build_job(config, workload, workload.build_model(), pm=pm, sim=sim)
+    model = _user_code(workload.build_model, f"workload '{config.workload}': building the model",
+                       config.workload_params)
+    return build_job(config, workload, model, pm=pm, sim=sim)
+
+
+def _user_code(call, what: str, params: dict):
+    """call(), with what a workload's own code raises (a parameter of the wrong type reaching
+    torch, a bug in a factory) as one line; --debug shows the traceback."""
+    try:
+        return call()
+    except ExoframeError:
+        raise
+    except Exception as e:
+        hint = (f" Check its parameters (-w): {shorten(params)}." if params
+                else " Run with --debug for the traceback.")
+        error = ExoframeError(f"{what} failed: {type(e).__name__}: {shorten(str(e))}.{hint}")
+        error.details = traceback.format_exc()
+        raise error from None

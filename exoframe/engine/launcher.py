@@ -2,26 +2,28 @@
 their progress, and stop them all if one fails.
 
 Ranks are forked from this process, which has already imported torch, so start-up does not
-pay a fresh interpreter and torch import per rank. The launcher owns the rendezvous store on
-a free port (two runs at once never collide) and the simulator, which answers the ranks over
-their pipes; it watches every pipe and process, and on a failure or Ctrl-C kills every
-child so that no process is left behind.
+pay a fresh interpreter and torch import per rank. The ranks meet through a FileStore in a
+private temporary folder (no port: no other process can reach or disturb it), and gloo
+binds to loopback. The launcher runs the simulator, which answers the ranks over their
+pipes; it watches every pipe and process, and on a failure, a stall (see watchdog.py),
+Ctrl-C, SIGTERM or SIGHUP kills every child so that no process is left behind.
 """
 from __future__ import annotations
 
 import ctypes
-import datetime
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from ..errors import ExoframeError
 from ..sim import SimulationError, Simulator
@@ -32,6 +34,7 @@ from .job import Job
 from .model_state import average
 from .rank import check_loss, train
 from .target import TargetVerdicts
+from .watchdog import describe_stall, watchdog_seconds
 
 EVALUATOR = "evaluator"
 
@@ -57,15 +60,22 @@ class LaunchResult:
     steps: int = 0  # steps run: fewer than job.steps when a target loss stopped the run
 
 
-def _die_with_parent():
+STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+
+
+def _die_with_parent(who):
     if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        # ps, top and /proc/PID/comm show which rank a process is
+        libc.prctl(PR_SET_NAME, f"exo-{'rank-' if isinstance(who, int) else ''}{who}".encode())
 
 
 def _child_entry(who, target, args, conn):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher handles Ctrl-C for everyone
-    _die_with_parent()
+    for signum in STOP_SIGNALS:  # the launcher handles these for everyone
+        signal.signal(signum, signal.SIG_IGN)
+    _die_with_parent(who)
     code = 0
     try:
         target(*args, conn)
@@ -119,9 +129,11 @@ class StepRows:
         if val_loss is not None:  # None: no validation data
             self.rows[step]["val_loss"] = val_loss
 
-    def ready(self):
-        """Rows that can be emitted now, in order."""
-        while self.next_step in self.rows and self.next_step not in self.awaiting_val:
+    def ready(self, unvalidated=False):
+        """Rows that can be emitted now, in order; with `unvalidated`, also the rows whose
+        validation has not come (when the run stops: they are kept without val_loss)."""
+        while self.next_step in self.rows and (unvalidated
+                                               or self.next_step not in self.awaiting_val):
             yield self.rows.pop(self.next_step)
             self.next_step += 1
 
@@ -172,7 +184,18 @@ def launch(job: Job, on_row=None) -> LaunchResult:
     if job.sim.compute.needs_flops:
         job.sim.compute = job.sim.compute.with_flops(count_step_flops(job.model, first_batch))
     preload()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    watchdog = watchdog_seconds()
+    # gloo binds its listening sockets to this interface: loopback only.
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo0" if sys.platform == "darwin" else "lo"
+    rendezvous = tempfile.mkdtemp(prefix="exoframe-rendezvous-")  # mode 0700: ours alone
+    try:
+        return _launch(job, on_row, start, batches, val_shards, watchdog,
+                       os.path.join(rendezvous, "store"))
+    finally:
+        shutil.rmtree(rendezvous, ignore_errors=True)
+
+
+def _launch(job, on_row, start, batches, val_shards, watchdog, store_path) -> LaunchResult:
     context = mp.get_context("fork")
     children = [(rank, train, (rank, job, batches[rank])) for rank in range(job.nodes)]
     children.append((EVALUATOR, evaluate, (job, val_shards)))
@@ -180,37 +203,73 @@ def launch(job: Job, on_row=None) -> LaunchResult:
     processes = [context.Process(target=_child_entry, args=(who, target, args, child),
                                  daemon=True, name=f"exoframe-{who}")
                  for (who, target, args), (_, child) in zip(children, pipes)]
-    for p in processes:
-        p.start()
     conns = [parent for parent, _ in pipes]
-    for _, child in pipes:
-        child.close()
+    monitor = _Monitor(job, conns, processes, on_row, watchdog)
+    previous = _catch_stop_signals()
     try:
-        # Created after the fork so that no store thread exists in the children.
-        store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60),
-                              wait_for_workers=False)
+        for p in processes:
+            p.start()
+        for _, child in pipes:
+            child.close()
+        # gloo's own timeout outlasts the watchdog, which sees every rank and names the
+        # right one; a rank timing out sees only that its peer is late.
         for conn in conns[:job.nodes]:
-            conn.send(store.port)
-        monitor = _Monitor(job, conns, processes, on_row)
-        monitor.run()
+            conn.send((store_path, watchdog + 60))
+        try:
+            monitor.run()
+        except (ExoframeError, KeyboardInterrupt) as e:
+            # The error carries what the run did, for the summary (see run.py).
+            error = e if isinstance(e, ExoframeError) else _interrupted(e)
+            error.status = "interrupted" if isinstance(error, RunInterrupted) else "failed"
+            error.rows = monitor.flush()
+            raise error from None
         conns[-1].send(None)  # the evaluator's stop
         end = time.perf_counter()
         return LaunchResult(rank_results=monitor.results,
                             startup_seconds=(monitor.first_step_at or end) - start,
                             elapsed_seconds=end - start, final_state=monitor.final_state,
                             steps=monitor.last_step())
-    except KeyboardInterrupt:
-        raise RunInterrupted("interrupted: every rank was stopped.") from None
+    except KeyboardInterrupt as e:  # while starting or stopping, outside monitor.run()
+        error = _interrupted(e)
+        error.status, error.rows = "interrupted", monitor.emitted
+        raise error from None
     finally:
+        _restore_signals(previous)
         _stop(processes)
+
+
+def _interrupted(e: KeyboardInterrupt) -> RunInterrupted:
+    by = f" by {e.args[0]}" if e.args else ""  # the signal's name, but for Ctrl-C
+    return RunInterrupted(f"interrupted{by}: every rank was stopped.")
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _catch_stop_signals():
+    """SIGTERM and SIGHUP stop the run as Ctrl-C does. Returns the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        previous[signum] = signal.signal(signum, _raise_interrupt)
+    return previous
+
+
+def _restore_signals(previous):
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 class _Monitor:
     """Reads every child's messages, runs the simulator for the ranks, emits rows in step
     order, and raises on the first failure."""
 
-    def __init__(self, job: Job, conns, processes, on_row):
+    def __init__(self, job: Job, conns, processes, on_row, watchdog: float):
         self.job, self.conns, self.processes, self.on_row = job, conns, processes, on_row
+        self.watchdog = watchdog
+        self.emitted = []  # every row passed to on_row
         self.who = [*range(job.nodes), EVALUATOR]
         self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
         self.rows = StepRows(job.nodes)
@@ -248,7 +307,9 @@ class _Monitor:
     def read(self, conn) -> bool:
         """Handle one message; False when the pipe is closed."""
         try:
-            self.handle(conn.recv())
+            message = conn.recv()
+            self.last_progress = time.monotonic()
+            self.handle(message)
             return True
         except (EOFError, OSError):
             return False
@@ -267,10 +328,20 @@ class _Monitor:
         if stuck:
             raise RankFailed("simulator", stuck, "", True)
 
-    def emit(self):
-        for row in self.rows.ready():
+    def emit(self, unvalidated=False):
+        for row in self.rows.ready(unvalidated):
+            self.emitted.append(row)
             if self.on_row is not None:
                 self.on_row(row)
+
+    def flush(self) -> list:
+        """The run stops: emit the rows every rank finished, validated or not; return every
+        row emitted."""
+        try:
+            self.emit(unvalidated=True)
+        except Exception:
+            pass  # a failing sink must not hide the failure that stopped the run
+        return self.emitted
 
     def send_verdicts(self, answers):
         for rank, stop in answers:
@@ -304,8 +375,12 @@ class _Monitor:
     def run(self):
         open_conns = {conn: i for i, conn in enumerate(self.conns)}
         sentinels = {p.sentinel: i for i, p in enumerate(self.processes)}
+        self.last_progress = time.monotonic()
         while not self.finished():
-            ready = mp.connection.wait([*open_conns, *sentinels], timeout=5.0)
+            ready = mp.connection.wait([*open_conns, *sentinels],
+                                       timeout=min(5.0, self.watchdog / 2))
+            if not ready and time.monotonic() - self.last_progress > self.watchdog:
+                raise RankFailed("watchdog", describe_stall(self, self.watchdog), "", False)
             for obj in ready:
                 if obj in open_conns:
                     alive = self.read(obj)

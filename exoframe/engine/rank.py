@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import datetime
+import math
+import os
 import resource
 
 import torch
@@ -16,13 +18,14 @@ from .job import Job
 from .model_state import snapshot
 from .target import LAG
 
-STORE_TIMEOUT = datetime.timedelta(seconds=60)
+ALLOW_NONFINITE = "EXOFRAME_ALLOW_NONFINITE"
 
 
-def join_group(rank: int, world_size: int, port: int):
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=STORE_TIMEOUT)
+def join_group(rank: int, world_size: int, store_path: str, timeout_seconds: float):
+    """Meet the other ranks through a file in the launcher's private folder: no port."""
+    store = dist.FileStore(store_path, world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=STORE_TIMEOUT)
+                            timeout=datetime.timedelta(seconds=timeout_seconds))
 
 
 def check_loss(loss, step):
@@ -31,6 +34,14 @@ def check_loss(loss, step):
         raise ExoframeError(
             f"the model's forward(batch) must return a scalar loss tensor; it returned {shape}"
             f"{f' at step {step}' if step else ''}. Reduce it, e.g. with .mean().")
+
+
+def check_finite(value: float, step: int, rank: int):
+    if not math.isfinite(value) and os.environ.get(ALLOW_NONFINITE) != "1":
+        shown = "NaN" if math.isnan(value) else value
+        raise ExoframeError(
+            f"loss became {shown} at step {step} on rank {rank}. Lower the learning rate or "
+            f"fix the model, or set {ALLOW_NONFINITE}=1 to train on anyway.")
 
 
 def make_clock(rank: int, job: Job, conn) -> RankClock:
@@ -56,7 +67,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
     no rank waits for another outside the simulated network. With a target loss, every step
     is evaluated and the rank asks the launcher whether to stop (see engine/target.py)."""
     torch.set_num_threads(job.threads)
-    join_group(rank, job.nodes, conn.recv())
+    join_group(rank, job.nodes, *conn.recv())
     torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
     model = job.model
     clock = make_clock(rank, job, conn)
@@ -69,12 +80,14 @@ def train(rank: int, job: Job, batches: Batches, conn):
         clock.start_step()
         loss = model(next(batches))
         check_loss(loss, step)
+        loss_value = loss.item()
+        check_finite(loss_value, step, rank)
         loss.backward()
         strategy.step_num = step
         strategy.step()
         clock.charge()
         clock.end_step(step)
-        record = {"loss": loss.item(), "bytes_sent": comm.traffic.bytes_sent,
+        record = {"loss": loss_value, "bytes_sent": comm.traffic.bytes_sent,
                   "sim_time": clock.now, **strategy.metrics()}
         evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
         state = snapshot(model, rank) if evaluate else None

@@ -6,7 +6,6 @@ simulated time, so reports can draw loss against simulated time for every networ
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -16,7 +15,8 @@ from ..errors import ExoframeError
 from ..plugins import get_plugin_manager
 from ..sim import SimSetup, resolve_sim
 from ..sim.collectives import Plans
-from ..sim.replay import DDP_BUCKET_BYTES, ReplayError, project, replay
+from ..report import strict_json
+from ..sim.replay import DDP_BUCKET_BYTES, ReplayError, check_trace, project, replay
 
 MIB = 1024 * 1024
 
@@ -62,7 +62,13 @@ def load_trace(run_dir) -> dict:
     if not path.is_file():
         raise ExoframeError(f"{run_dir}: no trace.json; only runs made by exoframe 0.1 with the "
                             "network simulator record one. Run it again with `exoframe run`.")
-    return json.loads(path.read_text())
+    trace = strict_json.load(path, "trace")
+    try:
+        check_trace(trace)
+    except ReplayError as e:
+        raise ExoframeError(f"trace {path}: {e}; the file is corrupt or truncated: run the "
+                            "run again to record it.") from None
+    return trace
 
 
 def check_replayable(trace: dict, where) -> None:
@@ -118,7 +124,7 @@ def save_replay(run_dir, record: dict) -> Path:
     folder.mkdir(exist_ok=True)
     name = record["net"] + (f" [{record['projection']}]" if record["projection"] else "")
     path = folder / (re.sub(r"[^\w.@+-]+", "_", name) + ".json")  # "/" in "s/step"
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    path.write_text(strict_json.dumps(record, indent=1) + "\n")
     return path
 
 

@@ -1,4 +1,7 @@
-"""Run a Job end to end: launch the ranks, stream metrics, write the summary."""
+"""Run a Job end to end: launch the ranks, stream metrics, write the summary.
+
+summary.json says how the run ended: "status" is "completed", "failed" or "interrupted";
+a run that did not complete has the error line and every step it finished."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +11,7 @@ from typing import Optional
 import torch
 from tqdm import tqdm
 
+from ..errors import ExoframeError
 from ..report import build_summary
 from .job import Job
 from .launcher import launch
@@ -49,18 +53,42 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
 
     try:
         result = launch(job, handle_row)
+    except ExoframeError as e:
+        if folder and hasattr(e, "status"):  # set by the launcher once ranks were started
+            folder.write_summary(partial_summary(job, e.rows, e.status, str(e)))
+        raise
     finally:
         bar.close()
         for sink in sinks:
             sink.close()
     load(job.model, result.final_state)
     trace = build_trace(job, [r.pop("trace") for r in result.rank_results], result.steps)
-    summary = build_summary(job, rows, result)
+    summary = {"status": "completed", **build_summary(job, rows, result)}
     if folder:
         folder.write_trace(trace)
         folder.write_summary(summary)
     return RunResult(model=job.model, summary=summary, metrics=rows,
                      run_dir=folder.path if folder else None, trace=trace)
+
+
+def partial_summary(job: Job, rows: list, status: str, error: str) -> dict:
+    """The summary of a run that did not complete: what it was, why it stopped, and the
+    steps every rank finished (without val_loss where the validation had not come)."""
+    val_rows = [r for r in rows if r.get("val_loss") is not None]
+    return {
+        "status": status,
+        "error": error,
+        "strategy": job.strategy_name,
+        "workload": job.workload_name,
+        "num_nodes": job.nodes,
+        "steps": job.steps,
+        "steps_completed": len(rows),
+        "final_loss": rows[-1]["loss"] if rows else None,
+        "final_val_loss": val_rows[-1]["val_loss"] if val_rows else None,
+        "seed": job.seed,
+        "net": job.sim.net,
+        "rows": rows,
+    }
 
 
 def build_trace(job: Job, rank_traces: list, steps: int) -> dict:

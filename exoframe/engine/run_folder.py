@@ -1,12 +1,19 @@
 """A run's folder: the resolved config and the summary; metrics go to the run's sinks
-(exoframe.sinks: metrics.jsonl by default), which write into the same folder."""
+(exoframe.sinks: metrics.jsonl by default), which write into the same folder.
+
+Files are written to a temporary file in the same folder and renamed over the target, so a
+crash or a kill never leaves a truncated file; JSON is strict: NaN and ±inf become null.
+"""
 from __future__ import annotations
 
-import json
+import os
+import tempfile
 import time
 from pathlib import Path
 
 import yaml
+
+from ..report.strict_json import dumps
 
 
 class RunFolder:
@@ -29,10 +36,33 @@ class RunFolder:
         raise FileExistsError(f"could not create a new run folder under {parent}")
 
     def write_config(self, config: dict):
-        (self.path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        write_atomic(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
 
     def write_trace(self, trace: dict):
-        (self.path / "trace.json").write_text(json.dumps(trace) + "\n")
+        write_atomic(self.path / "trace.json", dumps(trace) + "\n")
 
     def write_summary(self, summary: dict):
-        (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_atomic(self.path / "summary.json", dumps(summary, indent=2) + "\n")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _umask()
+
+
+def write_atomic(path: Path, text: str):
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o666 & ~UMASK)  # as open() would make it, not mkstemp's 0600
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise

@@ -21,7 +21,7 @@ from ..plugins import get_plugin_manager
 from ..report.sweep import collect_rows, write_outputs
 from ..sim import resolve_sim
 from ..sim.netconfig import load_network
-from ..sim.units import format_bandwidth, parse_bandwidth
+from ..sim.units import parse_bandwidth
 from .job import job_from_config
 from .replay import Projection, replay_trace, save_replay
 from .run import execute
@@ -30,6 +30,9 @@ from .run_folder import RunFolder
 DEFAULT_STRATEGIES = ["ddp", "diloco"]
 DEFAULT_NETS = ["wan-100mbps"]
 DEFAULT_OUT = "sweeps"
+# Every grid point is a training run or a replay and a row: past a thousand, a sweep runs
+# for hours and its table and plots are unreadable.
+MAX_POINTS = 1000
 
 
 def parse_grid(text: str, points: int) -> list[float]:
@@ -46,6 +49,9 @@ def parse_grid(text: str, points: int) -> list[float]:
                             f"({high_text}), e.g. 10mbit..10gbit.")
     if points < 2:
         raise ExoframeError(f"--points: a grid needs at least 2 points, got {points}.")
+    if points > MAX_POINTS:
+        raise ExoframeError(f"--points: at most {MAX_POINTS} (each point is a run or a "
+                            f"replay and a row of the table), got {points}.")
     ratio = (high / low) ** (1 / (points - 1))
     return [low * ratio ** i for i in range(points - 1)] + [high]
 
@@ -58,8 +64,7 @@ def grid_networks(base: str, bandwidths: list[float], folder: Path, pm) -> list[
     keys = {f.name: getattr(network, f.name) for f in dataclasses.fields(network)
             if f.name not in ("name", "where")}
     paths = []
-    for bandwidth in bandwidths:
-        text = _bandwidth_text(bandwidth)
+    for bandwidth, text in zip(bandwidths, _bandwidth_texts(bandwidths)):
         values = dict(keys, description=f"{network.name} at {text}")
         if network.links:
             values["links"] = [dict(dataclasses.asdict(link), bandwidth=text)
@@ -124,9 +129,26 @@ def config_axes(config: RunConfig, given: set) -> dict:
             "out": config.out if "out" in given else DEFAULT_OUT}
 
 
-def _bandwidth_text(bytes_per_s: float) -> str:
+_BIT_UNITS = [(1e12, "tbit"), (1e9, "gbit"), (1e6, "mbit"), (1e3, "kbit"), (1.0, "bit")]
+
+
+def _bandwidth_text(bytes_per_s: float, digits: int = 3) -> str:
     """A unit string for YAML and file names: 12.5e6 -> '100mbit'."""
-    return format_bandwidth(bytes_per_s).replace(" ", "").removesuffix("/s").lower()
+    bits = bytes_per_s * 8
+    for scale, name in _BIT_UNITS:
+        if float(f"{bits / scale:.{digits}g}") >= 1:
+            return f"{bits / scale:.{digits}g}{name}"
+    return f"{bits:.{digits}g}bit"
+
+
+def _bandwidth_texts(bandwidths: list[float]) -> list[str]:
+    """Labels for a grid, with as many significant digits as it takes to tell every point
+    apart (a dense grid rounds neighbours to the same 3 digits)."""
+    for digits in range(3, 17):
+        texts = [_bandwidth_text(b, digits) for b in bandwidths]
+        if len(set(texts)) == len(texts):
+            return texts
+    raise ExoframeError("--bandwidth: grid points too close to tell apart; use fewer --points.")
 
 
 def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[int],

@@ -7,11 +7,11 @@ simulated time next to the run's losses, so loss can be drawn against simulated 
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 
 from ..errors import ExoframeError
+from . import strict_json
 from .summary import format_bytes, format_seconds
 
 COLUMNS = ["strategy", "seed", "net", "bottleneck_bandwidth", "projection", "simulated_seconds",
@@ -22,33 +22,49 @@ COLUMNS = ["strategy", "seed", "net", "bottleneck_bandwidth", "projection", "sim
 def collect_rows(run_dirs, target_loss: float | None = None) -> list[dict]:
     rows = []
     for run_dir in map(Path, run_dirs):
-        summary_path = run_dir / "summary.json"
-        if not summary_path.is_file():
-            raise ExoframeError(f"{run_dir}: not a run folder (no summary.json).")
-        summary = json.loads(summary_path.read_text())
-        metrics_path = run_dir / "metrics.jsonl"
-        if not metrics_path.is_file():
-            raise ExoframeError(f"{run_dir}: no metrics.jsonl (the run did not use the jsonl "
-                                "metrics sink); reports need it.")
-        metrics = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-        base = {"strategy": summary["strategy"], "seed": summary.get("seed"),
-                "final_loss": summary["final_loss"], "final_val_loss": summary["final_val_loss"],
-                "run_dir": str(run_dir), "losses": [m["loss"] for m in metrics],
-                "val_losses": [m.get("val_loss") for m in metrics]}
-        rows.append({**base, "net": summary["net"],
-                     "bottleneck_bandwidth": summary.get("bottleneck_bandwidth"),
-                     "projection": None, "simulated_seconds": summary["simulated_seconds"],
-                     "compute_utilization": summary["compute_utilization"],
-                     "bytes_sent_per_node": summary["bytes_sent_per_node"], "source": "run",
-                     "sim_times": [m["sim_time"] for m in metrics]})
-        for path in sorted((run_dir / "replays").glob("*.json")):
-            replay = json.loads(path.read_text())
-            rows.append({**base, **{k: replay[k] for k in (
-                "net", "bottleneck_bandwidth", "projection", "simulated_seconds",
-                "compute_utilization", "bytes_sent_per_node", "sim_times")}, "source": "replay"})
+        try:
+            rows += _rows_of(run_dir)
+        except (KeyError, TypeError, IndexError) as e:
+            raise ExoframeError(f"{run_dir}: a file of this run folder lacks or mangles "
+                                f"{e.args[0] if isinstance(e, KeyError) else 'a field'!r}; "
+                                "it is corrupt or from another tool: run it again.") from None
     for row in rows:
         row["time_to_target"] = time_to_target(row, target_loss)
     return rows
+
+
+def _rows_of(run_dir: Path) -> list[dict]:
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise ExoframeError(f"{run_dir}: not a run folder (no summary.json).")
+    summary = _mapping(strict_json.load(summary_path, "summary"), summary_path)
+    metrics_path = run_dir / "metrics.jsonl"
+    if not metrics_path.is_file():
+        raise ExoframeError(f"{run_dir}: no metrics.jsonl (the run did not use the jsonl "
+                            "metrics sink); reports need it.")
+    metrics = strict_json.load_lines(metrics_path, "metrics")
+    base = {"strategy": summary["strategy"], "seed": summary.get("seed"),
+            "final_loss": summary["final_loss"], "final_val_loss": summary["final_val_loss"],
+            "run_dir": str(run_dir), "losses": [m["loss"] for m in metrics],
+            "val_losses": [m.get("val_loss") for m in metrics]}
+    rows = [{**base, "net": summary["net"],
+             "bottleneck_bandwidth": summary.get("bottleneck_bandwidth"),
+             "projection": None, "simulated_seconds": summary["simulated_seconds"],
+             "compute_utilization": summary["compute_utilization"],
+             "bytes_sent_per_node": summary["bytes_sent_per_node"], "source": "run",
+             "sim_times": [m["sim_time"] for m in metrics]}]
+    for path in sorted((run_dir / "replays").glob("*.json")):
+        replay = _mapping(strict_json.load(path, "replay"), path)
+        rows.append({**base, **{k: replay[k] for k in (
+            "net", "bottleneck_bandwidth", "projection", "simulated_seconds",
+            "compute_utilization", "bytes_sent_per_node", "sim_times")}, "source": "replay"})
+    return rows
+
+
+def _mapping(value, path) -> dict:
+    if not isinstance(value, dict):
+        raise ExoframeError(f"{path}: expected a JSON object; the file is corrupt: run again.")
+    return value
 
 
 def time_to_target(row: dict, target: float | None) -> float | None:
@@ -91,7 +107,7 @@ def write_outputs(rows: list[dict], folder, plots: bool = True) -> list[Path]:
         writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    (folder / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (folder / "sweep.json").write_text(strict_json.dumps(rows, indent=1) + "\n")
     written = [folder / "sweep.csv", folder / "sweep.json"]
     if plots:
         from .plots import plot_sweep

@@ -21,7 +21,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from ..errors import ExoframeError, did_you_mean
+from ..errors import ExoframeError, did_you_mean, shorten
 from .units import parse_seconds
 
 # Peak dense FLOP/s in the precision one trains in on each device.
@@ -38,6 +38,11 @@ DEVICES = {
     "tpu-v5e": (197e12, "Google TPU v5e, bf16"),
 }
 DEFAULT_EFFICIENCY = 0.4
+# Bounds that keep every simulated time finite: a step of at most a day, at most a million
+# times slower, and a lognormal whose exp(S·z) cannot overflow.
+MAX_STEP_SECONDS = 86400.0
+MAX_FACTOR = 1e6
+MAX_SIGMA = 10.0
 
 
 @dataclass(frozen=True)
@@ -72,27 +77,34 @@ def parse_compute(spec: str) -> ComputeModel:
         return ComputeModel("measured")
     if kind == "fixed":
         seconds = parse_seconds(rest, "compute", "--compute")
-        if seconds <= 0:
-            raise ExoframeError(f"compute: fixed needs a positive time per step, got '{rest}'.")
+        if not 0 < seconds <= MAX_STEP_SECONDS:
+            raise ExoframeError(f"compute: fixed needs a positive time per step of at most "
+                                f"{MAX_STEP_SECONDS:g}s (a day), got '{shorten(rest)}'.")
         return ComputeModel("fixed", step_seconds=seconds)
     if kind == "flops":
         device, _, efficiency = rest.partition(":")
         peak = _device_peak(device)
         eff = _number(efficiency, "compute: flops efficiency") if efficiency else DEFAULT_EFFICIENCY
         if not 0 < eff <= 1:
-            raise ExoframeError(f"compute: efficiency must be in (0, 1], got {efficiency}.")
+            raise ExoframeError(f"compute: efficiency must be in (0, 1], "
+                                f"got {shorten(efficiency)}.")
         return ComputeModel("flops", peak=peak, efficiency=eff, device=device)
     raise ExoframeError(
-        f"compute: unknown compute model '{spec}'.{did_you_mean(kind, ['measured', 'fixed', 'flops'])}"
+        f"compute: unknown compute model '{shorten(spec)}'."
+        f"{did_you_mean(kind, ['measured', 'fixed', 'flops'])}"
         " Use measured, fixed:<seconds per step> (e.g. fixed:250ms) or flops:<device> "
         f"(devices: {', '.join(DEVICES)}).")
 
 
 def _number(text: str, what: str) -> float:
+    """A finite number; NaN or inf in a timing input would leave the ranks waiting forever."""
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        raise ExoframeError(f"{what}: expected a number, got '{text}'.") from None
+        raise ExoframeError(f"{what}: expected a number, got '{shorten(text)}'.") from None
+    if not math.isfinite(value):
+        raise ExoframeError(f"{what}: expected a finite number, got '{shorten(text)}'.")
+    return value
 
 
 def _device_peak(device: str) -> float:
@@ -102,11 +114,12 @@ def _device_peak(device: str) -> float:
         peak = float(device)
     except ValueError:
         raise ExoframeError(
-            f"compute: unknown device '{device}'.{did_you_mean(device, DEVICES)} "
+            f"compute: unknown device '{shorten(device)}'.{did_you_mean(device, DEVICES)} "
             f"Known: {', '.join(DEVICES)}; or give a peak rate in FLOP/s, e.g. flops:2e14."
         ) from None
-    if peak <= 0:
-        raise ExoframeError(f"compute: a device's peak FLOP/s must be positive, got {device}.")
+    if not (math.isfinite(peak) and peak > 0):
+        raise ExoframeError(f"compute: a device's peak FLOP/s must be a positive finite "
+                            f"number, got {shorten(device)}.")
     return peak
 
 
@@ -142,13 +155,16 @@ def parse_stragglers(spec: str) -> Stragglers:
         head, *rest = term.split(":")
         if head.isdigit():
             if len(rest) != 1:
-                raise ExoframeError(f"stragglers: '{term}' should be RANK:FACTOR, e.g. 3:4.")
-            factor = _number(rest[0], f"stragglers: factor of rank {head}")
-            if factor <= 0:
-                raise ExoframeError(f"stragglers: rank {head}'s factor must be positive, got {factor}.")
+                raise ExoframeError(f"stragglers: '{shorten(term)}' should be RANK:FACTOR, "
+                                    "e.g. 3:4.")
+            factor = _number(rest[0], f"stragglers: factor of rank {shorten(head)}")
+            if not 0 < factor <= MAX_FACTOR:
+                raise ExoframeError(f"stragglers: rank {shorten(head)}'s factor must be positive "
+                                    f"and at most {MAX_FACTOR:g}, got {factor:g}.")
             factors[int(head)] = factor
             continue
         if head not in DISTRIBUTIONS:
+            head = shorten(head)
             raise ExoframeError(
                 f"stragglers: unknown distribution '{head}'.{did_you_mean(head, DISTRIBUTIONS)} "
                 "Use lognormal:SIGMA, exponential:MEAN, bernoulli:P:FACTOR or RANK:FACTOR.")
@@ -156,10 +172,16 @@ def parse_stragglers(spec: str) -> Stragglers:
             raise ExoframeError("stragglers: give at most one random slowdown distribution.")
         if len(rest) != DISTRIBUTIONS[head]:
             raise ExoframeError(f"stragglers: {head} takes {DISTRIBUTIONS[head]} parameter(s), "
-                                f"got '{term}'.")
+                                f"got '{shorten(term)}'.")
         values = tuple(_number(v, f"stragglers: {head}") for v in rest)
         if any(v < 0 for v in values) or (head == "bernoulli" and values[0] > 1):
             raise ExoframeError(f"stragglers: bad parameters in '{term}' (negative, or p > 1).")
+        limit = {"lognormal": MAX_SIGMA, "exponential": MAX_FACTOR}.get(head)
+        if head == "bernoulli" and not values[1] <= MAX_FACTOR:
+            limit = MAX_FACTOR
+        if limit is not None and max(values) > limit:
+            raise ExoframeError(f"stragglers: '{term}' is past the largest slowdown "
+                                f"simulated ({head}'s parameters at most {limit:g}).")
         distribution, params = head, values
     return Stragglers(factors, distribution, params)
 

@@ -11,7 +11,7 @@ from itertools import combinations
 from pathlib import Path
 
 from ..config import build_dataclass, load_yaml
-from ..errors import ExoframeError, did_you_mean
+from ..errors import ExoframeError, did_you_mean, shorten
 from ..plugins import Registry
 from .collectives import BUILTIN
 from .topology import DEFAULT_ALGORITHMS, LinkSpec, Topology
@@ -74,11 +74,11 @@ class NetConfig(NetKeys):
             # `sites:` or `links:` with nothing under it reads as None: the same as leaving it out.
             values = {k: v for k, v in values.items()
                       if not (k in ("sites", "links") and v is None)}
-        keys = build_dataclass(NetKeys, values, where)
+        keys = build_dataclass(NetKeys, values, where, finite=False)
         sites = {str(site): build_dataclass(SiteConfig, {} if raw is None else raw,
-                                            f"{where}: sites.{site}")
+                                            f"{where}: sites.{site}", finite=False)
                  for site, raw in keys.sites.items()}
-        links = [build_dataclass(LinkConfig, raw, f"{where}: links[{i}]")
+        links = [build_dataclass(LinkConfig, raw, f"{where}: links[{i}]", finite=False)
                  for i, raw in enumerate(keys.links)]
         top = {f.name: getattr(keys, f.name) for f in fields(NetKeys)}
         return cls(**{**top, "sites": sites, "links": links}, name=name, where=where)
@@ -189,7 +189,7 @@ class NetConfig(NetKeys):
             ends = link.between
             if len(ends) != 2 or not all(isinstance(end, str) for end in ends):
                 raise self._error(f"{path}.between", f"expected two site names like [us, eu], "
-                                                     f"got {ends!r}.")
+                                                     f"got {shorten(ends)}.")
             for end in ends:
                 if end not in self.sites:
                     known = (f"Sites: {', '.join(names)}." if names
@@ -270,7 +270,7 @@ class NetConfig(NetKeys):
                                             f"Collectives: {', '.join(DEFAULT_ALGORITHMS)}.")
                 if not isinstance(name, str):
                     raise self._error(path, f"expected an algorithm name like 'ring', "
-                                            f"got {name!r}.")
+                                            f"got {shorten(name)}.")
                 chosen[kind] = (name, path)
         if algorithms is not None:
             known = (sorted([*algorithms.entries, *algorithms.aliases])
@@ -302,7 +302,8 @@ def _looks_like_path(spec: str) -> bool:
 
 def load_file(path: Path, name: str) -> NetConfig:
     """A network from a YAML file, checked (all but what depends on the number of ranks)."""
-    return NetConfig.from_dict(load_yaml(path), name=name, where=str(path)).validate()
+    return NetConfig.from_dict(load_yaml(path, "network file"), name=name,
+                               where=str(path)).validate()
 
 
 def load_network(spec: str, registry: Registry) -> NetConfig:

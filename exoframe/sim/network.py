@@ -31,7 +31,7 @@ from .topology import Topology
 
 
 class Flow:
-    __slots__ = ("id", "links", "remaining", "rate", "since", "version", "latency",
+    __slots__ = ("id", "links", "remaining", "rate", "since", "finish", "version", "latency",
                  "on_delivered", "arg")
 
     def __init__(self, id, links, nbytes, latency, on_delivered, arg):
@@ -40,7 +40,8 @@ class Flow:
         self.remaining = nbytes  # bytes still to send as of `since`
         self.rate = 0.0  # bytes/s
         self.since = 0.0
-        self.version = 0  # bumps whenever the flow's finish time changes
+        self.finish = math.inf  # when its last byte is sent, at its current rate
+        self.version = 0  # bumps whenever `finish` changes or the flow is done
         self.latency = latency
         self.on_delivered = on_delivered
         self.arg = arg
@@ -73,6 +74,8 @@ class FlowNetwork:
         self._seq = itertools.count()
         self._flow_ids = itertools.count()
         self._changed = {}  # link id -> Link whose flows changed since rates were computed
+        # Flows slower than every flow that finished since (and none started) keep their rates.
+        self._floor = math.inf
         self._armed_at = math.inf  # time of the simpy wake-up currently scheduled
         self.flows_started = 0
 
@@ -86,6 +89,7 @@ class FlowNetwork:
         now = self.env.now
         if nbytes > 0 and links:
             flow.since = now
+            self._floor = 0.0
             for link in links:
                 link.flows[flow.id] = flow
                 self._changed[link.id] = link
@@ -96,9 +100,11 @@ class FlowNetwork:
             self._arm()
 
     def next_time(self) -> float:
-        """Time of the next pending network event (math.inf if none)."""
+        """Time of the next pending network event (math.inf if none). Flows that started or
+        finished make it now: the new rates are computed once, when the simulator steps to
+        the wake-up armed at this instant, after every message of the instant is in."""
         if self._changed:
-            self._reallocate(self.env.now)
+            return self.env.now
         agenda = self._agenda
         while agenda:
             _, _, flow, version = agenda[0]
@@ -131,11 +137,21 @@ class FlowNetwork:
     def _reallocate(self, now: float):
         """Progressive filling over the links connected to those that changed."""
         changed, self._changed = self._changed, {}
-        links = _component(changed)
-        left = {link.id: link.capacity for link in links}  # capacity not yet given out
-        unfixed = {link.id: len(link.flows) for link in links}
+        floor, self._floor = self._floor, math.inf
+        left, unfixed = {}, {}  # per link: capacity not yet given out, flows without a rate
+        pieces = _connected_pieces(changed)
+        component = [link for links, _ in pieces for link in links]
+        for link in component:
+            capacity, count = link.capacity, 0
+            for flow in link.flows.values():
+                if flow.rate < floor:
+                    capacity -= flow.rate
+                else:
+                    count += 1
+            left[link.id], unfixed[link.id] = capacity, count
         fixed = set()
-        heap = [(link.capacity / len(link.flows), link.id, link) for link in links if link.flows]
+        heap = [(left[link.id] / unfixed[link.id], link.id, link)
+                for link in component if unfixed[link.id]]
         heapq.heapify(heap)
         level = 0.0
         agenda, seq = self._agenda, self._seq
@@ -145,7 +161,7 @@ class FlowNetwork:
                 continue  # saturated already, or an entry that a later push superseded
             level = max(level, share)  # rounding must not let a level fall below the last
             for flow in link.flows.values():
-                if flow.id in fixed:
+                if flow.id in fixed or flow.rate < floor:
                     continue
                 fixed.add(flow.id)
                 for other in flow.links:
@@ -158,12 +174,19 @@ class FlowNetwork:
                     # max: a flow due to finish right now must not finish in the past
                     flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.since))
                     flow.since, flow.rate = now, level
+                    flow.finish = now + flow.remaining / level
                     flow.version += 1
-                    heapq.heappush(agenda, (now + flow.remaining / level, next(seq), flow,
-                                            flow.version))
-        self._arm()
+        # The agenda needs only each piece's first finish: any other flow's finish can only
+        # change through a reallocation of its piece, which happens at the latest then.
+        for _, flows in pieces:
+            first = min(flow.finish for flow in flows)
+            for flow in flows:
+                if flow.finish == first:
+                    heapq.heappush(agenda, (first, next(seq), flow, flow.version))
 
     def _transmitted(self, flow: Flow, now: float):
+        self._floor = min(self._floor, flow.rate)
+        flow.version += 1  # any other entry of its finish is void
         for link in flow.links:
             del link.flows[flow.id]
             self._changed[link.id] = link
@@ -176,6 +199,8 @@ class FlowNetwork:
 
     # -- the simpy side: one wake-up per distinct event time -------------------------------
     def _arm(self):
+        if self._changed:
+            self._reallocate(self.env.now)
         self._arm_at(self.next_time())
 
     def _arm_at(self, when: float):
@@ -201,22 +226,29 @@ class FlowNetwork:
         self._arm()  # computes the new rates first, if any flow started or finished
 
 
-def _component(changed: dict) -> list:
-    """The links reachable from `changed` through shared flows."""
-    links, flows = [], set()
-    seen = set(changed)
-    stack = list(changed.values())
-    while stack:
-        link = stack.pop()
-        links.append(link)
-        for flow in link.flows.values():
-            if flow.id not in flows:
-                flows.add(flow.id)
-                for other in flow.links:
-                    if other.id not in seen:
-                        seen.add(other.id)
-                        stack.append(other)
-    return links
+def _connected_pieces(changed: dict) -> list[tuple[list, list]]:
+    """The links reachable from `changed` through shared flows, as connected pieces:
+    (links, flows) each."""
+    pieces, seen, flows_seen = [], set(), set()
+    for start in changed.values():
+        if start.id in seen:
+            continue
+        seen.add(start.id)
+        links, flows, stack = [], [], [start]
+        while stack:
+            link = stack.pop()
+            links.append(link)
+            for flow in link.flows.values():
+                if flow.id not in flows_seen:
+                    flows_seen.add(flow.id)
+                    flows.append(flow)
+                    for other in flow.links:
+                        if other.id not in seen:
+                            seen.add(other.id)
+                            stack.append(other)
+        if flows:
+            pieces.append((links, flows))
+    return pieces
 
 
 class Environment(simpy.Environment):

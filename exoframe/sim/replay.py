@@ -29,14 +29,81 @@ import math
 from dataclasses import dataclass, field
 
 from .simulator import Simulator
-from .topology import Topology
+from .topology import DEFAULT_ALGORITHMS, Topology
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # torch DistributedDataParallel's bucket_cap_mb = 25
 BACKWARD_SHARE = 2 / 3  # backward ≈ 2 × forward in FLOPs
 
 
+MAX_TRACE_NODES = 1024  # exoframe.config.MAX_NODES: no run records more ranks than this
+KINDS = (*DEFAULT_ALGORITHMS, "send", "recv")
+
+
 class ReplayError(Exception):
     pass
+
+
+def check_trace(trace) -> None:
+    """Check what a replay reads of a loaded trace.json, against the trace's own content (a
+    header claiming 1e9 nodes over two recorded ranks would plan a topology of 1e9 NICs);
+    raises ReplayError naming the first bad field."""
+    if not isinstance(trace, dict):
+        raise ReplayError("expected a JSON object")
+    types = {"strategy": (str, "a string"), "timing_dependent": (bool, "true or false"),
+             "bucketed_gradients": (bool, "true or false"), "nodes": (int, "an integer"),
+             "steps": (int, "an integer"), "seed": (int, "an integer"),
+             "model_parameters": ((int, float), "a number"), "ranks": (list, "a list")}
+    for key, (kind, noun) in types.items():
+        value = trace.get(key)
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ReplayError(f"field '{key}' is missing or not {noun}")
+    ranks, nodes = trace["ranks"], trace["nodes"]
+    if not 1 <= nodes <= MAX_TRACE_NODES or nodes != len(ranks):
+        raise ReplayError(f"'nodes' is {nodes} but the trace holds {len(ranks)} ranks' events "
+                          f"(at most {MAX_TRACE_NODES})")
+    if not (math.isfinite(trace["model_parameters"]) and trace["model_parameters"] > 0):
+        raise ReplayError("'model_parameters' must be a positive number")
+    recorded = 0
+    for r, events in enumerate(ranks):
+        if not isinstance(events, list):
+            raise ReplayError(f"ranks[{r}] is not a list of events")
+        for i, event in enumerate(events):
+            if not _valid_event(event, nodes):
+                raise ReplayError(f"ranks[{r}][{i}] is not a valid event: {str(event)[:100]}")
+        recorded = max(recorded, sum(1 for e in events if e[0] == "s"))
+    if not 0 <= trace["steps"] <= recorded:
+        raise ReplayError(f"'steps' is {trace['steps']} but the ranks recorded {recorded} steps")
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _valid_event(event, nodes: int) -> bool:
+    if not isinstance(event, list) or not event or not isinstance(event[0], str):
+        return False
+    tag, size = event[0], len(event)
+    if tag in ("c", "b"):
+        return size == 2 and _number(event[1])
+    if tag == "r":
+        return size == 1
+    if tag == "s":
+        return size == 2 and isinstance(event[1], int)
+    if tag == "w":
+        return size == 2
+    if tag == "t":  # [t, op, whether it was done in the recorded run]
+        return size == 3 and isinstance(event[2], bool)
+    if tag == "o":
+        if size != 8:
+            return False
+        _, _, _, kind, nbytes, participants, root, blocking = event
+        return (kind in KINDS and _number(nbytes) and isinstance(blocking, bool)
+                and isinstance(participants, list) and len(participants) >= 1
+                and all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p < nodes
+                        for p in participants)
+                and len(set(participants)) == len(participants)
+                and (root is None or isinstance(root, int) and 0 <= root < nodes))
+    return False
 
 
 @dataclass

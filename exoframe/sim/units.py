@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 
-from ..errors import ExoframeError, did_you_mean
+from ..errors import ExoframeError, did_you_mean, shorten
 
 # Bits per second per unit; case-insensitive, "/s" suffix optional ("mbit" or "Mbit/s").
 BIT_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
@@ -36,12 +36,15 @@ def _is_number(value) -> bool:
 def _split(value, field: str, where: str, example: str) -> tuple[float, str]:
     """'100 mbit' -> (100.0, 'mbit'); '100' -> (100.0, '')."""
     if not isinstance(value, str):
-        raise _error(where, field, f"expected a string like '{example}', got {value!r}.")
+        raise _error(where, field, f"expected a string like '{example}', got {shorten(value)}.")
     match = _NUMBER_UNIT.fullmatch(value)
     if match is None:
         raise _error(where, field, f"expected a number and a unit like '{example}', "
-                                   f"got '{value}'.")
-    return float(match.group(1)), match.group(2)
+                                   f"got '{shorten(value)}'.")
+    number = float(match.group(1))
+    if not math.isfinite(number):  # '1e999mbit'
+        raise _error(where, field, f"'{shorten(value)}' is too large a number.")
+    return number, match.group(2)
 
 
 def _bandwidth_unit(unit: str) -> float | None:
@@ -67,6 +70,8 @@ def parse_bandwidth(value, field: str, where: str) -> float:
     """'100mbit' -> 12_500_000.0 bytes/s; 'inf' or 'unlimited' (or YAML's .inf) -> math.inf."""
     if _is_number(value) and math.isinf(value) and value > 0:
         return math.inf
+    if _is_number(value) and math.isnan(value):
+        raise _error(where, field, "must be a bandwidth like '100mbit' or 'inf', got NaN.")
     if isinstance(value, str) and value.strip().lower() in UNLIMITED:
         return math.inf
     if _is_number(value):
@@ -99,7 +104,7 @@ def parse_duration(value, field: str, where: str) -> float:
     if _is_number(value) and value == 0:
         return 0.0
     if _is_number(value) and not math.isfinite(value):
-        raise _error(where, field, f"must be a finite duration like '25ms', got {value!r}.")
+        raise _error(where, field, f"must be a finite duration like '25ms', got {value}.")
     if _is_number(value):
         raise _error(where, field, f"{value!r} has no unit; write e.g. '{value:g}ms' "
                                    f"(units: {_DURATION_LISTING}).")
@@ -127,11 +132,16 @@ def _scaled(value: float, units: list[tuple[float, str]]) -> str:
 
 
 def parse_seconds(value, field: str, where: str) -> float:
-    """A time given either as a bare number of seconds ('0.25') or with a unit ('250ms')."""
+    """A finite time given either as a bare number of seconds ('0.25') or with a unit
+    ('250ms')."""
     try:
-        return float(value)
+        seconds = float(value)
     except (TypeError, ValueError):
         return parse_duration(value, field, where)
+    if not math.isfinite(seconds):
+        raise _error(where, field, f"must be a finite time like '0.25' or '250ms', "
+                                   f"got '{shorten(value)}'.")
+    return seconds
 
 
 def format_bandwidth(bytes_per_s: float) -> str:

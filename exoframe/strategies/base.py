@@ -28,14 +28,16 @@ local, and evaluation and the final model average them like every strategy's.
 """
 from __future__ import annotations
 
+import functools
+import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from ..comm import Communicator, flatten, flatten_bytes, unflatten_bytes_into, unflatten_into
-from ..config import build_dataclass
-from ..errors import ExoframeError, unknown_name_error
+from ..config import build_dataclass, check_optimizer_values
+from ..errors import ExoframeError, shorten, unknown_name_error
 
 OPTIMIZERS = {
     "sgd": lambda params, s: torch.optim.SGD(params, lr=s.lr, momentum=s.momentum,
@@ -57,6 +59,8 @@ class OptimizerSpec:
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
             raise unknown_name_error("optimizer", self.name, OPTIMIZERS)
+        # Here, in the launcher: torch checks these only when a rank builds the optimizer.
+        check_optimizer_values(self.lr, self.weight_decay, self.momentum)
 
     def build(self, params) -> torch.optim.Optimizer:
         return OPTIMIZERS[self.name](list(params), self)
@@ -81,6 +85,11 @@ class Strategy:
     @dataclass
     class Params:
         pass
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "metrics" in cls.__dict__:
+            cls.metrics = _checked_metrics(cls.__dict__["metrics"])
 
     def __init__(self, model: torch.nn.Module, comm: Communicator, optimizer: OptimizerSpec,
                  params=None, seed: int = 0):
@@ -187,6 +196,26 @@ class Strategy:
         flat = flatten_bytes(buffers)
         self.comm.broadcast(flat, src)
         unflatten_bytes_into(flat, buffers)
+
+
+def _checked_metrics(metrics):
+    """A subclass's metrics(), refusing (in the rank, by name) values that are not numbers:
+    the launcher averages them over ranks and writes them as JSON."""
+    @functools.wraps(metrics)
+    def checked(self) -> dict:
+        values = metrics(self)
+        if not isinstance(values, dict):
+            raise ExoframeError(f"strategy '{type(self).__name__}': metrics() returned "
+                                f"{type(values).__name__}, expected a dict of numbers (or None).")
+        for key, value in values.items():
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, numbers.Real)):
+                raise ExoframeError(
+                    f"strategy '{type(self).__name__}': metric '{shorten(str(key))}' is "
+                    f"{shorten(value)} ({type(value).__name__}), not a number; return numbers "
+                    "from metrics(), e.g. float(x).")
+        return values
+    return checked
 
 
 def float_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
