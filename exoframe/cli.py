@@ -42,6 +42,11 @@ def cli(strict_plugins, debug):
 @click.option("--target-loss", type=float, help="Validate every step, report the simulated "
               "time to reach this validation loss of the averaged model, and stop there.")
 @click.option("--threads", type=int, help="CPU threads per rank. [1]")
+@click.option("--hang-timeout", type=float, help="Real seconds without progress from any rank "
+              "before the watchdog stops the run and names the stuck process. [300]")
+@click.option("--on-nonfinite", type=click.Choice(["stop", "continue"]),
+              help="A NaN or infinite training loss stops the run (naming step and rank), or "
+              "training continues. [stop]")
 @click.option("--out", help="Parent folder of run folders. [runs]")
 @click.option("--net", help="Network: a preset (see `exoframe nets`) or a YAML file. [ideal]")
 @click.option("--compute", help="Compute model: measured, fixed:<time per step> (fixed:250ms) "

@@ -20,6 +20,9 @@ NODES_PER_CORE = 64
 MAX_NODES = 1024
 
 
+ON_NONFINITE = ("stop", "continue")
+
+
 def max_nodes() -> int:
     return min(MAX_NODES, NODES_PER_CORE * (os.cpu_count() or 1))
 
@@ -50,6 +53,10 @@ class RunConfig:
     compute: str = "measured"  # measured | fixed:<time per step> | flops:<device>[:<efficiency>]
     stragglers: str = ""  # e.g. "3:4" (rank 3 is 4x slower), "lognormal:0.3", both: "3:4,lognormal:0.3"
     sinks: list = field(default_factory=lambda: ["jsonl"])  # metrics sinks (exoframe plugins)
+    # Real seconds without a message from any rank before the watchdog stops the run and
+    # names the stuck or stopped process.
+    hang_timeout: float = 300.0
+    on_nonfinite: str = "stop"  # a NaN or infinite training loss: "stop" the run or "continue"
 
     def validate(self):
         for f in dataclasses.fields(self):
@@ -79,6 +86,13 @@ class RunConfig:
         if self.lr is not None and self.lr <= 0:
             raise ExoframeError(f"lr must be positive, got {self.lr}.")
         check_optimizer_values(weight_decay=self.weight_decay, momentum=self.momentum)
+        if not self.hang_timeout > 0:
+            raise ExoframeError(f"hang_timeout must be a positive number of seconds, got "
+                                f"{self.hang_timeout}.")
+        if self.on_nonfinite not in ON_NONFINITE:
+            raise ExoframeError(f"on_nonfinite: unknown choice '{shorten(self.on_nonfinite)}'."
+                                f"{did_you_mean(self.on_nonfinite, ON_NONFINITE)} Use "
+                                f"{' or '.join(ON_NONFINITE)}.")
         if not all(isinstance(name, str) for name in self.sinks):
             raise ExoframeError(f"sinks must be a list of sink names, got {shorten(self.sinks)}.")
         return self

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import numbers
+import os
 from pathlib import Path
 
 from .errors import ExoframeError, shorten
@@ -30,17 +31,27 @@ def check_row(row: dict) -> dict:
 
 
 class JsonlSink:
-    """metrics.jsonl: one JSON object per step, flushed as the step finishes."""
+    """metrics.jsonl: one JSON object per step, written as the step finishes. A write that
+    fails (a full disk) is undone, so every line in the file is a whole row."""
 
     def __init__(self, run_dir: Path):
-        self._file = open(Path(run_dir) / "metrics.jsonl", "a")
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        self._size = os.fstat(self._fd).st_size
 
     def write(self, row: dict):
-        self._file.write(dumps(check_row(row)) + "\n")
-        self._file.flush()
+        data = (dumps(check_row(row)) + "\n").encode()
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+        except OSError as e:
+            os.ftruncate(self._fd, self._size)
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
+        self._size += len(data)
 
     def close(self):
-        self._file.close()
+        os.close(self._fd)
 
 
 class CsvSink:

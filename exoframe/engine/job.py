@@ -38,6 +38,8 @@ class Job:
     best_loss: Optional[float] = None
     sinks: tuple = ()  # metrics sink factories, each called with the run folder
     target_loss: Optional[float] = None  # validate every step; stop once reached
+    hang_timeout: float = 300.0  # real seconds without progress before the watchdog stops it
+    on_nonfinite: str = "stop"  # or "continue": what a NaN or infinite loss does
 
 
 def resolve_strategy(strategy, params: dict | None, pm: PluginManager):
@@ -97,6 +99,7 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         eval_every=1 if config.target_loss is not None else
         config.eval_every or max(1, config.steps // 10),
         eval_batches=config.eval_batches, threads=config.threads, workload_name=workload.name,
+        hang_timeout=config.hang_timeout, on_nonfinite=config.on_nonfinite,
         best_loss=workload.best_loss, sinks=tuple(pm.sinks.get(name).obj for name in config.sinks))
 
 

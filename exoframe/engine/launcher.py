@@ -34,7 +34,7 @@ from .job import Job
 from .model_state import average
 from .rank import check_loss, train
 from .target import TargetVerdicts
-from .watchdog import describe_stall, watchdog_seconds
+from .watchdog import describe_stall
 
 EVALUATOR = "evaluator"
 
@@ -184,7 +184,7 @@ def launch(job: Job, on_row=None) -> LaunchResult:
     if job.sim.compute.needs_flops:
         job.sim.compute = job.sim.compute.with_flops(count_step_flops(job.model, first_batch))
     preload()
-    watchdog = watchdog_seconds()
+    watchdog = job.hang_timeout
     # gloo binds its listening sockets to this interface: loopback only.
     os.environ["GLOO_SOCKET_IFNAME"] = "lo0" if sys.platform == "darwin" else "lo"
     rendezvous = tempfile.mkdtemp(prefix="exoframe-rendezvous-")  # mode 0700: ours alone

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 import resource
 
 import torch
@@ -17,9 +16,6 @@ from .data import Batches
 from .job import Job
 from .model_state import snapshot
 from .target import LAG
-
-ALLOW_NONFINITE = "EXOFRAME_ALLOW_NONFINITE"
-
 
 def join_group(rank: int, world_size: int, store_path: str, timeout_seconds: float):
     """Meet the other ranks through a file in the launcher's private folder: no port."""
@@ -36,12 +32,12 @@ def check_loss(loss, step):
             f"{f' at step {step}' if step else ''}. Reduce it, e.g. with .mean().")
 
 
-def check_finite(value: float, step: int, rank: int):
-    if not math.isfinite(value) and os.environ.get(ALLOW_NONFINITE) != "1":
+def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
+    if not math.isfinite(value) and on_nonfinite == "stop":
         shown = "NaN" if math.isnan(value) else value
         raise ExoframeError(
             f"loss became {shown} at step {step} on rank {rank}. Lower the learning rate or "
-            f"fix the model, or set {ALLOW_NONFINITE}=1 to train on anyway.")
+            "fix the model, or train on anyway with --on-nonfinite continue.")
 
 
 def make_clock(rank: int, job: Job, conn) -> RankClock:
@@ -81,7 +77,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
         loss = model(next(batches))
         check_loss(loss, step)
         loss_value = loss.item()
-        check_finite(loss_value, step, rank)
+        check_finite(loss_value, step, rank, job.on_nonfinite)
         loss.backward()
         strategy.step_num = step
         strategy.step()

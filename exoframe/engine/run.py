@@ -44,23 +44,34 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
         if on_row is not None:
             on_row(row)
         for sink in sinks:
-            sink.write(row)
+            try:
+                sink.write(row)
+            except OSError as e:
+                raise ExoframeError(f"cannot write {e.filename or folder.path}: "
+                                    f"{e.strerror or e}. Free some space, or give --out on "
+                                    "another disk.") from None
         bar.update(1)
         postfix = {"loss": f"{row['loss']:.4f}"}
         if "val_loss" in row:
             postfix["val"] = f"{row['val_loss']:.4f}"
         bar.set_postfix(postfix, refresh=False)
 
+    completed = False
     try:
         result = launch(job, handle_row)
+        completed = True
     except ExoframeError as e:
         if folder and hasattr(e, "status"):  # set by the launcher once ranks were started
-            folder.write_summary(partial_summary(job, e.rows, e.status, str(e)))
+            _write_failed_summary(folder, partial_summary(job, e.rows, e.status, str(e)), e)
         raise
     finally:
         bar.close()
         for sink in sinks:
-            sink.close()
+            try:
+                sink.close()
+            except OSError:
+                if completed:
+                    raise  # else the error in flight says what went wrong first
     load(job.model, result.final_state)
     trace = build_trace(job, [r.pop("trace") for r in result.rank_results], result.steps)
     summary = {"status": "completed", **build_summary(job, rows, result)}
@@ -69,6 +80,16 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
         folder.write_summary(summary)
     return RunResult(model=job.model, summary=summary, metrics=rows,
                      run_dir=folder.path if folder else None, trace=trace)
+
+
+def _write_failed_summary(folder: RunFolder, summary: dict, error: ExoframeError):
+    """Best effort: on a full disk the summary cannot be written either; the error says so
+    instead of being replaced by the write's own error."""
+    try:
+        folder.write_summary(summary)
+    except OSError as e:
+        error.args = (f"{error.args[0]} (and summary.json could not be written: "
+                      f"{e.strerror or e})",)
 
 
 def partial_summary(job: Job, rows: list, status: str, error: str) -> dict:

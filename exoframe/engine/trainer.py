@@ -35,7 +35,8 @@ class Trainer:
             eval_every: int | None = None, eval_batches: int = 8,
             target_loss: float | None = None, threads: int = 1,
             net: str = "ideal", compute: str = "measured", stragglers: str = "",
-            out: str | None = None, sinks=("jsonl",), progress: bool = False) -> RunResult:
+            out: str | None = None, sinks=("jsonl",), progress: bool = False,
+            hang_timeout: float = 300.0, on_nonfinite: str = "stop") -> RunResult:
         """Arguments as the RunConfig fields of `exoframe run` (net: a preset name or a YAML
         file; compute: measured, fixed:<time per step> or flops:<device>; sinks: metrics
         sinks writing into the run folder under `out`; target_loss: validate every step and
@@ -45,7 +46,8 @@ class Trainer:
             batch_size=self.batch_size, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
             momentum=momentum, seed=seed, eval_every=eval_every, eval_batches=eval_batches,
             target_loss=target_loss, threads=threads, net=net, compute=compute,
-            stragglers=stragglers, sinks=list(sinks)).validate()
+            stragglers=stragglers, sinks=list(sinks), hang_timeout=hang_timeout,
+            on_nonfinite=on_nonfinite).validate()
         workload = Workload(build_model=lambda: self.model, dataset=self.dataset,
                             batch_size=self.batch_size, lr=lr, best_loss=self.best_loss)
         return execute(build_job(config, workload, self.model, strategy=strategy), out=out,

@@ -3,27 +3,7 @@ waits for what and which process made no progress, instead of waiting for gloo's
 (which fires in a waiting rank and so blames the wrong one)."""
 from __future__ import annotations
 
-import os
-
-from ..errors import ExoframeError
 from .target import LAG
-
-ENV = "EXOFRAME_WATCHDOG_SECONDS"
-DEFAULT_SECONDS = 120.0
-
-
-def watchdog_seconds() -> float:
-    text = os.environ.get(ENV, "").strip()
-    if not text:
-        return DEFAULT_SECONDS
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not 0 < seconds < float("inf"):
-        raise ExoframeError(f"{ENV}: expected a positive number of seconds like 120; got "
-                            f"'{text}'. Fix or unset it.")
-    return seconds
 
 
 def process_state(pid: int) -> str:
@@ -66,7 +46,7 @@ def describe_stall(monitor, seconds: float) -> str:
         culprit = "no process made progress"
     details = f"; {'; '.join(waits)}" if waits else ""
     return (f"no progress for {seconds:g} s: {culprit}{details}. Resume or fix the stuck "
-            f"process, or raise {ENV} if a step legitimately takes longer.")
+            "process, or raise --hang-timeout if a step legitimately takes longer.")
 
 
 def _pending(sim, rank: int) -> str:

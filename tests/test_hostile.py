@@ -1,0 +1,581 @@
+"""Hostile input and hostile machines (issue 11), one battery. The classes, each with its
+cases below:
+
+- hangs: non-finite timing input (refused at once), a SIGSTOPped rank and a rank stuck in
+  user code (named by the watchdog);
+- an open rendezvous: no listening socket off loopback, garbage from a local client;
+- tracebacks instead of messages: bad --out, binary files, workload code that raises,
+  corrupt trace.json and metrics.jsonl, non-numeric metrics, a full disk;
+- silent NaN: NaN/inf in optimizer and strategy values, a loss that becomes NaN;
+- unbounded input: YAML alias bombs, huge values, --points, a trace claiming 1e9 nodes,
+  grid labels that collide;
+- lost data: SIGTERM/SIGHUP, a failed run's summary and rows, no folder from refused input;
+- import shadowing: a stray module where the user runs.
+
+Each asserts the exit code, one line naming the field or file (no traceback), a finite time
+(every run has a hang guard), no process left, earlier run folders untouched and strict
+JSON in what was written. Refusals that happen before a fork run in-process through
+exoframe.cli.main (same entry point as `python -m exoframe`, without a torch import per
+case); the cases that need ranks run `python -m exoframe` (the cli fixture).
+"""
+import json
+import os
+import resource
+import signal
+import socket
+import stat
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, write_plugin
+
+from exoframe.cli import main
+from exoframe.engine.sweep import _bandwidth_texts, grid_networks, parse_grid
+from exoframe.plugins import get_plugin_manager
+
+
+def strict_loads(text):
+    def refuse(constant):
+        raise ValueError(f"non-strict JSON constant {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def strict_json(path: Path):
+    return strict_loads(path.read_text())
+
+
+def run_main(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def assert_one_line(err, *names):
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and lines[0].startswith("error: ")
+    assert len(lines[0]) <= 1100, f"{len(lines[0])} characters"
+    for name in names:
+        assert name in lines[0], lines[0]
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """tmp_path as the current folder, with one earlier run folder under runs/."""
+    monkeypatch.chdir(tmp_path)
+    earlier = tmp_path / "runs" / "20000101-000000-ddp-n2"
+    earlier.mkdir(parents=True)
+    (earlier / "summary.json").write_text("{}\n")
+    return tmp_path
+
+
+def folders(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+BINARY = bytes(range(256)) * 4
+NAN_NET = "bandwidth: .nan\n"
+HUGE_LATENCY = "latency: 1e999ms\n"
+NAN_CONFIG = "lr: .nan\n"
+# 400 bytes that expand to 10^9 list items when aliases are followed.
+ALIAS_BOMB = "[" + ",".join(["&a [x,x,x,x,x,x,x,x,x,x]"] + [
+    f"&{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 10) + "]" for i in range(8)]) + "]"
+
+# (argv, files to write first, the names the one line must contain)
+REFUSED = [
+    # non-finite or out-of-range numbers: each once hung or failed after the fork
+    (["run", "--compute", "fixed:nan"], {}, ["compute", "finite"]),
+    (["run", "--compute", "fixed:inf"], {}, ["compute"]),
+    (["run", "--compute", "flops:inf"], {}, ["compute", "peak"]),
+    (["run", "--stragglers", "1:nan"], {}, ["stragglers", "rank 1"]),
+    (["run", "--stragglers", "lognormal:nan"], {}, ["stragglers", "lognormal"]),
+    (["run", "--stragglers", "lognormal:1000"], {}, ["stragglers", "lognormal"]),
+    (["run", "--stragglers", "bernoulli:0.5:inf"], {}, ["stragglers", "bernoulli"]),
+    (["run", "--lr", "nan"], {}, ["lr"]),
+    (["run", "--lr", "inf"], {}, ["lr"]),
+    (["run", "--optimizer", "sgd", "--momentum", "-1"], {}, ["momentum"]),
+    (["run", "--weight-decay", "nan"], {}, ["weight_decay"]),
+    (["run", "--weight-decay", "-1"], {}, ["weight_decay"]),
+    (["run", "--threads", "100000"], {}, ["threads", "cores"]),
+    (["run", "--nodes", "100000"], {}, ["nodes"]),
+    (["run", "--target-loss", "inf"], {}, ["target_loss"]),
+    (["run", "--hang-timeout", "0"], {}, ["hang_timeout"]),
+    (["run", "--config", "odd.yaml"], {"odd.yaml": "on_nonfinite: ignore\n"},
+     ["on_nonfinite", "'ignore'"]),
+    (["run", "--strategy", "diloco", "-p", "outer_lr=.nan"], {}, ["outer_lr", "finite"]),
+    (["run", "--strategy", "diloco", "-p", "outer_lr=.inf"], {}, ["outer_lr", "finite"]),
+    (["run", "--net", "nan.yaml"], {"nan.yaml": NAN_NET}, ["nan.yaml", "bandwidth"]),
+    (["run", "--net", "far.yaml"], {"far.yaml": HUGE_LATENCY}, ["far.yaml", "latency"]),
+    (["run", "--config", "nan.yaml"], {"nan.yaml": NAN_CONFIG}, ["nan.yaml", "lr"]),
+    (["sweep", "--project-params", "1e9", "--step-time", "nan", "--no-plots"], {},
+     ["--step-time"]),
+    # what used to be a traceback
+    (["run", "--out", "afile"], {"afile": "x"}, ["--out", "afile", "is a file"]),
+    (["run", "--out", "afile/sub"], {"afile": "x"}, ["--out", "afile/sub", "under afile"]),
+    (["sweep", "--out", "afile/sub", "--no-plots"], {"afile": "x"}, ["--out", "afile/sub"]),
+    (["run", "--config", "bin.yaml"], {"bin.yaml": BINARY}, ["bin.yaml", "UTF-8"]),
+    (["run", "--net", "bin.yaml"], {"bin.yaml": BINARY}, ["bin.yaml", "UTF-8"]),
+    (["run", "--workload", "mlp", "-w", "hidden=abc"], {}, ["workload 'mlp'", "hidden"]),
+    (["run", "--workload", "hostile_wl_a:boom"], {"hostile_wl_a.py": (
+        "def boom():\n    raise RuntimeError('factory exploded')\n")},
+     ["hostile_wl_a:boom", "factory exploded"]),
+    (["run", "--workload", "hostile_wl_b:three"], {"hostile_wl_b.py": "three = 3\n"},
+     ["hostile_wl_b:three", "not a function"]),
+    # unbounded input
+    (["run", "--strategy", "diloco", "-p", f"H={ALIAS_BOMB}"], {}, ["--param H", "aliases"]),
+    (["run", "--config", "bomb.yaml"], {"bomb.yaml": f"strategy_params: {{H: {ALIAS_BOMB}}}\n"},
+     ["bomb.yaml", "aliases"]),
+    (["run", "--strategy", "diloco", "-p", "H=" + "x" * 100_000], {}, ["'H'"]),
+    (["sweep", "--bandwidth", "1mbit..2mbit", "--points", "100000000", "--no-plots"], {},
+     ["--points", "1000"]),
+]
+
+
+def test_refused_before_anything_runs(here, capsys):
+    before = folders(here)
+    for argv, files, names in REFUSED:
+        for name, content in files.items():
+            path = here / name
+            path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+        code, out, err = run_main(argv, capsys)
+        assert code == 2, (argv, err)
+        assert_one_line(err, *names)
+        for name in files:
+            (here / name).unlink()
+        new = [p for p in folders(here) if p not in before and "__pycache__" not in p]
+        assert new == [], (argv, new)  # no run or sweep folder; runs/ as it was
+
+
+def test_a_nan_step_time_fails_at_once_as_a_user_meets_it(cli, tmp_path):
+    """`--compute fixed:nan` used to leave the launcher and ranks waiting forever."""
+    result = cli("run", "--compute", "fixed:nan", "--out", "runs", timeout=60)
+    assert result.returncode == 2
+    assert_one_line(result.stderr_text, "compute")
+    assert not (tmp_path / "runs").exists()
+    debug = cli("--debug", "run", "--workload", "mlp", "-w", "hidden=abc", timeout=60)
+    assert debug.returncode == 2 and "Traceback" in debug.stderr_text
+    assert debug.stderr_text.splitlines()[-1].startswith("error: workload 'mlp'")
+
+
+def test_grid_labels_are_unique():
+    grid = parse_grid("10mbit..10.5mbit", 40)
+    labels = _bandwidth_texts(grid)
+    assert len(set(labels)) == 40
+    assert _bandwidth_texts(parse_grid("10mbit..10gbit", 4)) == [
+        "10mbit", "100mbit", "1gbit", "10gbit"]
+
+
+def test_grid_networks_one_file_per_point(tmp_path):
+    paths = grid_networks("wan-100mbps", parse_grid("10mbit..10.5mbit", 40), tmp_path,
+                          get_plugin_manager())
+    assert len(set(paths)) == 40 and len(list(tmp_path.iterdir())) == 40
+
+
+METRIC_PLUGIN = textwrap.dedent('''
+    import math
+    from exoframe import hookimpl
+    from exoframe.strategies.ddp import DDP
+
+    class NanMetric(DDP):
+        """Logs non-finite metrics."""
+        def metrics(self):
+            return {"odd": math.nan, "big": math.inf}
+
+    class TextMetric(DDP):
+        """Logs a string as a metric."""
+        def metrics(self):
+            return {"odd": "abc"}
+
+    @hookimpl
+    def exoframe_register_strategies(register):
+        register("nan-metric", NanMetric)
+        register("text-metric", TextMetric)
+''')
+
+RUN = ["--workload", "mlp", "--steps", "3", "--compute", "fixed:10ms", "--out", "runs"]
+
+
+def test_written_files_are_strict_json_and_bad_files_are_named(cli, tmp_path):
+    write_plugin(tmp_path, "exoframe-hostile", "hostile_plugin", METRIC_PLUGIN)
+    run = cli("run", "--strategy", "nan-metric", *RUN)
+    assert run.returncode == 0, run.stderr_text
+    (folder,) = (tmp_path / "runs").iterdir()
+    rows = [strict_loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["odd"] is None and rows[-1]["big"] is None
+    report = cli("report", str(folder), "--out", "report", "--no-plots")
+    assert report.returncode == 0, report.stderr_text
+    strict_loads((tmp_path / "report" / "sweep.json").read_text())
+    replay = cli("replay", str(folder), "--net", "wan-100mbps")
+    assert replay.returncode == 0, replay.stderr_text
+    for path in (folder / "replays").iterdir():
+        strict_loads(path.read_text())
+
+    text = cli("run", "--strategy", "text-metric", *RUN)
+    assert text.returncode != 0 and "Traceback" not in text.stderr_text
+    assert_one_line(text.stderr_text, "metric 'odd'", "TextMetric")
+    assert cli.leftovers() == []
+
+    # Damaged copies of the good run: each refused in one line naming the file.
+    trace = json.loads((folder / "trace.json").read_text())
+    damaged = {
+        "truncated": lambda d: (d / "trace.json").write_text(json.dumps(trace)[:80]),
+        "no-seed": lambda d: (d / "trace.json").write_text(
+            json.dumps({k: v for k, v in trace.items() if k != "seed"})),
+        "billion-nodes": lambda d: (d / "trace.json").write_text(
+            json.dumps({**trace, "nodes": 10 ** 9})),
+        "many-steps": lambda d: (d / "trace.json").write_text(
+            json.dumps({**trace, "steps": 10 ** 9})),
+        "bad-event": lambda d: (d / "trace.json").write_text(
+            json.dumps({**trace, "ranks": [[["c", "NaN"]], []]})),
+    }
+    for name, damage in damaged.items():
+        copy = tmp_path / "damaged" / name
+        copy.mkdir(parents=True)
+        (copy / "summary.json").write_text((folder / "summary.json").read_text())
+        damage(copy)
+        result = cli("replay", str(copy), "--net", "ideal", timeout=60)
+        assert result.returncode == 2, (name, result.stderr_text)
+        assert_one_line(result.stderr_text, "trace.json")
+        assert not (copy / "replays").exists()
+
+    metrics = tmp_path / "damaged" / "metrics"
+    metrics.mkdir()
+    (metrics / "summary.json").write_text((folder / "summary.json").read_text())
+    (metrics / "metrics.jsonl").write_text((folder / "metrics.jsonl").read_text()[:-20])
+    result = cli("report", str(metrics), "--out", "report2", "--no-plots", timeout=60)
+    assert result.returncode == 2
+    assert_one_line(result.stderr_text, "metrics.jsonl", "line 3")
+    assert not (tmp_path / "report2").exists()
+
+
+# -- runs with real ranks ------------------------------------------------------------------
+
+MLP = ["--workload", "mlp", "--no-progress", "--out", "runs"]
+LONG = ["--steps", "100000"]
+HANG_GUARD = 120  # seconds; a guard against hangs, never a speed requirement
+
+
+def run_folder(cli) -> Path:
+    (folder,) = (cli.cwd / "runs").iterdir()
+    return folder
+
+
+def summary(cli) -> dict:
+    return strict_json(run_folder(cli) / "summary.json")
+
+
+def last_line(proc) -> str:
+    return proc.stderr_text.strip().splitlines()[-1]
+
+
+def finish(proc, timeout=HANG_GUARD):
+    proc.stdout_text, proc.stderr_text = proc.communicate(timeout=timeout)
+    return proc
+
+
+def wait_for_steps(cli, steps=3):
+    """Wait until the run has emitted `steps` rows: every rank is up and training."""
+    deadline = time.monotonic() + HANG_GUARD
+    while time.monotonic() < deadline:
+        metrics = list((cli.cwd / "runs").glob("*/metrics.jsonl"))
+        if metrics and len(metrics[0].read_text().splitlines()) >= steps:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the run never started training")
+
+
+def named(cli, name: str) -> int:
+    """The pid of the run's process called `name` (exo-rank-N, exo-evaluator)."""
+    for pid in cli.leftovers():
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                return pid
+        except OSError:
+            pass
+    raise AssertionError(f"no process named {name}")
+
+
+def listening(pid: int) -> list[tuple[str, int]]:
+    """(address in hex as /proc shows it, port) of every TCP socket `pid` listens on."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # 0A: LISTEN
+                address, port = local.split(":")
+                found.append((address, int(port, 16)))
+    return found
+
+
+def is_loopback(hex_address: str) -> bool:
+    """/proc writes addresses as little-endian 32-bit words: 127.x.x.x ends in 7F."""
+    if len(hex_address) == 8:
+        return hex_address.endswith("7F")
+    ipv4_mapped = hex_address.startswith("0000000000000000FFFF0000")  # ::ffff:127.x.x.x
+    return hex_address == "00000000000000000000000001000000" or (  # ::1
+        ipv4_mapped and hex_address.endswith("7F"))
+
+
+def test_no_open_rendezvous_port_and_every_socket_on_loopback(cli):
+    tmp = cli.cwd / "tmp"
+    tmp.mkdir()
+    proc = cli.popen("run", "--nodes", "3", *LONG, *MLP, env={"TMPDIR": str(tmp)})
+    try:
+        wait_for_steps(cli)
+        launcher, *children = [proc.pid, *(p for p in cli.leftovers() if p != proc.pid)]
+        assert len(children) == 4  # 3 ranks and the evaluator
+        assert listening(launcher) == []  # no store port: nothing for a foreign client
+        sockets = [s for pid in children for s in listening(pid)]
+        assert sockets  # gloo's: the check below checks something
+        assert all(is_loopback(address) for address, _ in sockets), sockets
+        (rendezvous,) = tmp.glob("exoframe-rendezvous-*")
+        assert stat.S_IMODE(rendezvous.stat().st_mode) == 0o700
+    finally:
+        proc.send_signal(signal.SIGINT)
+        finish(proc)
+    assert proc.returncode == 130, proc.stderr_text
+    assert list(tmp.glob("exoframe-*")) == []  # the rendezvous folder is gone
+    assert cli.leftovers() == []
+
+
+def test_garbage_from_a_local_client_does_not_disturb_a_run(cli):
+    """Write garbage to every port the run listens on, from start-up to the end."""
+    proc = cli.popen("run", "--nodes", "3", "--steps", "40", *MLP)
+    hits = []
+
+    def attack():
+        while proc.poll() is None:
+            for pid in cli.leftovers():
+                try:
+                    ports = [port for _, port in listening(pid)]
+                except OSError:
+                    continue
+                for port in ports:
+                    try:
+                        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                            s.sendall(os.urandom(64) + b"\xff" * 64)
+                            hits.append(port)
+                    except OSError:
+                        pass
+            time.sleep(0.01)
+
+    attacker = threading.Thread(target=attack, daemon=True)
+    attacker.start()
+    finish(proc)
+    attacker.join(timeout=10)
+    assert proc.returncode == 0, proc.stderr_text
+    assert hits  # the garbage reached the run
+    assert summary(cli)["status"] == "completed"
+    assert cli.leftovers() == []
+
+
+def test_a_stopped_rank_is_named_by_the_watchdog(cli):
+    proc = cli.popen("run", "--nodes", "3", *LONG, *MLP, "--hang-timeout", "3")
+    wait_for_steps(cli)
+    stopped = named(cli, "exo-rank-1")
+    os.kill(stopped, signal.SIGSTOP)
+    finish(proc)
+    assert proc.returncode == 1, proc.stderr_text
+    assert "Traceback" not in proc.stderr_text
+    line = last_line(proc)
+    assert line.startswith("error: watchdog: no progress for 3 s: rank 1 stopped"), line
+    assert "rank 0" not in line.split("made no progress")[0]
+    assert cli.leftovers() == []
+    result = summary(cli)
+    assert result["status"] == "failed" and result["error"] == line[len("error: "):]
+    assert result["rows"] and [r["step"] for r in result["rows"]] == list(
+        range(1, len(result["rows"]) + 1))
+
+
+STUCK = textwrap.dedent('''
+    import time
+    import exoframe
+    from exoframe.strategies import DDP
+
+    class Stuck(DDP):
+        """Rank 2 hangs at step 3, outside the simulated network."""
+        def step(self):
+            if self.rank == 2 and self.step_num == 3:
+                time.sleep(3600)
+            super().step()
+
+    @exoframe.hookimpl
+    def exoframe_register_strategies(register):
+        register("stuck", Stuck)
+''')
+
+
+def test_a_stuck_rank_is_named_by_the_watchdog(cli):
+    write_plugin(cli.cwd, "stuck-plugin", "stuck", STUCK)
+    proc = cli("run", "--strategy", "stuck", "--nodes", "3", "--steps", "10", *MLP,
+               "--hang-timeout", "2")
+    assert proc.returncode == 1, proc.stderr_text
+    assert "Traceback" not in proc.stderr_text
+    line = last_line(proc)
+    assert line.startswith("error: watchdog: no progress for 2 s: rank 2 made no progress; "
+                           "rank 0 waits for "), line
+    assert cli.leftovers() == []
+    assert summary(cli)["status"] == "failed"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_the_run_like_ctrl_c_and_keep_the_rows(cli, signum):
+    proc = cli.popen("run", "--nodes", "2", *LONG, *MLP)
+    wait_for_steps(cli)
+    proc.send_signal(signum)
+    finish(proc)
+    assert proc.returncode == 130, proc.stderr_text
+    name = signal.Signals(signum).name
+    assert last_line(proc) == f"error: interrupted by {name}: every rank was stopped."
+    assert "Traceback" not in proc.stderr_text
+    assert cli.leftovers() == []
+    result = summary(cli)
+    assert result["status"] == "interrupted"
+    metrics = (run_folder(cli) / "metrics.jsonl").read_text().splitlines()
+    assert len(result["rows"]) == result["steps_completed"] >= 3
+    assert [r["step"] for r in result["rows"]] == [json.loads(m)["step"] for m in metrics]
+
+
+CRASHY = textwrap.dedent('''
+    import exoframe
+    from exoframe.strategies import DDP
+
+    class Crashy(DDP):
+        """Fails on rank 1 at step 4."""
+        def step(self):
+            if self.rank == 1 and self.step_num == 4:
+                raise RuntimeError("boom on rank one")
+            super().step()
+
+    @exoframe.hookimpl
+    def exoframe_register_strategies(register):
+        register("crashy", Crashy)
+''')
+
+
+def test_a_failed_run_writes_a_failed_summary_with_every_finished_row(cli):
+    write_plugin(cli.cwd, "crashy-plugin", "crashy", CRASHY)
+    # Every step is validated: rows finished by every rank may still wait for validation.
+    proc = cli("run", "--strategy", "crashy", "--nodes", "3", "--steps", "10",
+               "--eval-every", "1", *MLP)
+    assert proc.returncode == 1
+    assert proc.stderr_text.count("Traceback") == 1  # the rank's own
+    assert last_line(proc) == "error: rank 1: RuntimeError: boom on rank one"
+    assert cli.leftovers() == []
+    result = summary(cli)
+    assert result["status"] == "failed"
+    assert result["error"] == "rank 1: RuntimeError: boom on rank one"
+    steps = [r["step"] for r in result["rows"]]
+    assert steps == list(range(1, len(steps) + 1)) and 1 <= len(steps) <= 3
+    assert not (run_folder(cli) / "trace.json").exists()
+
+
+def test_a_completed_run_says_so_in_strict_json(cli):
+    proc = cli("run", "--nodes", "2", "--steps", "3", *MLP)
+    assert proc.returncode == 0, proc.stderr_text
+    assert summary(cli)["status"] == "completed"
+    strict_json(run_folder(cli) / "trace.json")
+    assert not list(run_folder(cli).glob(".*"))  # no temporary file left behind
+
+
+DIVERGING = textwrap.dedent('''
+    import torch
+    from torch.utils.data import TensorDataset
+    import exoframe
+
+    class Diverging(torch.nn.Module):
+        """Its training loss becomes NaN at the third step."""
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 1)
+            self.calls = 0
+        def forward(self, batch):
+            x, y = batch
+            loss = ((self.lin(x).squeeze(1) - y) ** 2).mean()
+            if self.training:
+                self.calls += 1
+                if self.calls >= 3:
+                    loss = loss * float("nan")
+            return loss
+
+    def data(n):
+        return TensorDataset(torch.randn(n, 3), torch.randn(n))
+
+    def make():
+        return exoframe.Workload.from_datasets(Diverging, data(256), data(32), batch_size=8)
+''')
+
+
+def test_a_nan_loss_stops_the_run_and_names_step_and_rank(cli):
+    (cli.cwd / "diverging.py").write_text(DIVERGING)
+    proc = cli("run", "--nodes", "2", "--steps", "6", "--workload", "diverging:make",
+               "--no-progress", "--out", "runs")
+    assert proc.returncode == 2, proc.stderr_text
+    assert "Traceback" not in proc.stderr_text
+    line = last_line(proc)
+    assert "loss became NaN at step 3 on rank " in line and "--on-nonfinite continue" in line
+    assert cli.leftovers() == []
+    result = summary(cli)
+    assert result["status"] == "failed"
+    assert [r["step"] for r in result["rows"]] == [1, 2][:len(result["rows"])]
+
+
+def test_a_nan_loss_may_be_allowed_and_the_files_stay_strict_json(cli):
+    (cli.cwd / "diverging.py").write_text(DIVERGING)
+    proc = cli("run", "--nodes", "2", "--steps", "6", "--workload", "diverging:make",
+               "--no-progress", "--out", "runs", "--on-nonfinite", "continue")
+    assert proc.returncode == 0, proc.stderr_text
+    result = summary(cli)
+    assert result["status"] == "completed" and result["final_loss"] is None
+    strict_json(run_folder(cli) / "trace.json")
+    assert cli.leftovers() == []
+
+
+def test_a_full_disk_is_one_line_and_leaves_whole_rows(cli):
+    """A file-size limit stands in for a full disk: writes past it fail (EFBIG) as they
+    would with ENOSPC. The run stops with one line naming the file; every line of
+    metrics.jsonl is a whole row; nothing half-written is left."""
+    limit = 6000  # bytes: config.yaml fits, metrics.jsonl fills up after a few dozen rows
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = finish(cli.popen("run", "--nodes", "2", "--steps", "400", *MLP,
+                            preexec_fn=small_files))
+    assert proc.returncode == 2, proc.stderr_text
+    assert "Traceback" not in proc.stderr_text
+    line = last_line(proc)
+    assert line.startswith("error: cannot write ") and "metrics.jsonl: File too large" in line
+    assert cli.leftovers() == []
+    folder = run_folder(cli)
+    rows = [strict_loads(row) for row in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert rows and [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    assert not (folder / "trace.json").exists()
+    assert not list(folder.glob(".*.tmp"))  # no temporary file left
+    if (folder / "summary.json").exists():  # written if it fits under the limit
+        assert strict_json(folder / "summary.json")["status"] == "failed"
+
+
+def test_a_stray_module_in_the_current_folder_is_not_imported(cli):
+    """torch imports sympy at start-up; a sympy.py where the user runs must not be it."""
+    (cli.cwd / "sympy.py").write_text('raise RuntimeError("the stray sympy.py was imported")\n')
+    (cli.cwd / "diverging.py").write_text(DIVERGING)
+    # Only the repository on PYTHONPATH: the current folder gets on sys.path as a user's would.
+    proc = cli("run", "--nodes", "2", "--steps", "2", "--workload", "diverging:make",
+               "--no-progress", env={"PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr_text
+    assert "stray sympy" not in proc.stderr_text
+    assert cli.leftovers() == []
