@@ -33,10 +33,31 @@ def cli(strict_plugins, debug):
 @click.option("--workload", help="Built-in workload name or package.module:function. [gpt]")
 @click.option("--seed", type=int, help="Seed for model init, data order and strategy masks. [0]")
 @click.option("--batch-size", type=int, help="Per-rank batch size. [workload's]")
-@click.option("--optimizer", help="Local (inner) optimizer: adamw, adam, sgd. [adamw]")
+@click.option("--optimizer", help="Local (inner) optimizer: any torch.optim class by name "
+              "(adamw, sgd, rmsprop, ...) or a plugin's (see `exoframe optimizers`). [adamw]")
+@click.option("-o", "--optimizer-param", "optimizer_params", multiple=True, metavar="KEY=VALUE",
+              help="Optimizer keyword argument, repeatable (e.g. -o betas=[0.9,0.95]).")
 @click.option("--lr", type=float, help="Local optimizer learning rate. [workload's]")
 @click.option("--weight-decay", type=float, help="Local optimizer weight decay. [0]")
 @click.option("--momentum", type=float, help="Momentum, for sgd. [0]")
+@click.option("--schedule", type=click.Choice(["constant", "linear", "cosine", "wsd"]),
+              help="Learning-rate schedule after --warmup-steps. [constant]")
+@click.option("--warmup-steps", type=int, help="Linear warm-up steps. [0]")
+@click.option("--min-lr-ratio", type=float,
+              help="Where linear, cosine and wsd decay to, as a fraction of lr. [0]")
+@click.option("--clip-grad-norm", type=float,
+              help="Clip each rank's local gradient norm before the strategy's step. [off]")
+@click.option("--accumulate", type=int, help="Micro-batches of --batch-size per step. [1]")
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]),
+              help="Autocast precision (fp16 with a loss scaler). [fp32]")
+@click.option("--device", help="auto, cpu, cuda (ranks round-robin over the GPUs), cuda:N or "
+              "mps. [cpu]")
+@click.option("--epochs", type=int, help="Passes over each rank's shard; replaces --steps.")
+@click.option("--shuffle/--no-shuffle", default=None, help="Reshuffle every epoch. [on]")
+@click.option("--drop-last/--keep-last", default=None,
+              help="Drop each epoch's last short batch. [drop]")
+@click.option("--time-budget", help="Stop at the first step whose simulated end reaches this "
+              "time (2h, 90min, 600s).")
 @click.option("--eval-every", type=int, help="Validate the averaged model every N steps. [steps/10]")
 @click.option("--eval-batches", type=int, help="Validation batches per rank. [8]")
 @click.option("--target-loss", type=float, help="Validate every step, report the simulated "
@@ -62,7 +83,8 @@ def cli(strict_plugins, debug):
               "[jsonl]")
 @click.option("--progress/--no-progress", default=None, help="Progress bar. [on in a terminal]")
 @click.option("--debug", is_flag=True, help="Show full tracebacks.")
-def run(config_file, params, workload_params, sinks, progress, debug, **flags):
+def run(config_file, params, workload_params, optimizer_params, sinks, progress, debug,
+        **flags):
     """Train a workload on N simulated nodes under a strategy."""
     from .engine import execute, job_from_config
     from .report import summary_table
@@ -72,6 +94,8 @@ def run(config_file, params, workload_params, sinks, progress, debug, **flags):
         overrides["strategy_params"] = parse_assignments(params, "--param")
     if workload_params:
         overrides["workload_params"] = parse_assignments(workload_params, "--workload-param")
+    if optimizer_params:
+        overrides["optimizer_params"] = parse_assignments(optimizer_params, "--optimizer-param")
     if sinks:
         overrides["sinks"] = [name for names in sinks for name in _names(names, "--sink")]
     config = resolve_config(config_file, overrides)
@@ -101,6 +125,14 @@ def workloads():
     from .plugins import get_plugin_manager
 
     _print_registry(get_plugin_manager().workloads)
+
+
+@cli.command()
+def optimizers():
+    """List local optimizers (every torch.optim class, and plugins'): name, source package."""
+    from .plugins import get_plugin_manager
+
+    _print_registry(get_plugin_manager().optimizers)
 
 
 @cli.command()

@@ -21,6 +21,8 @@ MAX_NODES = 1024
 
 
 ON_NONFINITE = ("stop", "continue")
+SCHEDULES = ("constant", "linear", "cosine", "wsd")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def max_nodes() -> int:
@@ -38,11 +40,26 @@ class RunConfig:
     nodes: int = 2
     steps: int = 300
     batch_size: typing.Optional[int] = None
-    optimizer: str = "adamw"
+    optimizer: str = "adamw"  # any torch.optim class by name, or a plugin's (exoframe optimizers)
+    optimizer_params: dict = field(default_factory=dict)  # its keyword arguments (-o KEY=VALUE)
     lr: typing.Optional[float] = None
     weight_decay: float = 0.0
     momentum: float = 0.0
     seed: int = 0
+    # The training loop (engine/loop.py): learning-rate schedule, clipping, micro-batches, precision.
+    schedule: str = "constant"  # constant | linear | cosine | wsd, after warmup_steps
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0  # where linear, cosine and wsd decay to, as a fraction of lr
+    clip_grad_norm: typing.Optional[float] = None  # clip the local gradients' total norm
+    accumulate: int = 1  # micro-batches of batch_size per step
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a loss scaler)
+    device: str = "cpu"  # auto | cpu | cuda | cuda:N | mps
+    # Data: epochs replaces steps when given; shuffle each epoch; drop the last short batch.
+    epochs: typing.Optional[int] = None
+    shuffle: bool = True
+    drop_last: bool = True
+    # Stop at the first step whose simulated end passes this ("2h", "90min", seconds).
+    time_budget: typing.Optional[typing.Union[float, str]] = None
     eval_every: typing.Optional[int] = None
     eval_batches: int = 8
     # Validate every step and stop once the averaged model's validation loss is at most this.
@@ -64,7 +81,9 @@ class RunConfig:
             if isinstance(value, float) and not math.isfinite(value):
                 raise ExoframeError(f"{f.name} must be a finite number, got {value}.")
         positive = {"nodes": self.nodes, "steps": self.steps, "threads": self.threads,
-                    "eval_batches": self.eval_batches}
+                    "eval_batches": self.eval_batches, "accumulate": self.accumulate}
+        if self.epochs is not None:
+            positive["epochs"] = self.epochs
         if self.batch_size is not None:
             positive["batch_size"] = self.batch_size
         if self.eval_every is not None:
@@ -89,6 +108,20 @@ class RunConfig:
         if not self.hang_timeout > 0:
             raise ExoframeError(f"hang_timeout must be a positive number of seconds, got "
                                 f"{self.hang_timeout}.")
+        for name, choices in (("schedule", SCHEDULES), ("precision", PRECISIONS)):
+            value = getattr(self, name)
+            if value not in choices:
+                raise ExoframeError(f"{name}: unknown choice '{shorten(value)}'."
+                                    f"{did_you_mean(value, choices)} Use {', '.join(choices)}.")
+        if self.warmup_steps < 0:
+            raise ExoframeError(f"warmup_steps must be at least 0, got {self.warmup_steps}.")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ExoframeError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}.")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ExoframeError(f"clip_grad_norm must be positive, got {self.clip_grad_norm}.")
+        check_device(self.device)
+        if self.time_budget is not None:
+            budget_seconds(self.time_budget)
         if self.on_nonfinite not in ON_NONFINITE:
             raise ExoframeError(f"on_nonfinite: unknown choice '{shorten(self.on_nonfinite)}'."
                                 f"{did_you_mean(self.on_nonfinite, ON_NONFINITE)} Use "
@@ -96,6 +129,29 @@ class RunConfig:
         if not all(isinstance(name, str) for name in self.sinks):
             raise ExoframeError(f"sinks must be a list of sink names, got {shorten(self.sinks)}.")
         return self
+
+
+def budget_seconds(value) -> float:
+    """A time budget in seconds: a number, or a time with a unit ('2h', '90min', '600s')."""
+    from .sim.units import parse_seconds
+
+    try:
+        seconds = parse_seconds(value, "time_budget", "config")
+    except ExoframeError:
+        seconds = math.nan
+    if not seconds > 0:
+        raise ExoframeError(f"time_budget: expected a positive simulated time like '2h', "
+                            f"'90min' or '600s', got '{shorten(value)}'.")
+    return seconds
+
+
+def check_device(device: str):
+    kind, _, index = device.partition(":")
+    if kind not in ("auto", "cpu", "cuda", "mps") or (index and not (kind == "cuda"
+                                                                      and index.isdigit())):
+        raise ExoframeError(f"device: unknown device '{shorten(device)}'."
+                            f"{did_you_mean(kind, ['auto', 'cpu', 'cuda', 'mps'])} Use auto, "
+                            "cpu, cuda, cuda:N or mps.")
 
 
 def check_optimizer_values(lr=None, weight_decay=0.0, momentum=0.0):
@@ -256,14 +312,30 @@ def resolve_config(config_file=None, overrides: dict | None = None) -> RunConfig
     if config_file:
         values = load_yaml(config_file)
         where = str(config_file)
+    values = _optimizer_mapping(values, where)
     config = build_dataclass(RunConfig, values, where)
     for key, value in (overrides or {}).items():
-        if key in ("strategy_params", "workload_params"):
+        if key in ("strategy_params", "workload_params", "optimizer_params"):
             merged = dict(getattr(config, key))
             merged.update(value)
             value = merged
         config = dataclasses.replace(config, **{key: value})
     return config.validate()
+
+
+def _optimizer_mapping(values: dict, where: str) -> dict:
+    """YAML may give the optimizer as a mapping, `optimizer: {name: adamw, betas: [0.9,
+    0.95]}`: its name goes to `optimizer`, the rest to `optimizer_params`."""
+    optimizer = values.get("optimizer") if isinstance(values, dict) else None
+    if not isinstance(optimizer, dict):
+        return values
+    params = dict(optimizer)
+    name = params.pop("name", None)
+    if not isinstance(name, str):
+        raise ExoframeError(f"{where}: optimizer: a mapping needs 'name', e.g. "
+                            "{name: adamw, betas: [0.9, 0.95]}.")
+    return {**values, "optimizer": name,
+            "optimizer_params": {**values.get("optimizer_params", {}), **params}}
 
 
 def config_to_dict(config: RunConfig) -> dict:

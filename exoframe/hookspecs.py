@@ -62,3 +62,14 @@ def exoframe_register_commands(register):
 
     An extra command line command: `exoframe <name>` runs the click.Command.
     """
+
+
+@hookspec
+def exoframe_register_optimizers(register):
+    """register(name, optimizer_factory, description="", aliases=())
+
+    A local (inner) optimizer: optimizer_factory(params, lr=..., **kwargs) returns a
+    torch.optim.Optimizer (a torch.optim class is one). Chosen per run by
+    RunConfig.optimizer / `--optimizer NAME`, with keyword arguments from `-o KEY=VALUE`.
+    Every torch.optim optimizer is registered under its lower-case class name.
+    """

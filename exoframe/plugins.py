@@ -29,9 +29,11 @@ BUILTIN_PLUGINS = ("exoframe.strategies", "exoframe.workloads", "exoframe.sim", 
 KINDS = {"strategies": "exoframe_register_strategies", "workloads": "exoframe_register_workloads",
          "networks": "exoframe_register_networks",
          "algorithms": "exoframe_register_algorithms", "sinks": "exoframe_register_sinks",
-         "commands": "exoframe_register_commands"}
+         "commands": "exoframe_register_commands",
+         "optimizers": "exoframe_register_optimizers"}
 SINGULAR = {"strategies": "strategy", "workloads": "workload", "networks": "network preset",
-            "algorithms": "collective algorithm", "sinks": "metrics sink", "commands": "command"}
+            "algorithms": "collective algorithm", "sinks": "metrics sink", "commands": "command",
+            "optimizers": "optimizer"}
 
 
 @dataclass
@@ -207,6 +209,10 @@ class PluginManager:
         return self.registries["sinks"]
 
     @property
+    def optimizers(self) -> Registry:
+        return self.registries["optimizers"]
+
+    @property
     def commands(self) -> Registry:
         return self.registries["commands"]
 
@@ -218,7 +224,7 @@ def _check_item(kind: str, name, obj):
         raise ExoframeError(f"registered a {SINGULAR[kind]} whose name is {name!r}, not a string.")
     if kind == "commands" and not isinstance(obj, click.Command):
         raise ExoframeError(f"command '{name}' is {type(obj).__name__}, not a click.Command.")
-    if kind in ("sinks", "workloads", "algorithms") and not callable(obj):
+    if kind in ("sinks", "workloads", "algorithms", "optimizers") and not callable(obj):
         raise ExoframeError(f"{SINGULAR[kind]} '{name}' is {type(obj).__name__}, not callable.")
 
 

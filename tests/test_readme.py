@@ -13,6 +13,8 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -185,6 +187,11 @@ def readme_commands():
             for line in shell_lines(block) for argv in simple_commands(line)]
 
 
+# Example scripts README runs, and the flags that make them small.
+EXAMPLE_SHRINK = {"examples/exogym_nanogpt.py": ["--max_steps", STEPS, "--val_interval", STEPS,
+                                                 "--warmup_steps", "1"]}
+
+
 def not_rerun_here(argv):
     """Why a non-exoframe command is not run here, or None when the test cannot place it."""
     if argv[0] == "pip" or argv[:2] == ["python", "-c"]:
@@ -222,6 +229,14 @@ def test_every_readme_command_runs_shrunk(cli):
             running.clear()
 
     for command in commands:
+        if command.argv[:1] == ["python"] and command.argv[1] in EXAMPLE_SHRINK:
+            example = subprocess.run(
+                [sys.executable, *command.argv[1:], *EXAMPLE_SHRINK[command.argv[1]]],
+                cwd=cli.cwd, env=cli.env(), capture_output=True, text=True, timeout=300)
+            if example.returncode != 0:
+                failures.append(f"{command.line}\n  exit {example.returncode}: "
+                                f"{example.stderr[-1500:]}")
+            continue
         if command.argv[0] != "exoframe":
             if not_rerun_here(command.argv) is None:
                 failures.append(f"{command.line}\n  test_readme cannot run {command.argv[0]!r}")

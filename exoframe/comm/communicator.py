@@ -74,14 +74,17 @@ class Communicator:
                    wire_bytes: int | None = None):
         """In place. op: sum, mean, max or min."""
         reduce_op = _reduce_op(op)
+        host = _host(tensor)
         finish = (lambda: tensor.div_(self.world_size)) if op == "mean" else None
-        return self._submit("all_reduce", _wire(tensor, wire_bytes), async_op, tensor, finish,
-                            lambda: dist.all_reduce(tensor, reduce_op, self.group, True))
+        return self._submit("all_reduce", _wire(tensor, wire_bytes), async_op, tensor,
+                            _back(host, tensor, finish),
+                            lambda: dist.all_reduce(host, reduce_op, self.group, True))
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False,
                   wire_bytes: int | None = None):
-        return self._submit("broadcast", _wire(tensor, wire_bytes), async_op, tensor, None,
-                            lambda: dist.broadcast(tensor, src, self.group, True),
+        host = _host(tensor)
+        return self._submit("broadcast", _wire(tensor, wire_bytes), async_op, tensor,
+                            _back(host, tensor), lambda: dist.broadcast(host, src, self.group, True),
                             root=self.ranks.index(src))
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False,
@@ -89,8 +92,10 @@ class Communicator:
         """output (world_size * input.numel(), flat) receives every rank's input, in rank
         order. wire_bytes: of the whole gathered output."""
         _check_numel(output, input.numel() * self.world_size, "all_gather output")
-        return self._submit("all_gather", _wire(output, wire_bytes), async_op, output, None,
-                            lambda: _all_gather_flat(output, input, self.group, True))
+        host_out, host_in = _host(output), _host(input)
+        return self._submit("all_gather", _wire(output, wire_bytes), async_op, output,
+                            _back(host_out, output),
+                            lambda: _all_gather_flat(host_out, host_in, self.group, True))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
                        async_op: bool = False, wire_bytes: int | None = None):
@@ -98,21 +103,26 @@ class Communicator:
         wire_bytes: of the whole input."""
         _check_numel(output, input.numel() // self.world_size, "reduce_scatter output")
         reduce_op = _reduce_op(op)
+        host_out, host_in = _host(output), _host(input)
         finish = (lambda: output.div_(self.world_size)) if op == "mean" else None
         return self._submit(
-            "reduce_scatter", _wire(input, wire_bytes), async_op, output, finish,
-            lambda: _reduce_scatter_flat(output, input, reduce_op, self.group, True))
+            "reduce_scatter", _wire(input, wire_bytes), async_op, output,
+            _back(host_out, output, finish),
+            lambda: _reduce_scatter_flat(host_out, host_in, reduce_op, self.group, True))
 
     # -- point to point ------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False,
              wire_bytes: int | None = None):
+        host = _host(tensor)
         return self._submit("send", _wire(tensor, wire_bytes), async_op, None, None,
-                            lambda: dist.isend(tensor, dst, self.group), peers=(self.rank, dst))
+                            lambda: dist.isend(host, dst, self.group), peers=(self.rank, dst))
 
     def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False,
              wire_bytes: int | None = None):
-        return self._submit("recv", _wire(tensor, wire_bytes), async_op, tensor, None,
-                            lambda: dist.irecv(tensor, src, self.group), peers=(src, self.rank))
+        host = _host(tensor)
+        return self._submit("recv", _wire(tensor, wire_bytes), async_op, tensor,
+                            _back(host, tensor), lambda: dist.irecv(host, src, self.group),
+                            peers=(src, self.rank))
 
     def wait_all(self):
         """Wait for every operation still in flight (the end of training)."""
@@ -131,6 +141,26 @@ class Communicator:
             return handle
         handle._complete()  # the clock has already waited for it
         return result
+
+
+# gloo exchanges host memory: a tensor on a GPU travels through a host copy, and the result
+# is copied back when the operation completes (ranks may share one GPU, which NCCL refuses).
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
+
+
+def _back(host: torch.Tensor, tensor: torch.Tensor, then=None):
+    """What completes an operation whose result landed in `host`: copy it into `tensor`
+    (when they differ), then `then()`."""
+    if host is tensor:
+        return then
+
+    def finish():
+        with torch.no_grad():
+            tensor.copy_(host)
+        if then is not None:
+            then()
+    return finish
 
 
 def _reduce_op(op: str):

@@ -1,8 +1,11 @@
-"""Batches from a rank's shard: reshuffled every epoch, reproducible from (seed, rank, epoch)."""
+"""Batches from a rank's shard: reshuffled every epoch, reproducible from (seed, rank, epoch),
+or read in order from a stream."""
 from __future__ import annotations
 
+import itertools
+
 import torch
-from torch.utils.data import Dataset, Subset, TensorDataset
+from torch.utils.data import Dataset, IterableDataset, Subset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from ..errors import ExoframeError
@@ -24,10 +27,20 @@ def fetch(dataset: Dataset, indices: torch.Tensor):
 
 
 class Batches:
-    """Endless batches over one rank's shard; each epoch is a new permutation."""
+    """Endless batches over one rank's shard: each epoch a new permutation (or the shard's
+    order, without shuffle), the last short batch dropped or kept. A stream (an
+    IterableDataset) is read in order, and running dry is an error naming the rank."""
 
-    def __init__(self, dataset: Dataset, batch_size: int, seed: int, rank: int):
-        self.dataset = dataset
+    def __init__(self, dataset: Dataset, batch_size: int, seed: int, rank: int,
+                 shuffle: bool = True, drop_last: bool = True):
+        self.dataset, self.rank = dataset, rank
+        self.shuffle, self.drop_last = shuffle, drop_last
+        self.served = 0  # batches given out
+        self._first = None  # a batch read ahead by first(): served next
+        if isinstance(dataset, IterableDataset):
+            self.stream, self.batch_size = iter(dataset), batch_size
+            return
+        self.stream = None
         self.size = len(dataset)
         if self.size == 0:
             raise ExoframeError(f"rank {rank} got an empty training shard: use fewer nodes or more data.")
@@ -37,14 +50,37 @@ class Batches:
         self._new_epoch()
 
     def _new_epoch(self):
-        self.order = torch.randperm(self.size, generator=self.generator)
+        self.order = (torch.randperm(self.size, generator=self.generator) if self.shuffle
+                      else torch.arange(self.size))
         self.position = 0
+
+    def first(self):
+        """The first batch, without using it up (the launcher checks the model on it)."""
+        if self._first is None:
+            self._first = self._next()
+        return self._first
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self.position + self.batch_size > self.size:
+        self.served += 1
+        if self._first is not None:
+            batch, self._first = self._first, None
+            return batch
+        return self._next()
+
+    def _next(self):
+        if self.stream is not None:
+            items = list(itertools.islice(self.stream, self.batch_size))
+            if not items or (self.drop_last and len(items) < self.batch_size):
+                raise ExoframeError(
+                    f"rank {self.rank}: its training stream (an IterableDataset) ran dry after "
+                    f"{self.served - 1} batches of {self.batch_size}; give a longer stream "
+                    "or fewer steps.")
+            return default_collate(items)
+        left = self.size - self.position
+        if left <= 0 or (self.drop_last and left < self.batch_size):
             self.epoch += 1
             self._new_epoch()
         indices = self.order[self.position:self.position + self.batch_size]
@@ -52,8 +88,22 @@ class Batches:
         return fetch(self.dataset, indices)
 
 
+def has_examples(dataset: Dataset) -> bool:
+    if isinstance(dataset, IterableDataset):
+        return True
+    return len(dataset) > 0
+
+
 def eval_batches(dataset: Dataset, batch_size: int, max_batches: int):
-    """The first `max_batches` batches of a validation shard, in order."""
+    """The first `max_batches` batches of a validation shard (or stream), in order."""
+    if isinstance(dataset, IterableDataset):
+        stream = iter(dataset)
+        for _ in range(max_batches):
+            items = list(itertools.islice(stream, batch_size))
+            if not items:
+                return
+            yield default_collate(items)
+        return
     size = len(dataset)
     for start in range(0, min(size, batch_size * max_batches), batch_size):
         yield fetch(dataset, torch.arange(start, min(start + batch_size, size)))

@@ -7,29 +7,43 @@ from __future__ import annotations
 
 import torch
 
+from . import devices
 from .data import eval_batches
+from .loop import to_device
 from .job import Job
 from .model_state import load
 
 
 @torch.no_grad()
-def validation_loss(model, val_shards, batch_size: int, max_batches: int) -> float | None:
-    """Mean loss over the first `max_batches` batches of every rank's validation shard."""
+def validate(model, val_shards, batch_size: int, max_batches: int, metrics=None,
+             device: torch.device = torch.device("cpu")):
+    """(mean loss, {name: mean value} of the workload's metrics) over the first
+    `max_batches` batches of every rank's validation shard, averaged over examples;
+    (None, {}) without validation data."""
     model.eval()
-    total, count = 0.0, 0
+    total, count, sums = 0.0, 0, {}
     for shard in val_shards:
         for batch in eval_batches(shard, batch_size, max_batches):
             n = len(batch[0]) if isinstance(batch, (tuple, list)) else len(batch)
+            batch = to_device(batch, device)
             total += model(batch).item() * n
             count += n
-    return total / count if count else None
+            for name, value in (metrics(model, batch) if metrics else {}).items():
+                sums[name] = sums.get(name, 0.0) + float(value) * n
+    if not count:
+        return None, {}
+    return total / count, {name: value / count for name, value in sums.items()}
 
 
 def evaluate(job: Job, val_shards, conn):
-    """Answer each (step, averaged model state) with ("val", step, loss) until None."""
+    """Answer each (step, averaged model state) with ("val", step, loss, metrics) until None.
+    On a GPU run the evaluator validates on rank 0's device."""
     torch.set_num_threads(job.threads)
+    device = devices.for_rank(job.device, 0)
+    job.model.to(device)
     while (message := conn.recv()) is not None:
         step, state = message
         load(job.model, state)
-        conn.send(("val", step, validation_loss(job.model, val_shards, job.batch_size,
-                                                job.eval_batches)))
+        loss, metrics = validate(job.model, val_shards, job.batch_size, job.eval_batches,
+                                 job.metrics, device)
+        conn.send(("val", step, loss, metrics))

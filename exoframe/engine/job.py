@@ -6,16 +6,19 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Optional
+import math
+from typing import Callable, Optional
 
 import torch
 
-from ..config import RunConfig
+from ..config import RunConfig, budget_seconds
 from ..errors import ExoframeError, shorten
 from ..plugins import PluginManager, get_plugin_manager
 from ..sim import SimSetup, resolve_sim
 from ..strategies.base import OptimizerSpec, Strategy
 from ..workloads.base import DatasetFactory, Workload, call_with_params
+from . import devices
+from .target import LAG
 
 
 @dataclass
@@ -40,6 +43,28 @@ class Job:
     target_loss: Optional[float] = None  # validate every step; stop once reached
     hang_timeout: float = 300.0  # real seconds without progress before the watchdog stops it
     on_nonfinite: str = "stop"  # or "continue": what a NaN or infinite loss does
+    # The training loop (engine/loop.py)
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    clip_grad_norm: Optional[float] = None
+    accumulate: int = 1
+    precision: str = "fp32"
+    device: str = "cpu"  # resolved: cpu, mps, cuda or cuda:N (engine/devices.py)
+    shuffle: bool = True
+    drop_last: bool = True
+    time_budget: Optional[float] = None  # simulated seconds; stop at the step that passes it
+    metrics: Optional[Callable] = None  # the workload's metrics(model, batch) -> dict
+    tokens_per_sample: Optional[int] = None
+
+    def asks_to_stop(self, step: int) -> bool:
+        """Whether a rank asks the launcher, at the end of `step`, whether to stop there."""
+        if step >= self.steps:
+            return False
+        return self.time_budget is not None or (self.target_loss is not None and step > LAG)
+
+    def effective_batch_size(self) -> int:
+        return self.batch_size * self.accumulate * self.nodes
 
 
 def resolve_strategy(strategy, params: dict | None, pm: PluginManager):
@@ -87,20 +112,47 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
     pm = pm or get_plugin_manager()
     strategy_cls, strategy_name, strategy_params = resolve_strategy(
         strategy or config.strategy, config.strategy_params, pm)
+    batch_size = config.batch_size or workload.batch_size
+    steps = config.steps if config.epochs is None else epoch_steps(config, workload, batch_size)
+    optimizer = pm.optimizers.get(config.optimizer)
     return Job(
         model=model, dataset=workload.dataset, strategy_cls=strategy_cls,
         strategy_name=strategy_name, strategy_params=strategy_params,
-        optimizer=OptimizerSpec(config.optimizer, config.lr or workload.lr, config.weight_decay,
-                                config.momentum),
-        nodes=config.nodes, steps=config.steps, batch_size=config.batch_size or workload.batch_size,
+        optimizer=OptimizerSpec(optimizer.name, config.lr or workload.lr, config.weight_decay,
+                                config.momentum, dict(config.optimizer_params), optimizer.obj),
+        nodes=config.nodes, steps=steps, batch_size=batch_size,
         sim=sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm),
         seed=config.seed, target_loss=config.target_loss,
         # A target is judged at every step, so the time to reach it is resolved to one step.
         eval_every=1 if config.target_loss is not None else
-        config.eval_every or max(1, config.steps // 10),
+        config.eval_every or max(1, steps // 10),
         eval_batches=config.eval_batches, threads=config.threads, workload_name=workload.name,
         hang_timeout=config.hang_timeout, on_nonfinite=config.on_nonfinite,
+        schedule=config.schedule, warmup_steps=config.warmup_steps,
+        min_lr_ratio=config.min_lr_ratio, clip_grad_norm=config.clip_grad_norm,
+        accumulate=config.accumulate, precision=config.precision,
+        device=devices.resolve(config.device), shuffle=config.shuffle,
+        drop_last=config.drop_last,
+        time_budget=None if config.time_budget is None else budget_seconds(config.time_budget),
+        metrics=workload.metrics, tokens_per_sample=workload.tokens_per_sample,
         best_loss=workload.best_loss, sinks=tuple(pm.sinks.get(name).obj for name in config.sinks))
+
+
+def epoch_steps(config: RunConfig, workload: Workload, batch_size: int) -> int:
+    """Steps for `config.epochs` passes over rank 0's training shard, each step taking
+    `accumulate` batches."""
+    shard = workload.dataset(0, config.nodes, "train")
+    try:
+        size = len(shard)
+    except TypeError:
+        raise ExoframeError("epochs: the training data is a stream (an IterableDataset) "
+                            "with no length; give --steps instead.") from None
+    per_epoch = size // batch_size if config.drop_last else math.ceil(size / batch_size)
+    if per_epoch == 0:
+        raise ExoframeError(f"epochs: rank 0's shard has {size} examples, fewer than one "
+                            f"batch of {batch_size}; use a smaller batch or keep the last "
+                            "short batch (drop_last: false).")
+    return max(1, math.ceil(config.epochs * per_epoch / config.accumulate))
 
 
 def job_from_config(config: RunConfig, pm: PluginManager | None = None,

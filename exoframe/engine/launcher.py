@@ -27,13 +27,16 @@ import torch
 
 from ..errors import ExoframeError
 from ..sim import SimulationError, Simulator
-from .data import Batches, fetch
+from ..sim.compute import device_from_name
+from . import devices
+from .data import Batches, has_examples
 from .evaluator import evaluate
 from .flops import count_step_flops
 from .job import Job
+from .loop import check_loss
 from .model_state import average
-from .rank import check_loss, train
-from .target import TargetVerdicts
+from .rank import train
+from .target import StopVerdicts
 from .watchdog import describe_stall
 
 EVALUATOR = "evaluator"
@@ -57,7 +60,8 @@ class LaunchResult:
     startup_seconds: float
     elapsed_seconds: float
     final_state: tuple | None = None  # the last step's averaged model (see model_state)
-    steps: int = 0  # steps run: fewer than job.steps when a target loss stopped the run
+    steps: int = 0  # steps run: fewer than job.steps when a stopping rule stopped the run
+    stopped_by: str = "steps"  # "steps", "target_loss" or "time_budget"
 
 
 STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
@@ -124,10 +128,24 @@ class StepRows:
         self.awaiting_val.add(step)
         return average(self.states.pop(step))
 
-    def add_val(self, step: int, val_loss):
+    def hold(self, step: int):
+        """Keep `step`'s row until its states (add_state) come and are validated."""
+        self.awaiting_val.add(step)
+
+    def add_state(self, rank: int, step: int, state):
+        """A state sent apart from its record (a rank told to stop after a step that was
+        not an evaluation step). Returns the averaged state once every rank's is in."""
+        states = self.states.setdefault(step, [None] * self.nodes)
+        states[rank] = state
+        if any(s is None for s in states):
+            return None
+        return average(self.states.pop(step))
+
+    def add_val(self, step: int, val_loss, metrics: dict):
         self.awaiting_val.discard(step)
         if val_loss is not None:  # None: no validation data
             self.rows[step]["val_loss"] = val_loss
+            self.rows[step].update((f"val_{name}", value) for name, value in metrics.items())
 
     def ready(self, unvalidated=False):
         """Rows that can be emitted now, in order; with `unvalidated`, also the rows whose
@@ -148,14 +166,14 @@ class StepRows:
         return row
 
 
-def check_model(job: Job, train_shard):
-    """Fail fast, before any fork: one forward pass (eval mode, no grad) must give a scalar.
-    Returns the batch it used."""
+def check_model(job: Job, batches: Batches):
+    """Fail fast, before any fork: one forward pass (eval mode, no grad, on the CPU) over
+    rank 0's first batch must give a scalar. Returns the batch."""
     was_training = job.model.training
     job.model.eval()
     try:
         with torch.no_grad():
-            batch = fetch(train_shard, torch.arange(min(job.batch_size, len(train_shard))))
+            batch = batches.first()
             check_loss(job.model(batch), step=0)
     finally:
         job.model.train(was_training)
@@ -174,15 +192,19 @@ def preload():
 def launch(job: Job, on_row=None) -> LaunchResult:
     """Run `job` on job.nodes forked ranks. `on_row(row)` is called for each finished step."""
     start = time.perf_counter()
-    batches = [Batches(job.dataset(rank, job.nodes, "train"), job.batch_size, job.seed, rank)
-               for rank in range(job.nodes)]
+    batches = [Batches(job.dataset(rank, job.nodes, "train"), job.batch_size, job.seed, rank,
+                       job.shuffle, job.drop_last) for rank in range(job.nodes)]
     val_shards = [job.dataset(rank, job.nodes, "val") for rank in range(job.nodes)]
-    if job.target_loss is not None and not any(len(shard) for shard in val_shards):
+    if job.target_loss is not None and not any(map(has_examples, val_shards)):
         raise ExoframeError("target_loss needs validation data: the time to target is read "
                             "from the validation loss. Give validation data or drop target_loss.")
-    first_batch = check_model(job, batches[0].dataset)
+    first_batch = check_model(job, batches[0])
     if job.sim.compute.needs_flops:
-        job.sim.compute = job.sim.compute.with_flops(count_step_flops(job.model, first_batch))
+        if job.sim.compute.peak is None:  # flops:auto
+            gpu = devices.gpu_model() if job.device.startswith("cuda") else None
+            job.sim.compute = job.sim.compute.with_device(device_from_name(gpu))
+        flops = count_step_flops(job.model, first_batch) * job.accumulate
+        job.sim.compute = job.sim.compute.with_flops(flops)
     preload()
     watchdog = job.hang_timeout
     # gloo binds its listening sockets to this interface: loopback only.
@@ -228,7 +250,7 @@ def _launch(job, on_row, start, batches, val_shards, watchdog, store_path) -> La
         return LaunchResult(rank_results=monitor.results,
                             startup_seconds=(monitor.first_step_at or end) - start,
                             elapsed_seconds=end - start, final_state=monitor.final_state,
-                            steps=monitor.last_step())
+                            steps=monitor.last_step(), stopped_by=monitor.stopped_by())
     except KeyboardInterrupt as e:  # while starting or stopping, outside monitor.run()
         error = _interrupted(e)
         error.status, error.rows = "interrupted", monitor.emitted
@@ -273,7 +295,8 @@ class _Monitor:
         self.who = [*range(job.nodes), EVALUATOR]
         self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
         self.rows = StepRows(job.nodes)
-        self.verdicts = TargetVerdicts(job.target_loss) if job.target_loss is not None else None
+        early = job.target_loss is not None or job.time_budget is not None
+        self.verdicts = StopVerdicts(job.target_loss, job.time_budget) if early else None
         self.results = [None] * job.nodes
         self.final_state = None  # the latest step's averaged model: the last step's at the end
         self.errors = []
@@ -289,11 +312,17 @@ class _Monitor:
                 self.first_step_at = time.perf_counter()
             self.sim.note_clock(rank, record["sim_time"])
             averaged = self.rows.add(rank, step, record, state)
-            if averaged is not None:
-                self.conns[-1].send((step, averaged))
-                self.final_state = averaged  # steps complete in order
+            row = self.rows.rows.get(step)
+            if row is not None and self.verdicts is not None:  # every rank finished `step`
+                self.send_verdicts(self.verdicts.add_finished(step, row["sim_time"]))
+                if self.verdicts.stop_step == step and averaged is None:
+                    self.rows.hold(step)  # the ranks send its states with the stop (rank.py)
+            self.validate(step, averaged)
+        elif kind == "state":
+            _, rank, step, state = message
+            self.validate(step, self.rows.add_state(rank, step, state))
         elif kind == "val":
-            self.rows.add_val(message[1], message[2])
+            self.rows.add_val(message[1], message[2], message[3])
             if self.verdicts is not None:
                 self.send_verdicts(self.verdicts.add_val(message[1], message[2]))
         elif kind == "verdict":
@@ -303,6 +332,11 @@ class _Monitor:
             self.sim.rank_done(message[1])
         elif kind == "error":
             self.errors.append(message)
+
+    def validate(self, step: int, averaged):
+        if averaged is not None:
+            self.conns[-1].send((step, averaged))
+            self.final_state = averaged  # steps complete in order
 
     def read(self, conn) -> bool:
         """Handle one message; False when the pipe is closed."""
@@ -359,6 +393,12 @@ class _Monitor:
         if all(self.results[r] is not None or self.sim.blocked[r] or r in self.verdicts.waiting
                for r in range(self.job.nodes)):
             self.send_verdicts(self.verdicts.release())
+
+    def stopped_by(self) -> str:
+        if self.verdicts is None or self.verdicts.stop_step is None \
+                or self.verdicts.stop_step >= self.job.steps:
+            return "steps"
+        return self.verdicts.stopped_by
 
     def last_step(self) -> int:
         stop = self.verdicts.stop_step if self.verdicts is not None else None

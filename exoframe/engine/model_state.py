@@ -24,8 +24,9 @@ def exact_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
 
 def snapshot(model: torch.nn.Module, rank: int) -> tuple:
     """(flat parameters and float buffers, rank 0's other buffers or None elsewhere)."""
-    flat = flatten(averaged_tensors(model)).numpy()
-    exact = [b.detach().numpy().copy() for b in exact_buffers(model)] if rank == 0 else None
+    flat = flatten(averaged_tensors(model)).detach().cpu().numpy()
+    exact = ([b.detach().cpu().numpy().copy() for b in exact_buffers(model)] if rank == 0
+             else None)
     return flat, exact
 
 

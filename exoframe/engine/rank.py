@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import math
 import resource
+import time
 
 import torch
 import torch.distributed as dist
@@ -12,24 +13,19 @@ from ..comm import Communicator
 from ..errors import ExoframeError
 from ..sim.clock import RankClock
 from ..sim.compute import ComputeClock
+from . import devices
 from .data import Batches
 from .job import Job
+from .loop import Precision, forward_backward, set_lr
 from .model_state import snapshot
-from .target import LAG
+from .schedule import lr_at
+
 
 def join_group(rank: int, world_size: int, store_path: str, timeout_seconds: float):
     """Meet the other ranks through a file in the launcher's private folder: no port."""
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_seconds))
-
-
-def check_loss(loss, step):
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise ExoframeError(
-            f"the model's forward(batch) must return a scalar loss tensor; it returned {shape}"
-            f"{f' at step {step}' if step else ''}. Reduce it, e.g. with .mean().")
 
 
 def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
@@ -40,9 +36,10 @@ def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
             "fix the model, or train on anyway with --on-nonfinite continue.")
 
 
-def make_clock(rank: int, job: Job, conn) -> RankClock:
+def make_clock(rank: int, job: Job, conn, device: torch.device) -> RankClock:
     sim = job.sim
-    compute = ComputeClock(sim.compute, sim.stragglers.for_rank(rank, job.seed))
+    timer = devices.gpu_timer(device) if device.type == "cuda" else time.thread_time
+    compute = ComputeClock(sim.compute, sim.stragglers.for_rank(rank, job.seed), timer)
     return RankClock(rank, conn, compute, sim.topology.algorithms, sim.algorithms)
 
 
@@ -65,31 +62,38 @@ def train(rank: int, job: Job, batches: Batches, conn):
     torch.set_num_threads(job.threads)
     join_group(rank, job.nodes, *conn.recv())
     torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
-    model = job.model
-    clock = make_clock(rank, job, conn)
+    device = devices.for_rank(job.device, rank)
+    model = job.model.to(device)
+    clock = make_clock(rank, job, conn, device)
     comm = Communicator(rank, job.nodes, clock)
     strategy = job.strategy_cls(model, comm, job.optimizer, job.strategy_params, seed=job.seed)
+    precision = Precision(job.precision, device)
 
     model.train()
     clock.skip()
     for step in range(1, job.steps + 1):
         clock.start_step()
-        loss = model(next(batches))
-        check_loss(loss, step)
-        loss_value = loss.item()
-        check_finite(loss_value, step, rank, job.on_nonfinite)
-        loss.backward()
+        lr = set_lr(strategy, lr_at(step, job.optimizer.lr, job.schedule, job.steps,
+                                    job.warmup_steps, job.min_lr_ratio))
+        loss = forward_backward(model, batches, job.accumulate, precision, device, step).item()
+        check_finite(loss, step, rank, job.on_nonfinite)
+        grad_norm = precision.unscale_and_clip(strategy.optimizer, model.parameters(),
+                                               job.clip_grad_norm)
         strategy.step_num = step
         strategy.step()
+        precision.update()
         clock.charge()
         clock.end_step(step)
-        record = {"loss": loss_value, "bytes_sent": comm.traffic.bytes_sent,
+        record = {"loss": loss, "lr": lr, "bytes_sent": comm.traffic.bytes_sent,
                   "sim_time": clock.now, **strategy.metrics()}
+        if job.clip_grad_norm is not None:
+            record["grad_norm"] = grad_norm  # before clipping
         evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
         state = snapshot(model, rank) if evaluate else None
         conn.send(("step", rank, step, record, state))
-        stop = (job.target_loss is not None and LAG < step < job.steps
-                and stop_after(conn, rank, step))
+        stop = job.asks_to_stop(step) and stop_after(conn, rank, step)
+        if stop and state is None:  # the final model and its validation need this step's
+            conn.send(("state", rank, step, snapshot(model, rank)))
         clock.skip()
         if stop:
             break

@@ -1,4 +1,9 @@
-"""Stopping at a target validation loss: every rank stops after the same step.
+"""Stopping early, at a target validation loss or a simulated time budget: every rank stops
+after the same step.
+
+Time budget: every rank asks at the end of every step k and is answered once all ranks have
+finished k; the run stops after the first step whose simulated end (its last rank's) is at
+or past the budget. Target loss:
 
 With a target, the averaged model is validated at every step. A rank runs steps 1..LAG+1
 freely; at the end of each later step k it asks the launcher whether to go on and waits for
@@ -23,27 +28,44 @@ from __future__ import annotations
 LAG = 1  # at the end of step k, a rank waits for step k − LAG to be validated
 
 
-class TargetVerdicts:
-    """The launcher's side: questions and validation losses in, (rank, stop) answers out."""
+class StopVerdicts:
+    """The launcher's side: questions, finished steps and validation losses in, (rank, stop)
+    answers out. target: a validation loss; budget: simulated seconds (either may be None)."""
 
-    def __init__(self, target: float):
-        self.target = target
+    def __init__(self, target: float | None, budget: float | None = None):
+        self.target, self.budget = target, budget
         self.validated = 0  # steps are validated in order: every step up to this one
-        self.allowed = LAG + 1  # the furthest step any rank may run so far
+        self.finished = 0  # steps every rank has finished, in order
+        # The furthest step any rank may run so far: asking starts after LAG + 1 steps with
+        # a target alone, at once with a budget.
+        self.allowed = LAG + 1 if budget is None else 1
         self.waiting: dict[int, int] = {}  # rank -> the step it has just finished
-        self.stop_step = None  # the last step every rank runs, once the target is reached
+        self.stop_step = None  # the last step every rank runs, once a rule is met
+        self.stopped_by = None  # "target_loss" or "time_budget"
 
     def ask(self, rank: int, step: int) -> list[tuple[int, bool]]:
-        """`rank` finished `step` (> LAG) and waits to know whether to run the next."""
+        """`rank` finished `step` and waits to know whether to run the next."""
         self.waiting[rank] = step
         return self._answers()
 
     def add_val(self, step: int, val_loss) -> list[tuple[int, bool]]:
         self.validated = max(self.validated, step)
-        if self.stop_step is None and val_loss is not None and val_loss <= self.target:
+        if (self.target is not None and val_loss is not None and val_loss <= self.target):
             # No rank was allowed past `allowed`: every rank can still stop there.
-            self.stop_step = max(step + LAG, self.allowed)
+            self._stop(step + LAG, "target_loss")
         return self._answers()
+
+    def add_finished(self, step: int, sim_time: float) -> list[tuple[int, bool]]:
+        """Every rank has finished `step`, the last of them at simulated time `sim_time`."""
+        self.finished = max(self.finished, step)
+        if self.budget is not None and sim_time >= self.budget:
+            self._stop(step, "time_budget")
+        return self._answers()
+
+    def _stop(self, step: int, rule: str):
+        step = max(step, self.allowed)
+        if self.stop_step is None or step < self.stop_step:
+            self.stop_step, self.stopped_by = step, rule
 
     def release(self) -> list[tuple[int, bool]]:
         """Let every waiting rank run one more step (or stop, at the stop step)."""
@@ -53,10 +75,17 @@ class TargetVerdicts:
         self.waiting.clear()
         return answers
 
+    def _answerable(self, step: int) -> bool:
+        if self.stop_step is not None:
+            return True
+        if self.target is not None and step - LAG > self.validated:
+            return False
+        return self.budget is None or step <= self.finished
+
     def _answers(self):
         answers = []
         for rank, step in sorted(self.waiting.items()):
-            if self.stop_step is not None or step - LAG <= self.validated:
+            if self._answerable(step):
                 answers.append((rank, self._answer(step)))
                 del self.waiting[rank]
         return answers

@@ -22,12 +22,14 @@ from .run import RunResult, execute
 
 class Trainer:
     def __init__(self, model: torch.nn.Module, train_data, val_data=None, batch_size: int = 32,
-                 best_loss: Optional[float] = None):
+                 best_loss: Optional[float] = None, metrics=None):
+        """metrics(model, batch) -> {name: number}: validation metrics beside the loss."""
         self.model = model
         self.dataset = train_data if callable(train_data) and not hasattr(train_data, "__len__") \
             else shard_factory(train_data, val_data)
         self.batch_size = batch_size
         self.best_loss = best_loss
+        self.metrics = metrics
 
     def fit(self, strategy="ddp", num_nodes: int = 2, steps: int = 100,
             strategy_params: dict | None = None, optimizer: str = "adamw", lr: float = 1e-3,
@@ -36,7 +38,13 @@ class Trainer:
             target_loss: float | None = None, threads: int = 1,
             net: str = "ideal", compute: str = "measured", stragglers: str = "",
             out: str | None = None, sinks=("jsonl",), progress: bool = False,
-            hang_timeout: float = 300.0, on_nonfinite: str = "stop") -> RunResult:
+            hang_timeout: float = 300.0, on_nonfinite: str = "stop",
+            optimizer_params: dict | None = None, schedule: str = "constant",
+            warmup_steps: int = 0, min_lr_ratio: float = 0.0,
+            clip_grad_norm: float | None = None, accumulate: int = 1,
+            precision: str = "fp32", device: str = "cpu", epochs: int | None = None,
+            shuffle: bool = True, drop_last: bool = True,
+            time_budget: float | str | None = None) -> RunResult:
         """Arguments as the RunConfig fields of `exoframe run` (net: a preset name or a YAML
         file; compute: measured, fixed:<time per step> or flops:<device>; sinks: metrics
         sinks writing into the run folder under `out`; target_loss: validate every step and
@@ -47,8 +55,13 @@ class Trainer:
             momentum=momentum, seed=seed, eval_every=eval_every, eval_batches=eval_batches,
             target_loss=target_loss, threads=threads, net=net, compute=compute,
             stragglers=stragglers, sinks=list(sinks), hang_timeout=hang_timeout,
-            on_nonfinite=on_nonfinite).validate()
+            on_nonfinite=on_nonfinite, optimizer_params=dict(optimizer_params or {}),
+            schedule=schedule, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
+            clip_grad_norm=clip_grad_norm, accumulate=accumulate, precision=precision,
+            device=device, epochs=epochs, shuffle=shuffle, drop_last=drop_last,
+            time_budget=time_budget).validate()
         workload = Workload(build_model=lambda: self.model, dataset=self.dataset,
-                            batch_size=self.batch_size, lr=lr, best_loss=self.best_loss)
+                            batch_size=self.batch_size, lr=lr, best_loss=self.best_loss,
+                            metrics=self.metrics)
         return execute(build_job(config, workload, self.model, strategy=strategy), out=out,
                        progress=progress)

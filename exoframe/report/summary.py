@@ -25,9 +25,14 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "strategy_params": vars(job.strategy_params).copy(),
         "workload": job.workload_name,
         "num_nodes": nodes,
-        "steps": steps,  # run: fewer than asked when the target stopped the run
+        "steps": steps,  # run: fewer than asked when a stopping rule stopped the run
+        "stopped_by": launch_result.stopped_by,  # steps, target_loss or time_budget
+        "time_budget": job.time_budget,
         "final_loss": last.get("loss"),
         "final_val_loss": val_rows[-1]["val_loss"] if val_rows else None,
+        # the workload's own validation metrics (val_accuracy, ...) at the last validation
+        **{f"final_{key}": value for key, value in (val_rows[-1] if val_rows else {}).items()
+           if key.startswith("val_") and key != "val_loss"},
         "best_achievable_loss": job.best_loss,
         # Read from the validation loss of the averaged model, validated at every step.
         "target_loss": job.target_loss,
@@ -49,6 +54,14 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "bytes_sent_per_rank": [r["bytes_sent"] for r in ranks],
         "bytes_received_per_rank": [r["bytes_received"] for r in ranks],
         "traffic_by_kind_rank0": ranks[0]["traffic"],
+        # The training history as a DDP user reads it.
+        "effective_batch_size": job.effective_batch_size(),
+        "samples_seen": steps * job.effective_batch_size(),
+        "tokens_seen": (steps * job.effective_batch_size() * job.tokens_per_sample
+                        if job.tokens_per_sample else None),
+        "samples_per_second": _ratio(steps * job.effective_batch_size(),
+                                     launch_result.elapsed_seconds
+                                     - launch_result.startup_seconds),
         "elapsed_seconds": launch_result.elapsed_seconds,
         "startup_seconds": launch_result.startup_seconds,
         "seconds_per_step": (launch_result.elapsed_seconds - launch_result.startup_seconds)

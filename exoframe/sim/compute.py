@@ -34,6 +34,7 @@ DEVICES = {
     "v100": (125e12, "NVIDIA V100, fp16 tensor cores"),
     "a100": (312e12, "NVIDIA A100, bf16 tensor cores"),
     "h100": (989e12, "NVIDIA H100 SXM, bf16 tensor cores"),
+    "h200": (989e12, "NVIDIA H200 SXM, bf16 tensor cores"),
     "b200": (2250e12, "NVIDIA B200, bf16 tensor cores"),
     "tpu-v5e": (197e12, "Google TPU v5e, bf16"),
 }
@@ -61,13 +62,30 @@ class ComputeModel:
         return ComputeModel("flops", flops_per_step / (self.peak * self.efficiency), self.peak,
                             self.efficiency, self.device)
 
+    def with_device(self, device: str) -> "ComputeModel":
+        """`flops:auto` once the ranks' device is known: a DEVICES name."""
+        return ComputeModel("flops", self.step_seconds, DEVICES[device][0], self.efficiency,
+                            device)
+
     def describe(self) -> str:
         if self.kind == "measured":
             return "measured"
         if self.kind == "fixed":
             return f"fixed:{self.step_seconds:g}s/step"
         step = f", {self.step_seconds:.4g}s/step" if self.step_seconds is not None else ""
+        if self.peak is None:
+            return f"flops:{self.device} (× {self.efficiency:g})"
         return f"flops:{self.device} ({self.peak:.3g} FLOP/s × {self.efficiency:g}{step})"
+
+
+def device_from_name(name: str | None) -> str:
+    """The DEVICES entry for a GPU's product name ('NVIDIA H100 80GB HBM3' -> 'h100'); 'cpu'
+    when there is no GPU or none of the table's names is in it."""
+    squeezed = (name or "").lower().replace(" ", "").replace("-", "")
+    for device in sorted(DEVICES, key=len, reverse=True):
+        if device not in ("cpu", "tpu-v5e") and device.replace("-", "") in squeezed:
+            return device
+    return "cpu"
 
 
 def parse_compute(spec: str) -> ComputeModel:
@@ -83,7 +101,8 @@ def parse_compute(spec: str) -> ComputeModel:
         return ComputeModel("fixed", step_seconds=seconds)
     if kind == "flops":
         device, _, efficiency = rest.partition(":")
-        peak = _device_peak(device)
+        # auto: the ranks' GPU model, known once the engine has resolved the device
+        peak = None if device == "auto" else _device_peak(device)
         eff = _number(efficiency, "compute: flops efficiency") if efficiency else DEFAULT_EFFICIENCY
         if not 0 < eff <= 1:
             raise ExoframeError(f"compute: efficiency must be in (0, 1], "
@@ -204,13 +223,14 @@ class Slowdown:
 
 
 class ComputeClock:
-    """Charges compute time to a rank's clock: per step (fixed, flops) or as measured CPU
-    time of the rank's main thread between exchanges (measured)."""
+    """Charges compute time to a rank's clock: per step (fixed, flops) or as measured time
+    between exchanges (measured): by default the CPU time of the rank's main thread; the
+    engine passes a GPU timer for a rank on a GPU."""
 
-    def __init__(self, model: ComputeModel, slowdown: Slowdown):
-        self.model, self.slowdown = model, slowdown
+    def __init__(self, model: ComputeModel, slowdown: Slowdown, timer=time.thread_time):
+        self.model, self.slowdown, self.timer = model, slowdown, timer
         self.factor = 1.0
-        self._mark = time.thread_time()
+        self._mark = timer()
 
     def start_step(self) -> float:
         """Seconds of compute to charge at the start of a step."""
@@ -223,11 +243,11 @@ class ComputeClock:
         """Seconds of compute since the last call (measured only), then restart the count."""
         if self.model.kind != "measured":
             return 0.0
-        now = time.thread_time()
+        now = self.timer()
         seconds, self._mark = (now - self._mark) * self.factor, now
         return seconds
 
     def restart(self):
         """Forget the CPU time spent since the last mark (bookkeeping, talking to the
         simulator): it is not the model's compute."""
-        self._mark = time.thread_time()
+        self._mark = self.timer()

@@ -19,8 +19,9 @@ UNLIMITED = {"inf", "unlimited"}
 
 # Units per second (dividing by 1e6 gives 5e-06 for '5us' where multiplying by 1e-6 does not).
 # Both micro signs are accepted: U+00B5 (what keyboards type) and Greek mu U+03BC.
-DURATION_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "\u03bcs": 1e6, "ns": 1e9}
-_DURATION_LISTING = "s, ms, us, µs, ns"
+DURATION_UNITS = {"h": 1 / 3600, "min": 1 / 60, "s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6,
+                  "\u03bcs": 1e6, "ns": 1e9}
+_DURATION_LISTING = "h, min, s, ms, us, µs, ns"
 
 _NUMBER_UNIT = re.compile(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(.*?)\s*")
 

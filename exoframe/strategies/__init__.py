@@ -1,7 +1,7 @@
 """Built-in strategies, registered through the same hook as third-party plugins."""
 from ..hookspecs import hookimpl
 from .async_localsgd import AsyncLocalSGD
-from .base import OptimizerSpec, Strategy
+from .base import OptimizerSpec, Strategy, torch_optimizers
 from .ddp import DDP
 from .diloco import DiLoCo
 from .gossip import Gossip
@@ -17,6 +17,12 @@ from .topk_ef import TopKEF
 __all__ = ["Strategy", "OptimizerSpec", "DDP", "LocalSGD", "DiLoCo", "Sparta",
            "StreamingDiLoCo", "SpartaDiLoCo", "TopKEF", "RandomKEF", "PowerSGD", "Gossip",
            "NoLoCo", "AsyncLocalSGD"]
+
+
+@hookimpl
+def exoframe_register_optimizers(register):
+    for name, cls in torch_optimizers().items():
+        register(name, cls, description=f"torch.optim.{cls.__name__}")
 
 
 @hookimpl

@@ -29,9 +29,10 @@ local, and evaluation and the final model average them like every strategy's.
 from __future__ import annotations
 
 import functools
+import inspect
 import numbers
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Optional
 
 import torch
 
@@ -39,31 +40,60 @@ from ..comm import Communicator, flatten, flatten_bytes, unflatten_bytes_into, u
 from ..config import build_dataclass, check_optimizer_values
 from ..errors import ExoframeError, shorten, unknown_name_error
 
-OPTIMIZERS = {
-    "sgd": lambda params, s: torch.optim.SGD(params, lr=s.lr, momentum=s.momentum,
-                                             weight_decay=s.weight_decay),
-    "adamw": lambda params, s: torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay),
-    "adam": lambda params, s: torch.optim.Adam(params, lr=s.lr, weight_decay=s.weight_decay),
-}
+def torch_optimizers() -> dict[str, type]:
+    """Every torch.optim optimizer that steps without a closure, by lower-case class name
+    (adamw, adam, sgd, rmsprop, adagrad, nadam, radam, adamax, ...)."""
+    return {name.lower(): cls for name, cls in vars(torch.optim).items()
+            if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)
+            and cls is not torch.optim.Optimizer and name != "LBFGS"}
 
 
 @dataclass
 class OptimizerSpec:
-    """The local (inner) optimizer a strategy builds over its parameters."""
+    """The local (inner) optimizer a strategy builds over its parameters: a torch.optim
+    class or a plugin's factory(params, **kwargs), with lr, weight_decay, momentum and any
+    other keyword arguments (`params`)."""
 
     name: str = "adamw"
     lr: float = 1e-3
     weight_decay: float = 0.0
     momentum: float = 0.0
+    params: dict = field(default_factory=dict)
+    factory: Optional[Callable] = None  # None: torch.optim's class called `name`
 
     def __post_init__(self):
-        if self.name not in OPTIMIZERS:
-            raise unknown_name_error("optimizer", self.name, OPTIMIZERS)
+        if self.factory is None:
+            known = torch_optimizers()
+            if self.name not in known:
+                raise unknown_name_error("optimizer", self.name, known)
+            self.factory = known[self.name]
         # Here, in the launcher: torch checks these only when a rank builds the optimizer.
         check_optimizer_values(self.lr, self.weight_decay, self.momentum)
+        try:
+            self.build([torch.nn.Parameter(torch.zeros(2))])
+        except (TypeError, ValueError) as e:
+            raise ExoframeError(f"optimizer '{self.name}': {shorten(str(e))} (its keyword "
+                                f"arguments: {shorten(self.kwargs())}).") from None
+
+    def kwargs(self) -> dict:
+        """lr, then weight_decay and momentum where the optimizer takes them, then `params`."""
+        try:
+            accepted = inspect.signature(self.factory).parameters
+        except (TypeError, ValueError):
+            accepted = {}
+        open_ended = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+        kwargs = {"lr": self.lr}
+        for key in ("weight_decay", "momentum"):
+            value = getattr(self, key)
+            if key in accepted or (value and open_ended):
+                kwargs[key] = value
+            elif value:
+                raise ExoframeError(f"optimizer '{self.name}' takes no {key}; drop it or use "
+                                    "an optimizer that has it (sgd for momentum).")
+        return {**kwargs, **self.params}
 
     def build(self, params) -> torch.optim.Optimizer:
-        return OPTIMIZERS[self.name](list(params), self)
+        return self.factory(list(params), **self.kwargs())
 
 
 class Strategy:
@@ -101,6 +131,7 @@ class Strategy:
         self.params = params if params is not None else self.Params()
         self.seed = seed
         self.step_num = 0  # set by the engine: the 1-based number of the step being finished
+        self.lr = optimizer.lr  # set by the engine each step: the schedule's current lr
         self.optimizer = optimizer.build(self.trainable_parameters())
         self.setup()
 

@@ -27,6 +27,10 @@ class Workload:
     lr: float = 1e-3
     best_loss: Optional[float] = None  # the best achievable validation loss, when known
     name: str = "custom"
+    # metrics(model, batch) -> {name: number} on a validation batch (e.g. accuracy),
+    # reported next to val_loss as val_<name>, averaged over examples.
+    metrics: Optional[Callable[[torch.nn.Module, object], dict]] = None
+    tokens_per_sample: Optional[int] = None  # for "tokens seen" in the summary
 
     def __post_init__(self):
         self.dataset = split_factory(self.dataset)

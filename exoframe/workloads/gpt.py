@@ -97,4 +97,5 @@ def gpt(vocab_size: int = 32, order: int = 1, alpha: float = 0.1, block_size: in
 
     return Workload(
         build_model=lambda: GPT(vocab_size, block_size, n_layer, n_head, n_embd),
-        dataset=dataset, batch_size=16, lr=3e-3, best_loss=best, name="gpt")
+        dataset=dataset, batch_size=16, lr=3e-3, best_loss=best, name="gpt",
+        tokens_per_sample=block_size)

@@ -27,6 +27,11 @@ class MLP(nn.Module):
         return F.cross_entropy(self.net(x), y)
 
 
+def accuracy(model: MLP, batch) -> dict:
+    x, y = batch
+    return {"accuracy": (model.net(x).argmax(1) == y).float().mean().item()}
+
+
 def teacher_data(n: int, in_dim: int, classes: int, label_noise: float, seed: int):
     g = torch.Generator().manual_seed(seed)
     teacher = [torch.randn(in_dim, 64, generator=g), torch.randn(64, classes, generator=g)]
@@ -52,4 +57,4 @@ def mlp(in_dim: int = 32, hidden: int = 128, classes: int = 10, label_noise: flo
     val = TensorDataset(x[train_examples:], y[train_examples:])
     return Workload(build_model=lambda: MLP(in_dim, hidden, classes),
                     dataset=shard_factory(train, val), batch_size=64, lr=1e-3,
-                    best_loss=best_loss(classes, label_noise), name="mlp")
+                    best_loss=best_loss(classes, label_noise), name="mlp", metrics=accuracy)

@@ -153,7 +153,7 @@ class DeMo(exoframe.Strategy):
         gathered = gathered.view(self.world_size, 2, self.picks)
         all_values, all_indices = gathered[:, 0], gathered[:, 1].long()
 
-        lr, weight_decay = self.optimizer_spec.lr, self.optimizer_spec.weight_decay
+        lr, weight_decay = self.lr, self.optimizer_spec.weight_decay  # lr: the schedule's
         offset = 0
         for p, codec in zip(params, self.codecs):
             n = codec.chunks * codec.k

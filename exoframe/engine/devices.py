@@ -1,0 +1,74 @@
+"""Which device each rank trains on.
+
+`cpu`, `mps`, `cuda:N` (every rank on GPU N), `cuda` (ranks spread over the visible GPUs
+round-robin: rank r on GPU r mod count, so 8 ranks on 1 GPU share it), or `auto` (cuda if
+present, else mps, else cpu). Collectives go through gloo, which exchanges host memory: a
+GPU tensor travels through a host copy (exoframe/comm/communicator.py). NCCL is not used:
+it refuses two ranks on one GPU, the usual case when many simulated nodes share a GPU.
+
+The launcher asks only whether devices exist and never initializes CUDA itself: the ranks
+are forked from it, and a forked process cannot use CUDA initialized by its parent.
+"""
+from __future__ import annotations
+
+import subprocess
+
+import torch
+
+from ..errors import ExoframeError
+
+
+def resolve(spec: str) -> str:
+    """`spec` with `auto` decided, checked against what this machine has."""
+    kind, _, index = spec.partition(":")
+    if kind == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if _has_mps() else "cpu"
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ExoframeError(f"device: '{spec}' asked for, but torch sees no CUDA GPU here "
+                                "(a CPU build of torch, or no driver); use --device cpu or auto.")
+        if index and int(index) >= torch.cuda.device_count():
+            raise ExoframeError(f"device: '{spec}' asked for, but this machine has "
+                                f"{torch.cuda.device_count()} GPU(s): cuda:0 to "
+                                f"cuda:{torch.cuda.device_count() - 1}.")
+    if kind == "mps" and not _has_mps():
+        raise ExoframeError("device: 'mps' asked for, but torch sees no Apple GPU here; use "
+                            "--device cpu or auto.")
+    return spec
+
+
+def for_rank(spec: str, rank: int) -> torch.device:
+    """The device of `rank` for a resolved spec."""
+    if spec == "cuda":
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device(spec)
+
+
+def _has_mps() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+def gpu_model() -> str | None:
+    """The first GPU's product name as the driver reports it (e.g. 'NVIDIA H100 80GB HBM3'),
+    read without initializing CUDA in this process; None without an NVIDIA GPU."""
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=20).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return names[0].strip() or None
+
+
+def gpu_timer(device: torch.device):
+    """Seconds of GPU time on `device` since the timer was made, read with CUDA events (the
+    `measured` compute model on a GPU: CPU time would miss the kernels)."""
+    start = torch.cuda.Event(enable_timing=True)
+    start.record()
+
+    def seconds() -> float:
+        now = torch.cuda.Event(enable_timing=True)
+        now.record()
+        now.synchronize()
+        return start.elapsed_time(now) / 1000
+    return seconds
