@@ -114,6 +114,8 @@ REFUSED = [
     (["run", "--device", "tpu"], {}, ["device", "'tpu'"]),
     (["run", "--device", "cuda:x"], {}, ["device"]),
     (["run", "--optimizer", "adamv"], {}, ["optimizer", "'adamv'", "Did you mean"]),
+    (["run", "--strategy", "diloco", "-p", "outer_optimizer=adamx"], {},
+     ["diloco: outer_optimizer", "'adamx'"]),
     (["run", "-o", "betas=3"], {}, ["optimizer 'adamw'", "betas"]),
     (["run", "--optimizer", "adam", "--momentum", "0.9"], {}, ["optimizer 'adam'", "momentum"]),
     (["run", "--config", "opt.yaml"], {"opt.yaml": "optimizer: {betas: [0.9, 0.95]}\n"},

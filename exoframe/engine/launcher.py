@@ -192,6 +192,11 @@ def preload():
 def launch(job: Job, on_row=None) -> LaunchResult:
     """Run `job` on job.nodes forked ranks. `on_row(row)` is called for each finished step."""
     start = time.perf_counter()
+    if job.device.startswith("cuda") and torch.cuda.is_initialized():
+        raise ExoframeError(
+            "device: CUDA is already initialized in this process (a model or tensor was put on "
+            "a GPU before the run), and the ranks, forked from it, could not use it. Keep the "
+            "model and data on the CPU: exoframe moves them to --device.")
     batches = [Batches(job.dataset(rank, job.nodes, "train"), job.batch_size, job.seed, rank,
                        job.shuffle, job.drop_last) for rank in range(job.nodes)]
     val_shards = [job.dataset(rank, job.nodes, "val") for rank in range(job.nodes)]

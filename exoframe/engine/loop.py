@@ -57,10 +57,10 @@ class Precision:
             return None
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
-        grads = [p for p in params if p.grad is not None]
-        norm = float(torch.nn.utils.clip_grad_norm_(grads, max_norm or math.inf))
+        with_grad = [p for p in params if p.grad is not None]
+        norm = float(torch.nn.utils.clip_grad_norm_(with_grad, max_norm or math.inf))
         if self.scaler is not None and not math.isfinite(norm):
-            for p in grads:
+            for p in with_grad:
                 p.grad.zero_()
         return norm
 

@@ -255,6 +255,21 @@ def float_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     return [b for b in model.buffers() if b.is_floating_point()]
 
 
+def outer_optimizer_spec(owner: str, params) -> OptimizerSpec:
+    """The DiLoCo family's outer optimizer from its parameters: Nesterov SGD with outer_lr
+    and outer_momentum by default (`outer_optimizer: sgd`), or any torch.optim class by name
+    with outer_lr and the keyword arguments in `outer_optimizer_params`. Built here, in the
+    launcher, so a bad name or argument is one line before any rank starts."""
+    sgd = params.outer_optimizer == "sgd"
+    kwargs = (dict(momentum=params.outer_momentum,
+                   nesterov=params.nesterov and params.outer_momentum > 0) if sgd else {})
+    try:
+        return OptimizerSpec(params.outer_optimizer, params.outer_lr,
+                             params={**kwargs, **params.outer_optimizer_params})
+    except ExoframeError as e:
+        raise ExoframeError(f"{owner}: outer_optimizer: {e}") from None
+
+
 def check_positive(owner: str, **values):
     for key, value in values.items():
         if value <= 0:

@@ -9,12 +9,12 @@ buffer that shares no storage with the live weights. The model's floating-point 
 Source: Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models"
 (2023).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..comm import flatten, unflatten_into
-from .base import Strategy, check_fraction, check_positive
+from .base import Strategy, check_fraction, check_positive, outer_optimizer_spec
 
 
 class DiLoCo(Strategy):
@@ -28,17 +28,18 @@ class DiLoCo(Strategy):
         outer_lr: float = 0.7
         outer_momentum: float = 0.9
         nesterov: bool = True
+        outer_optimizer: str = "sgd"  # or any torch.optim class by name
+        outer_optimizer_params: dict = field(default_factory=dict)
 
         def __post_init__(self):
+            outer_optimizer_spec("diloco", self)  # checked here, built in setup()
             check_positive("diloco", H=self.H, outer_lr=self.outer_lr)
             check_fraction("diloco", outer_momentum=self.outer_momentum)
 
     def setup(self):
         self.global_params = torch.nn.Parameter(flatten(self.trainable_parameters()))
         p = self.params
-        self.outer_optimizer = torch.optim.SGD(
-            [self.global_params], lr=p.outer_lr, momentum=p.outer_momentum,
-            nesterov=p.nesterov and p.outer_momentum > 0)
+        self.outer_optimizer = outer_optimizer_spec("diloco", p).build([self.global_params])
         self._metrics = {}
 
     def step(self):

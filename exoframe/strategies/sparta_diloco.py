@@ -9,9 +9,9 @@ every H-th step.
 Sources: Exo Labs, "SPARTA: Sparse Parameter Averaging" (2025); Douillard et al., "DiLoCo"
 (2023).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .base import check_fraction, check_positive
+from .base import check_fraction, check_positive, outer_optimizer_spec
 from .diloco import DiLoCo
 from .sparta import Sparta
 
@@ -30,8 +30,11 @@ class SpartaDiLoCo(Sparta, DiLoCo):
         outer_lr: float = 0.7
         outer_momentum: float = 0.9
         nesterov: bool = True
+        outer_optimizer: str = "sgd"  # or any torch.optim class by name
+        outer_optimizer_params: dict = field(default_factory=dict)
 
         def __post_init__(self):
+            outer_optimizer_spec("sparta-diloco", self)  # checked here, built in setup()
             check_fraction("sparta-diloco", p=self.p, outer_momentum=self.outer_momentum)
             check_positive("sparta-diloco", H=self.H, outer_lr=self.outer_lr)
 

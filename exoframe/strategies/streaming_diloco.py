@@ -19,14 +19,14 @@ rounds: 2(n−1)/n · Σ_f W(m_f) / H (32 bits: 2(n−1)/n · 4N / H, the same a
 Source: Douillard et al., "Streaming DiLoCo with overlapping communication: Towards a
 Distributed Free Lunch" (2025).
 """
-from dataclasses import dataclass
 import math
+from dataclasses import dataclass, field
 
 import torch
 
 from ..comm import flatten, unflatten_into
 from ..errors import ExoframeError
-from .base import Strategy, check_fraction, check_positive
+from .base import Strategy, check_fraction, check_positive, outer_optimizer_spec
 
 BITS = (4, 8, 16, 32)
 
@@ -59,8 +59,11 @@ class StreamingDiLoCo(Strategy):
         outer_lr: float = 0.7
         outer_momentum: float = 0.9
         nesterov: bool = True
+        outer_optimizer: str = "sgd"  # or any torch.optim class by name
+        outer_optimizer_params: dict = field(default_factory=dict)
 
         def __post_init__(self):
+            outer_optimizer_spec("streaming-diloco", self)  # checked here, built in setup()
             check_positive("streaming-diloco", H=self.H, fragments=self.fragments,
                            outer_lr=self.outer_lr)
             check_fraction("streaming-diloco", alpha=self.alpha,
@@ -87,9 +90,8 @@ class StreamingDiLoCo(Strategy):
                                 f"{flat.numel()} values leaves some empty.")
         self.sync_offsets = [((f + 1) * p.H // p.fragments) % p.H for f in range(p.fragments)]
         self.global_fragments = [torch.nn.Parameter(flat[a:b].clone()) for a, b in self.bounds]
-        self.outer_optimizer = torch.optim.SGD(
-            self.global_fragments, lr=p.outer_lr, momentum=p.outer_momentum,
-            nesterov=p.nesterov and p.outer_momentum > 0)
+        self.outer_optimizer = outer_optimizer_spec("streaming-diloco", p).build(
+            self.global_fragments)
         # The floating-point buffers (BatchNorm statistics) travel with the last fragment,
         # the one synced at multiples of H, as DiLoCo's do.
         self.buffer_fragment = p.fragments - 1
