@@ -106,9 +106,12 @@ def summary_table(summary: dict) -> str:
         ("strategy", summary["strategy"]),
         ("workload", summary["workload"]),
         ("nodes", str(summary["num_nodes"])),
-        ("steps", str(summary["steps"])),
+        ("steps", str(summary["steps"]) + ("" if summary.get("stopped_by", "steps") == "steps"
+                                           else f" (stopped by {summary['stopped_by']})")),
         ("final train loss", fmt(summary["final_loss"])),
         ("final val loss", fmt(summary["final_val_loss"])),
+        *((key.replace("_", " "), fmt(value)) for key, value in summary.items()
+          if key.startswith("final_val_") and key != "final_val_loss"),
         ("best achievable loss", fmt(summary["best_achievable_loss"])),
         ("sent per node", format_bytes(summary["bytes_sent_per_node"])),
         ("network", summary["net"]),
