@@ -18,6 +18,7 @@ import time
 
 from exoframe.sim import Simulator, Topology
 from exoframe.sim.collectives import BUILTIN, plan_for
+from exoframe.sim.protocol import Op
 
 BANDWIDTH, LATENCY = 1.25e8, 0.01
 
@@ -33,8 +34,8 @@ def concurrent_flows(count=10_000, ranks=100, seed=0) -> tuple[float, float]:
         pair_count[(src, dst)] = seq + 1
         size = rng.uniform(1e5, 1e7)
         key = ("p", src, dst, seq)
-        messages.append((src, ("op", 0.0, i, key, "send", size, (src, dst), 0, False)))
-        messages.append((dst, ("op", 0.0, i, key, "recv", size, (src, dst), 0, False)))
+        messages.append((src, Op(0.0, i, key, "send", size, (src, dst), 0, False)))
+        messages.append((dst, Op(0.0, i, key, "recv", size, (src, dst), 0, False)))
     start = time.perf_counter()
     for rank, message in messages:
         sim.receive(rank, message)
@@ -51,8 +52,9 @@ def ring_all_reduce(n=64, size=4e8) -> tuple[float, float]:
     start = time.perf_counter()
     sim = Simulator(Topology.uniform(n, BANDWIDTH, LATENCY), BUILTIN)
     for rank in parts:
-        sim.receive(rank, ("op", 0.0, 0, ("c", parts, 0), "all_reduce", size, parts, 0, True))
-    (_, (_, end, _, _)), *_ = sim.advance()
+        sim.receive(rank, Op(0.0, 0, ("c", parts, 0), "all_reduce", size, parts, 0, True))
+    (_, reply), *_ = sim.advance()
+    end = reply.end
     elapsed = time.perf_counter() - start
     expected = 2 * (n - 1) * (LATENCY + size / (n * BANDWIDTH))
     assert abs(end - expected) <= 1e-9 * expected, (end, expected)

@@ -1,4 +1,5 @@
 """The network simulator alone, fed rank messages directly, checked against closed forms."""
+import dataclasses
 import itertools
 import math
 import random
@@ -7,6 +8,7 @@ import pytest
 
 from exoframe.sim import LinkSpec, SimulationError, Simulator, Topology
 from exoframe.sim.collectives import BUILTIN
+from exoframe.sim.protocol import Op, Probe, Probed, Wait, Waited
 
 B = 1.25e8  # 1 Gbit/s in bytes/s
 ALPHA = 0.01
@@ -19,8 +21,8 @@ def close(a, b, rel=1e-9):
 
 def collective(kind, n, t=0.0, seq=0, root=0, blocking=True, starts=None, op_id=None):
     parts = tuple(range(n))
-    return [(r, ("op", (starts or {}).get(r, t), seq if op_id is None else op_id,
-                 ("c", parts, seq), kind, S, parts, root, blocking)) for r in range(n)]
+    return [(r, Op((starts or {}).get(r, t), seq if op_id is None else op_id,
+                   ("c", parts, seq), kind, S, parts, root, blocking)) for r in range(n)]
 
 
 def run(topology, messages, algorithm=None):
@@ -47,8 +49,9 @@ def test_ring_collectives_match_closed_forms(n):
                            ("reduce_scatter", (n - 1) * step)]:
         replies, _ = run(Topology.uniform(n, B, ALPHA), collective(kind, n))
         assert sorted(replies) == list(range(n))
-        for kind_, end, idle, comm in replies.values():
-            assert kind_ == "waited" and close(end, expected) and idle == 0 and close(comm, end)
+        for reply in replies.values():
+            assert isinstance(reply, Waited) and close(reply.end, expected)
+            assert reply.idle == 0 and close(reply.comm, reply.end)
 
 
 @pytest.mark.parametrize("n", [3, 5, 8])
@@ -63,21 +66,21 @@ def test_other_algorithms_match_closed_forms(n):
     ]
     for algorithm, kind, expected in cases:
         replies, _ = run(Topology.uniform(n, B, ALPHA), collective(kind, n), algorithm)
-        assert close(max(r[1] for r in replies.values()), expected), (algorithm, kind)
+        assert close(max(r.end for r in replies.values()), expected), (algorithm, kind)
 
 
 def send_recv(src, dst, size, t=0.0, seq=0, op_ids=(0, 0), blocking=True):
     key = ("p", src, dst, seq)
-    return [(src, ("op", t, op_ids[0], key, "send", size, (src, dst), 0, blocking)),
-            (dst, ("op", t, op_ids[1], key, "recv", size, (src, dst), 0, blocking))]
+    return [(src, Op(t, op_ids[0], key, "send", size, (src, dst), 0, blocking)),
+            (dst, Op(t, op_ids[1], key, "recv", size, (src, dst), 0, blocking))]
 
 
 def test_equal_concurrent_flows_share_a_link_and_a_slower_site_link_bounds_a_flow():
     # Rank 0 sends S to rank 1 and S to rank 2 at once: both cross rank 0's uplink.
     messages = send_recv(0, 1, S, op_ids=(0, 0)) + send_recv(0, 2, S, op_ids=(1, 0))
-    messages[0] = (0, messages[0][1][:8] + (False,))  # rank 0's first send is async
+    messages[0] = (0, dataclasses.replace(messages[0][1], blocking=False))  # rank 0's send: async
     replies, sim = run(Topology.uniform(3, B, ALPHA), messages)
-    assert close(replies[1][1], ALPHA + 2 * S / B) and close(replies[2][1], ALPHA + 2 * S / B)
+    assert close(replies[1].end, ALPHA + 2 * S / B) and close(replies[2].end, ALPHA + 2 * S / B)
 
     # Two sites at 1 Gbit/s inside, joined by 100 Mbit/s, 40 ms: a cross-site flow is
     # bounded by the site link, a flow inside a site is not.
@@ -85,9 +88,9 @@ def test_equal_concurrent_flows_share_a_link_and_a_slower_site_link_bounds_a_flo
     geo = Topology(uplink=[B] * 4, downlink=[B] * 4, site_of=[0, 0, 1, 1], sites=["a", "b"],
                    intra=[LinkSpec(latency=ALPHA)] * 2, inter={(0, 1): slow, (1, 0): slow})
     replies, _ = run(geo, send_recv(0, 2, S))
-    assert close(replies[2][1], 0.04 + S / (B / 10))
+    assert close(replies[2].end, 0.04 + S / (B / 10))
     replies, _ = run(geo, send_recv(1, 0, S))
-    assert close(replies[0][1], ALPHA + S / B)
+    assert close(replies[0].end, ALPHA + S / B)
 
 
 def test_late_participant_makes_the_others_idle_not_communicating():
@@ -95,7 +98,8 @@ def test_late_participant_makes_the_others_idle_not_communicating():
     replies, _ = run(Topology.uniform(n, B, ALPHA),
                      collective("all_reduce", n, starts={3: late}))
     expected = late + 2 * (n - 1) * (ALPHA + S / (n * B))
-    for rank, (_, end, idle, comm) in replies.items():
+    for rank, reply in replies.items():
+        end, idle, comm = reply.end, reply.idle, reply.comm
         assert close(end, expected)
         assert close(idle, late if rank != 3 else 0.0, 1e-12)
         assert close(idle + comm, end - (late if rank == 3 else 0.0))
@@ -107,15 +111,16 @@ def test_async_operation_is_done_only_by_the_simulated_time_it_completes():
     sim = Simulator(Topology.uniform(n, B, ALPHA), BUILTIN)
     for rank, message in collective("all_reduce", n, blocking=False):
         sim.receive(rank, message)
-    sim.receive(0, ("test", done_at * 0.99, 0))
-    sim.receive(1, ("test", done_at, 0))
+    sim.receive(0, Probe(done_at * 0.99, 0))
+    sim.receive(1, Probe(done_at, 0))
     # rank 1's question waits until rank 0, answered at 0.99 T, can no longer act before T
-    assert sim.advance() == [(0, ("tested", False))]
-    sim.receive(0, ("wait", done_at * 0.99, 0))
-    (rank, (kind, end, idle, comm)), = sim.advance()
+    assert sim.advance() == [(0, Probed(False))]
+    sim.receive(0, Wait(done_at * 0.99, 0))
+    (rank, reply), = sim.advance()
+    end, idle, comm = reply.end, reply.idle, reply.comm
     assert rank == 0 and close(end, done_at) and close(comm, done_at * 0.01) and idle == 0
     sim.rank_done(0)  # rank 0 could still act at T, before the question at T; now it cannot
-    assert sim.advance() == [(1, ("tested", True))]
+    assert sim.advance() == [(1, Probed(True))]
 
 
 def test_results_do_not_depend_on_the_order_messages_arrive_in():
@@ -123,12 +128,12 @@ def test_results_do_not_depend_on_the_order_messages_arrive_in():
     interleaving of the ranks' message streams gives the same replies."""
     jittery = Topology.uniform(4, B, ALPHA, jitter=0.004)
     parts = (0, 1, 2, 3)
-    streams = {r: [("op", 0.1 * r, 0, ("c", parts, 0), "all_reduce", S, parts, 0, False),
-                   ("op", 0.5 + 0.01 * r, 1, ("p", r, (r + 1) % 4, 0), "send", S / 2,
+    streams = {r: [Op(0.1 * r, 0, ("c", parts, 0), "all_reduce", S, parts, 0, False),
+                   Op(0.5 + 0.01 * r, 1, ("p", r, (r + 1) % 4, 0), "send", S / 2,
                     (r, (r + 1) % 4), 0, False),
-                   ("op", 0.5 + 0.01 * r, 2, ("p", (r - 1) % 4, r, 0), "recv", S / 2,
+                   Op(0.5 + 0.01 * r, 2, ("p", (r - 1) % 4, r, 0), "recv", S / 2,
                     ((r - 1) % 4, r), 0, False),
-                   ("wait", 0.6 + 0.01 * r, 0), ("wait", 0.6 + 0.01 * r, 2)] for r in parts}
+                   Wait(0.6 + 0.01 * r, 0), Wait(0.6 + 0.01 * r, 2)] for r in parts}
     outcomes = set()
     for seed in range(12):
         rng = random.Random(seed)
@@ -151,15 +156,15 @@ def test_results_do_not_depend_on_the_order_messages_arrive_in():
 
 def test_deadlock_and_mismatched_collectives_are_reported():
     sim = Simulator(Topology.uniform(2, B, ALPHA), BUILTIN)
-    sim.receive(0, ("op", 0.0, 0, ("p", 1, 0, 0), "recv", S, (1, 0), 0, True))
+    sim.receive(0, Op(0.0, 0, ("p", 1, 0, 0), "recv", S, (1, 0), 0, True))
     sim.rank_done(1)
     sim.advance()
     assert sim.stuck() == "deadlock: rank 0 waits for the transfer 1 -> 0, which rank(s) 1 never started"
 
     parts = (0, 1)
     sim = Simulator(Topology.uniform(2, B, ALPHA), BUILTIN)
-    sim.receive(0, ("op", 0.0, 0, ("c", parts, 0), "all_reduce", S, parts, 0, True))
-    sim.receive(1, ("op", 0.0, 0, ("c", parts, 0), "all_gather", S, parts, 0, True))
+    sim.receive(0, Op(0.0, 0, ("c", parts, 0), "all_reduce", S, parts, 0, True))
+    sim.receive(1, Op(0.0, 0, ("c", parts, 0), "all_gather", S, parts, 0, True))
     with pytest.raises(SimulationError, match="rank 1 called all_gather .* rank 0 called all_reduce"):
         sim.advance()
 

@@ -10,6 +10,7 @@ import torch
 from . import devices
 from .data import eval_batches
 from .loop import to_device
+from .messages import Validated
 from .job import Job
 from .model_state import load
 
@@ -36,14 +37,13 @@ def validate(model, val_shards, batch_size: int, max_batches: int, metrics=None,
 
 
 def evaluate(job: Job, val_shards, conn):
-    """Answer each (step, averaged model state) with ("val", step, loss, metrics) until None.
+    """Answer each Evaluate (a step's averaged model state) with Validated until None.
     On a GPU run the evaluator validates on rank 0's device."""
     torch.set_num_threads(job.threads)
     device = devices.for_rank(job.device, 0)
     job.model.to(device)
     while (message := conn.recv()) is not None:
-        step, state = message
-        load(job.model, state)
+        load(job.model, message.state)
         loss, metrics = validate(job.model, val_shards, job.batch_size, job.eval_batches,
                                  job.metrics, device)
-        conn.send(("val", step, loss, metrics))
+        conn.send(Validated(message.step, loss, metrics))

@@ -34,6 +34,8 @@ from .evaluator import evaluate
 from .flops import count_step_flops
 from .job import Job
 from .loop import check_loss
+from .messages import (AskStop, ChildFailed, Evaluate, RankDone, Rendezvous, SimRequest,
+                       StepDone, StepState, StopAnswer, Validated)
 from .model_state import average
 from .rank import train
 from .target import StopVerdicts
@@ -88,7 +90,7 @@ def _child_entry(who, target, args, conn):
         user_error = isinstance(e, ExoframeError)
         message = str(e) if user_error else f"{type(e).__name__}: {e}"
         try:
-            conn.send(("error", who, time.time(), message, traceback.format_exc(), user_error))
+            conn.send(ChildFailed(who, time.time(), message, traceback.format_exc(), user_error))
         except Exception:
             pass
     finally:
@@ -241,7 +243,7 @@ def _launch(job, on_row, start, batches, val_shards, watchdog, store_path) -> La
         # gloo's own timeout outlasts the watchdog, which sees every rank and names the
         # right one; a rank timing out sees only that its peer is late.
         for conn in conns[:job.nodes]:
-            conn.send((store_path, watchdog + 60))
+            conn.send(Rendezvous(store_path, watchdog + 60))
         try:
             monitor.run()
         except (ExoframeError, KeyboardInterrupt) as e:
@@ -308,39 +310,38 @@ class _Monitor:
         self.first_step_at = None
 
     def handle(self, message):
-        kind = message[0]
-        if kind == "sim":
-            self.sim.receive(message[1], message[2])
-        elif kind == "step":
-            _, rank, step, record, state = message
+        if isinstance(message, SimRequest):
+            self.sim.receive(message.rank, message.message)
+        elif isinstance(message, StepDone):
+            rank, step = message.rank, message.step
             if self.first_step_at is None:
                 self.first_step_at = time.perf_counter()
-            self.sim.note_clock(rank, record["sim_time"])
-            averaged = self.rows.add(rank, step, record, state)
+            self.sim.note_clock(rank, message.record["sim_time"])
+            averaged = self.rows.add(rank, step, message.record, message.state)
             row = self.rows.rows.get(step)
             if row is not None and self.verdicts is not None:  # every rank finished `step`
                 self.send_verdicts(self.verdicts.add_finished(step, row["sim_time"]))
                 if self.verdicts.stop_step == step and averaged is None:
                     self.rows.hold(step)  # the ranks send its states with the stop (rank.py)
             self.validate(step, averaged)
-        elif kind == "state":
-            _, rank, step, state = message
-            self.validate(step, self.rows.add_state(rank, step, state))
-        elif kind == "val":
-            self.rows.add_val(message[1], message[2], message[3])
+        elif isinstance(message, StepState):
+            self.validate(message.step,
+                          self.rows.add_state(message.rank, message.step, message.state))
+        elif isinstance(message, Validated):
+            self.rows.add_val(message.step, message.loss, message.metrics)
             if self.verdicts is not None:
-                self.send_verdicts(self.verdicts.add_val(message[1], message[2]))
-        elif kind == "verdict":
-            self.send_verdicts(self.verdicts.ask(message[1], message[2]))
-        elif kind == "done":
-            self.results[message[1]] = message[2]
-            self.sim.rank_done(message[1])
-        elif kind == "error":
+                self.send_verdicts(self.verdicts.add_val(message.step, message.loss))
+        elif isinstance(message, AskStop):
+            self.send_verdicts(self.verdicts.ask(message.rank, message.step))
+        elif isinstance(message, RankDone):
+            self.results[message.rank] = message.result
+            self.sim.rank_done(message.rank)
+        elif isinstance(message, ChildFailed):
             self.errors.append(message)
 
     def validate(self, step: int, averaged):
         if averaged is not None:
-            self.conns[-1].send((step, averaged))
+            self.conns[-1].send(Evaluate(step, averaged))
             self.final_state = averaged  # steps complete in order
 
     def read(self, conn) -> bool:
@@ -385,7 +386,7 @@ class _Monitor:
     def send_verdicts(self, answers):
         for rank, stop in answers:
             try:
-                self.conns[rank].send(("verdict", stop))
+                self.conns[rank].send(StopAnswer(stop))
             except OSError:
                 pass  # the rank died; its sentinel says so
 
@@ -411,8 +412,8 @@ class _Monitor:
 
     def raise_first_error(self):
         if self.errors:  # the earliest failure is the cause; later ones are its echoes
-            _, who, _, text, details, user_error = min(self.errors, key=lambda m: m[2])
-            raise RankFailed(who, text, details, user_error)
+            first = min(self.errors, key=lambda m: m.at)
+            raise RankFailed(first.who, first.message, first.details, first.user_error)
 
     def finished(self) -> bool:
         return all(r is not None for r in self.results) and self.rows.next_step > self.last_step()

@@ -17,6 +17,7 @@ from . import devices
 from .data import Batches
 from .job import Job
 from .loop import Precision, forward_backward, set_lr
+from .messages import AskStop, PipeSimPort, RankDone, StepDone, StepState
 from .model_state import snapshot
 from .schedule import lr_at
 
@@ -40,15 +41,15 @@ def make_clock(rank: int, job: Job, conn, device: torch.device) -> RankClock:
     sim = job.sim
     timer = devices.gpu_timer(device) if device.type == "cuda" else time.thread_time
     compute = ComputeClock(sim.compute, sim.stragglers.for_rank(rank, job.seed), timer)
-    return RankClock(rank, conn, compute, sim.topology.algorithms, sim.algorithms)
+    return RankClock(rank, PipeSimPort(conn, rank), compute, sim.topology.algorithms,
+                     sim.algorithms)
 
 
 def stop_after(conn, rank: int, step: int) -> bool:
     """Whether to stop after `step`, as the launcher answers once it has validated step
     `step` − LAG: the same answer for every rank (see engine/target.py)."""
-    conn.send(("verdict", rank, step))
-    _, stop = conn.recv()
-    return stop
+    conn.send(AskStop(rank, step))
+    return conn.recv().stop
 
 
 def train(rank: int, job: Job, batches: Batches, conn):
@@ -60,7 +61,8 @@ def train(rank: int, job: Job, batches: Batches, conn):
     no rank waits for another outside the simulated network. With a target loss, every step
     is evaluated and the rank asks the launcher whether to stop (see engine/target.py)."""
     torch.set_num_threads(job.threads)
-    join_group(rank, job.nodes, *conn.recv())
+    rendezvous = conn.recv()
+    join_group(rank, job.nodes, rendezvous.store_path, rendezvous.timeout_seconds)
     torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
     device = devices.for_rank(job.device, rank)
     model = job.model.to(device)
@@ -90,17 +92,17 @@ def train(rank: int, job: Job, batches: Batches, conn):
             record["grad_norm"] = grad_norm  # before clipping
         evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
         state = snapshot(model, rank) if evaluate else None
-        conn.send(("step", rank, step, record, state))
+        conn.send(StepDone(rank, step, record, state))
         stop = job.asks_to_stop(step) and stop_after(conn, rank, step)
         if stop and state is None:  # the final model and its validation need this step's
-            conn.send(("state", rank, step, snapshot(model, rank)))
+            conn.send(StepState(rank, step, snapshot(model, rank)))
         clock.skip()
         if stop:
             break
 
     strategy.finish()
     comm.wait_all()
-    conn.send(("done", rank, {
+    conn.send(RankDone(rank, {
         "traffic": comm.traffic.as_dict(),
         "bytes_sent": comm.traffic.bytes_sent,
         "bytes_received": comm.traffic.bytes_received,

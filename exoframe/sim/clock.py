@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 from ..errors import ExoframeError
 from .collectives import Plans
+from .compute import ComputeClock
+from .protocol import Op, Probe, Probed, Wait, Waited
 
 # is_completed() asked this many times at one simulated instant: the rank spins without
 # letting simulated time pass, and the answer can never change.
 MAX_POLLS_AT_ONE_TIME = 10_000
-from .compute import ComputeClock
 
 
 @dataclass
@@ -25,12 +26,13 @@ class Submitted:
 
 
 class RankClock:
-    def __init__(self, rank: int, conn, compute: ComputeClock, topology_algorithms: dict,
+    def __init__(self, rank: int, port, compute: ComputeClock, topology_algorithms: dict,
                  algorithms: dict):
-        """conn: the rank's pipe to the launcher, where the simulator runs.
+        """port: the way to the simulator, with send(message) and recv() of the messages in
+        protocol.py (the engine's pipe to the launcher, where the simulator runs).
         topology_algorithms: op kind -> algorithm name; algorithms: name -> plan function."""
         self.rank = rank
-        self.conn = conn
+        self.port = port
         self.compute = compute
         self.plans = Plans(topology_algorithms, algorithms)
         self.now = 0.0
@@ -81,7 +83,7 @@ class RankClock:
         index = participants.index(self.rank)
         op_id = self._next_id
         self._next_id += 1
-        self._send(("op", self.now, op_id, key, kind, nbytes, participants, root, blocking))
+        self._send(Op(self.now, op_id, key, kind, nbytes, participants, root, blocking))
         self.trace.append(["o", op_id, key, kind, nbytes, participants, root, blocking])
         if blocking:
             self._receive_wait()
@@ -91,7 +93,7 @@ class RankClock:
 
     def wait(self, op_id: int):
         self.charge()
-        self._send(("wait", self.now, op_id))
+        self._send(Wait(self.now, op_id))
         self.trace.append(["w", op_id])
         self._receive_wait()
 
@@ -106,11 +108,11 @@ class RankClock:
                 f"time {self.now:.6g} s: no simulated time passes between the questions (compute "
                 "is charged per step), so the answer cannot change. Call wait(), or poll once "
                 "per step.")
-        self._send(("test", self.now, op_id))
+        self._send(Probe(self.now, op_id))
         reply = self._receive()
-        assert reply[0] == "tested", reply
-        self.trace.append(["t", op_id, reply[1]])
-        return reply[1]
+        assert isinstance(reply, Probed), reply
+        self.trace.append(["t", op_id, reply.done])
+        return reply.done
 
     def stats(self) -> dict:
         return {"simulated_seconds": self.now, "compute_seconds": self.compute_seconds,
@@ -123,19 +125,19 @@ class RankClock:
         return count
 
     def _send(self, message):
-        self.conn.send(("sim", self.rank, message))
+        self.port.send(message)
 
     def _receive(self):
-        reply = self.conn.recv()
+        reply = self.port.recv()
         self.compute.restart()
         return reply
 
     def _receive_wait(self):
-        kind, end, idle, comm = self._receive()
-        assert kind == "waited" and end >= self.now, (kind, end, self.now)
-        self.now = end
-        self.idle_seconds += idle
-        self.comm_seconds += comm
+        reply = self._receive()
+        assert isinstance(reply, Waited) and reply.end >= self.now, (reply, self.now)
+        self.now = reply.end
+        self.idle_seconds += reply.idle
+        self.comm_seconds += reply.comm
 
 
 class SoloClock:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .protocol import Op, Probe, Wait, Waited
 from .simulator import Simulator
 from .topology import DEFAULT_ALGORITHMS, Topology
 
@@ -180,17 +181,17 @@ def _run_until_blocked(rank: RankReplay, sim: Simulator):
             rank.now = max(rank.now, rank.ready.pop(0))
         elif tag == "o":
             _, op_id, key, kind, nbytes, participants, root, blocking = event
-            sim.receive(rank.rank, ("op", rank.now, op_id, _frozen(key), kind, nbytes,
-                                    tuple(participants), root, blocking))
+            sim.receive(rank.rank, Op(rank.now, op_id, _frozen(key), kind, nbytes,
+                                      tuple(participants), root, blocking))
             if blocking:
                 rank.waiting = event
                 return
         elif tag == "w":
-            sim.receive(rank.rank, ("wait", rank.now, event[1]))
+            sim.receive(rank.rank, Wait(rank.now, event[1]))
             rank.waiting = event
             return
         elif tag == "t":
-            sim.receive(rank.rank, ("test", rank.now, event[1]))
+            sim.receive(rank.rank, Probe(rank.now, event[1]))
             rank.waiting = event
             return
         elif tag == "s":
@@ -202,8 +203,8 @@ def _run_until_blocked(rank: RankReplay, sim: Simulator):
 
 def _answer(rank: RankReplay, reply):
     event, rank.waiting = rank.waiting, None
-    if reply[0] == "waited":
-        _, end, idle, comm = reply
+    if isinstance(reply, Waited):
+        end, idle, comm = reply.end, reply.idle, reply.comm
         start = rank.now
         if rank.compute_free > start:  # the backward pass still runs: hidden up to its end
             hidden_until = min(end, rank.compute_free)
@@ -212,10 +213,10 @@ def _answer(rank: RankReplay, reply):
         rank.now = end
         rank.idle_seconds += idle
         rank.comm_seconds += comm
-    elif reply[1] != event[2]:
+    elif reply.done != event[2]:
         raise ReplayError(
             f"rank {rank.rank}: an operation that was {'done' if event[2] else 'not done'} at "
-            f"this point of the recorded run is {'done' if reply[1] else 'not done'} on this "
+            f"this point of the recorded run is {'done' if reply.done else 'not done'} on this "
             "network: the strategy's behaviour depends on timing; re-run it instead.")
 
 

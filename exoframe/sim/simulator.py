@@ -9,12 +9,9 @@ sorts before it (conservative synchronization): a running rank's future messages
 earlier than its last reported clock; a rank that waits for the simulator sends nothing
 until it is answered. Results therefore do not depend on how the OS schedules ranks.
 
-Messages (tuples, cheap to pickle), `t` being the rank's clock:
-  ("op", t, op_id, key, kind, nbytes, participants, root, blocking)
-  ("wait", t, op_id)      -> answered ("waited", end, idle, comm)
-  ("test", t, op_id)      -> answered ("tested", done_by_t)
-  a blocking "op" is answered like "wait". `note_clock(rank, t)` and `rank_done(rank)`
-  come from the engine's step records.
+Messages are those of protocol.py, `t` being the rank's clock: Op, Wait -> Waited,
+Probe -> Probed; a blocking Op is answered like Wait. `note_clock(rank, t)` and
+`rank_done(rank)` come from the engine's step records.
 """
 from __future__ import annotations
 
@@ -26,6 +23,7 @@ import simpy
 
 from .collectives import Plans
 from .network import Environment, FlowNetwork
+from .protocol import Op, Probe, Probed, Wait, Waited
 from .topology import Topology
 
 MESSAGE, NETWORK, QUESTION = 0, 1, 2
@@ -81,26 +79,26 @@ class Simulator:
         self._earliest = None
 
     # -- input -------------------------------------------------------------------------------
-    def receive(self, rank: int, message: tuple):
+    def receive(self, rank: int, message: Op | Wait | Probe):
         self._earliest = None
-        kind, t = message[0], message[1]
-        if kind == "op":
-            if message[8]:
+        t = message.t
+        if isinstance(message, Op):
+            if message.blocking:
                 self.blocked[rank] = True
             else:
                 self.bound[rank] = t
             heapq.heappush(self.inbox, (t, MESSAGE, rank, next(self._seq), message))
-        elif kind == "wait":
+        elif isinstance(message, Wait):
             self.blocked[rank] = True
-            if (rank, message[2]) in self.handles:
-                self._register_wait(rank, t, message[2])
+            if (rank, message.op_id) in self.handles:
+                self._register_wait(rank, t, message.op_id)
             else:  # its submission is still in the inbox
-                self.early_waits[(rank, message[2])] = t
-        elif kind == "test":
+                self.early_waits[(rank, message.op_id)] = t
+        elif isinstance(message, Probe):
             self.blocked[rank] = True
             heapq.heappush(self.inbox, (t, QUESTION, rank, next(self._seq), message))
         else:
-            raise SimulationError(f"unknown message {kind!r} from rank {rank}")
+            raise SimulationError(f"unknown message {message!r} from rank {rank}")
 
     def note_clock(self, rank: int, t: float):
         self.bound[rank] = max(self.bound[rank], t)
@@ -123,7 +121,7 @@ class Simulator:
                 if cls == MESSAGE:
                     self._at(t, lambda _e, r=rank, m=message: self._submit(r, m))
                 else:
-                    self._answer_test(rank, message)
+                    self._answer_probe(rank, message)
             elif net_t < math.inf and self._safe(net_t, NETWORK, -1):
                 while self.env.peek() <= net_t:
                     self.env.step()
@@ -157,8 +155,9 @@ class Simulator:
         while event.callbacks is not None:
             self.env.step()
 
-    def _submit(self, rank: int, message: tuple):
-        _, t, op_id, key, kind, nbytes, participants, root, blocking = message
+    def _submit(self, rank: int, message: Op):
+        t, op_id, key, kind = message.t, message.op_id, message.key, message.kind
+        nbytes, participants, root = message.nbytes, message.participants, message.root
         op = self.operations.get(key)
         if op is None:
             plan = self.plans.of(kind, len(participants), root)
@@ -183,7 +182,7 @@ class Simulator:
                 self._release(op, f)
             if op.touching[index] == 0:
                 self._participant_done(op, index)
-        if blocking:
+        if message.blocking:
             self._register_wait(rank, t, op_id)
         elif (rank, op_id) in self.early_waits:
             self._register_wait(rank, self.early_waits.pop((rank, op_id)), op_id)
@@ -235,15 +234,15 @@ class Simulator:
         op, index = self.handles.pop((rank, op_id))
         end = max(t, op.done_at[index])
         idle = max(0.0, min(end, op.last_join_when_done[index]) - t)
-        self._wake(rank, end, ("waited", end, idle, end - t - idle))
+        self._wake(rank, end, Waited(end, idle, end - t - idle))
 
-    def _answer_test(self, rank, message):
-        _, t, op_id = message
+    def _answer_probe(self, rank, message: Probe):
+        t, op_id = message.t, message.op_id
         op, index = self.handles[(rank, op_id)]
         done = op.done_at[index] is not None and op.done_at[index] <= t
         if done:
             del self.handles[(rank, op_id)]  # the rank's handle now knows; it will not ask again
-        self._wake(rank, t, ("tested", done))
+        self._wake(rank, t, Probed(done))
 
     def _wake(self, rank, t, reply):
         self._earliest = None

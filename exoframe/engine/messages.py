@@ -1,0 +1,91 @@
+"""What the launcher and its children (ranks, evaluator) say over their pipes: typed messages.
+
+Launcher -> rank: Rendezvous once, the simulator's replies (exoframe.sim.protocol), and
+StopAnswer to an AskStop. Rank -> launcher: SimRequest (a rank clock's message for the
+simulator), StepDone, StepState, AskStop, RankDone. Launcher -> evaluator: Evaluate, then
+None to stop; evaluator -> launcher: Validated. Any child -> launcher: ChildFailed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    store_path: str  # the FileStore in the launcher's private folder
+    timeout_seconds: float
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    rank: int
+    message: Any  # exoframe.sim.protocol.Op, Wait or Probe
+
+
+@dataclass(frozen=True)
+class StepDone:
+    rank: int
+    step: int
+    record: dict  # loss, lr, bytes_sent, sim_time, the strategy's metrics
+    state: Optional[tuple]  # the model's state (engine/model_state.py) at evaluation steps
+
+
+@dataclass(frozen=True)
+class StepState:
+    """The state of a step that was not an evaluation step, sent when the run stops there."""
+    rank: int
+    step: int
+    state: tuple
+
+
+@dataclass(frozen=True)
+class AskStop:
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True)
+class StopAnswer:
+    stop: bool
+
+
+@dataclass(frozen=True)
+class RankDone:
+    rank: int
+    result: dict  # traffic, bytes, clock stats, peak memory, trace
+
+
+@dataclass(frozen=True)
+class Evaluate:
+    step: int
+    state: tuple  # the ranks' averaged state
+
+
+@dataclass(frozen=True)
+class Validated:
+    step: int
+    loss: Optional[float]  # None without validation data
+    metrics: dict  # the workload's metrics, averaged over examples
+
+
+@dataclass(frozen=True)
+class ChildFailed:
+    who: Any  # a rank number or "evaluator"
+    at: float  # wall-clock time: the earliest failure is the cause
+    message: str
+    details: str  # the traceback
+    user_error: bool
+
+
+class PipeSimPort:
+    """A rank clock's way to the simulator over the rank's pipe (see sim/clock.py)."""
+
+    def __init__(self, conn, rank: int):
+        self.conn, self.rank = conn, rank
+
+    def send(self, message):
+        self.conn.send(SimRequest(self.rank, message))
+
+    def recv(self):
+        return self.conn.recv()

@@ -1,0 +1,47 @@
+"""What a rank's clock and the simulator say to each other: typed, immutable messages.
+
+A rank tells the simulator, at its simulated time `t`, that it starts an operation (Op),
+waits for one (Wait) or asks whether one is done (Probe, as MPI_Test). A blocking Op and a Wait are
+answered with Waited (when it ended, and how much of the wait was idle, peers not yet
+there, versus communication); a Probe with Probed. Live ranks send these over their pipe
+(engine/launcher.py), replays feed them straight to the simulator (sim/replay.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    t: float
+    op_id: int  # the rank's own numbering of its operations
+    key: tuple  # the same on every participant: which call of which group
+    kind: str  # all_reduce, broadcast, all_gather, reduce_scatter, send, recv
+    nbytes: float
+    participants: tuple  # the group's ranks; (src, dst) for send and recv
+    root: int  # index in participants (broadcast's source)
+    blocking: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    t: float
+    op_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    t: float
+    op_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Waited:
+    end: float
+    idle: float
+    comm: float
+
+
+@dataclass(frozen=True, slots=True)
+class Probed:
+    done: bool
