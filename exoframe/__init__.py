@@ -1,8 +1,34 @@
-"""exoframe: simulate distributed training of PyTorch models on one machine."""
-from .engine.run import RunResult
-from .engine.trainer import Trainer
-from .hookspecs import hookimpl
-from .strategies.base import OptimizerSpec, Strategy
-from .workloads.base import Workload
+"""exoframe: simulate distributed training of PyTorch models on one machine.
 
-__all__ = ["Trainer", "RunResult", "Strategy", "OptimizerSpec", "Workload", "hookimpl"]
+The names below are imported on first use, so `import exoframe.sim` (the network model)
+and the command line's help do not pay for torch.
+"""
+import importlib
+import importlib.metadata
+
+from .errors import ExoframeError
+from .hookspecs import hookimpl
+
+try:
+    __version__ = importlib.metadata.version("exoframe")
+except importlib.metadata.PackageNotFoundError:  # a source tree that was not installed
+    __version__ = "dev"
+
+_LAZY = {"Trainer": ".engine.trainer", "RunResult": ".engine.run",
+         "Strategy": ".strategies.base", "OptimizerSpec": ".strategies.base",
+         "Workload": ".workloads.base"}
+
+__all__ = ["Trainer", "RunResult", "Strategy", "OptimizerSpec", "Workload", "hookimpl",
+           "ExoframeError", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'exoframe' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(__all__)

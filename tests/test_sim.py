@@ -186,3 +186,16 @@ def test_every_algorithm_completes_every_collective_it_implements_and_conserves_
         replies, sim = run(topology, collective(kind, n, root=n - 1))
         assert sorted(replies) == list(range(n)), (name, kind, n)  # nobody left waiting
         assert not sim.network.busy()
+
+
+def test_the_network_model_imports_without_torch():
+    """exoframe.sim knows nothing of torch: it imports (replay included) with torch blocked."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import exoframe, exoframe.sim, exoframe.sim.replay, exoframe.sim.protocol\n"
+            "assert sys.modules['torch'] is None and exoframe.__version__\n")
+    repo = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=repo)
