@@ -128,6 +128,22 @@ def workloads():
 
 
 @cli.command()
+def algorithms():
+    """List collective algorithms (network YAML `algorithm:`): name, aliases, source package."""
+    from .plugins import get_plugin_manager
+
+    _print_registry(get_plugin_manager().algorithms)
+
+
+@cli.command()
+def sinks():
+    """List metrics sinks (--sink): name, aliases, source package."""
+    from .plugins import get_plugin_manager
+
+    _print_registry(get_plugin_manager().sinks)
+
+
+@cli.command()
 def optimizers():
     """List local optimizers (every torch.optim class, and plugins'): name, source package."""
     from .plugins import get_plugin_manager

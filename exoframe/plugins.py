@@ -64,10 +64,12 @@ class PluginInfo:
 class Registry:
     """Name -> Entry for one kind of item (strategies, workloads, ...)."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, failed=lambda: []):
+        """failed(): the plugins that failed to load (PluginInfo), for "unknown name"."""
         self.kind = kind
         self.entries: dict[str, Entry] = {}
         self.aliases: dict[str, str] = {}
+        self.failed = failed
 
     def add(self, entry: Entry):
         for name in (entry.name, *entry.aliases):
@@ -87,7 +89,15 @@ class Registry:
     def get(self, name) -> Entry:
         entry = self.get_entry_or_none(name)
         if entry is None:
-            raise unknown_name_error(SINGULAR[self.kind], name, [*self.entries, *self.aliases])
+            error = unknown_name_error(SINGULAR[self.kind], name, [*self.entries, *self.aliases])
+            # A plugin that failed before saying what it registers may have had it.
+            suspects = [f"'{info.name}' ({info.source} {info.version}): {info.error}"
+                        for info in self.failed()
+                        if not info.hooks or KINDS[self.kind] in info.hooks]
+            if suspects:
+                error = ExoframeError(f"{error} It may be a plugin's that failed to load: "
+                                      f"{'; '.join(suspects)} (see `exoframe plugins`).")
+            raise error
         return entry
 
     def __iter__(self):
@@ -103,7 +113,7 @@ class PluginManager:
         self.pm = pluggy.PluginManager("exoframe")
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
-        self.registries = {kind: Registry(kind) for kind in KINDS}
+        self.registries = {kind: Registry(kind, self._failed_plugins) for kind in KINDS}
         self.disabled = set(disabled) if disabled is not None else disabled_from_env()
         self.strict = strict if strict is not None else strict_from_env()
         if builtins:
@@ -145,6 +155,9 @@ class PluginManager:
             )
             info.items.setdefault(kind, []).append(name)
         return register
+
+    def _failed_plugins(self) -> list[PluginInfo]:
+        return [info for info in self.plugins.values() if info.status == "failed"]
 
     def _failed(self, info: PluginInfo, error: BaseException):
         info.status, info.error, info.items = "failed", _one_line(error), {}

@@ -31,8 +31,9 @@ def check_row(row: dict) -> dict:
 
 
 class JsonlSink:
-    """metrics.jsonl: one JSON object per step, written as the step finishes. A write that
-    fails (a full disk) is undone, so every line in the file is a whole row."""
+    """metrics.jsonl: one JSON object per step, written as the step finishes.
+
+    A write that fails (a full disk) is undone, so every line in the file is a whole row."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / "metrics.jsonl"

@@ -329,3 +329,23 @@ def test_unknown_algorithm_against_a_registry(write):
     assert ": algorithm.broadcast: unknown collective algorithm 'butterfly'" in message
     assert "Known: ring." in message
     assert NetConfig.from_dict({"algorithm": "ring"}, "x", "x").topology(2, algorithms)
+
+
+def test_an_algorithm_alias_works_in_network_yaml(write):
+    """An algorithm a plugin registers with aliases is found by any of its names."""
+    import exoframe
+    from exoframe.plugins import PluginManager
+    from exoframe.sim import resolve_sim
+    from exoframe.sim.collectives import BUILTIN
+
+    class Plugin:
+        @exoframe.hookimpl
+        def exoframe_register_algorithms(self, register):
+            register("halving", BUILTIN["ring"], aliases=["rabenseifner"])
+
+    pm = PluginManager(load_entry_points=False)
+    pm.register(Plugin(), name="halving-plugin", source="tests")
+    net = write("bandwidth: 1gbit\nlatency: 1ms\nalgorithm: rabenseifner\n")
+    sim = resolve_sim(net, "fixed:1ms", "", 4, pm)
+    assert sim.topology.algorithms["all_reduce"] == "rabenseifner"
+    assert sim.algorithms["rabenseifner"] is sim.algorithms["halving"] is BUILTIN["ring"]

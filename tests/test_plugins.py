@@ -55,6 +55,13 @@ def test_entry_point_strategy_is_listed_and_runs_while_a_broken_plugin_is_report
     broken = next(l for l in plugins.stdout_text.splitlines() if l.startswith("broken_plugin"))
     assert "failed: ImportError: no gpu here" in broken
 
+    # An unknown name says which plugin failed to load: it may have been the one to have it.
+    unknown = cli("run", "--strategy", "fedprox", "--nodes", "2", "--steps", "2")
+    assert unknown.returncode == 2
+    assert unknown.stderr_text.strip().endswith(
+        "It may be a plugin's that failed to load: 'broken_plugin' (exoframe-broken 0.1.0): "
+        "ImportError: no gpu here (see `exoframe plugins`).")
+
     nets = cli("nets")
     campus = next(l for l in nets.stdout_text.splitlines() if l.startswith("campus "))
     assert campus.split() == ["campus", "our", "campus", "network", "[exoframe-everyother]"]

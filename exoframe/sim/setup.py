@@ -22,7 +22,9 @@ def resolve_sim(net: str, compute: str, stragglers: str, nodes: int, pm) -> SimS
     """net: preset name or YAML path; compute and stragglers: the spec strings of
     exoframe.sim.compute. pm: the plugin manager (network presets and algorithms)."""
     network = load_network(net, pm.networks)
-    algorithms = {entry.name: entry.obj for entry in pm.algorithms}
+    # Aliases too: a network file may name an algorithm by any name it was registered under.
+    algorithms = {name: entry.obj for entry in pm.algorithms
+                  for name in (entry.name, *entry.aliases)}
     topology = network.topology(nodes, algorithms)
     for kind, name in topology.algorithms.items():
         try:
