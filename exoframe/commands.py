@@ -29,17 +29,17 @@ class PluginGroup(click.Group):
     def get_command(self, ctx, name):
         command = super().get_command(ctx, name)
         if command is None:
-            from .plugins import get_plugin_manager
+            from .plugins import get_command_manager
 
-            entry = get_plugin_manager().commands.get_entry_or_none(name)
+            entry = get_command_manager().commands.get_entry_or_none(name)
             command = entry.obj if entry else None
         return command
 
     def list_commands(self, ctx):
-        from .plugins import get_plugin_manager
+        from .plugins import get_command_manager
 
         try:
-            plugin_commands = [entry.name for entry in get_plugin_manager().commands]
+            plugin_commands = [entry.name for entry in get_command_manager().commands]
         except ExoframeError:  # strict mode and a broken plugin: still list our own
             plugin_commands = []
         return sorted({*super().list_commands(ctx), *plugin_commands})

@@ -24,8 +24,11 @@ from .errors import ExoframeError, did_you_mean, unknown_name_error
 ENTRY_POINT_GROUP = "exoframe"
 DISABLE_ENV = "EXOFRAME_DISABLE_PLUGINS"
 STRICT_ENV = "EXOFRAME_STRICT_PLUGINS"
-BUILTIN_PLUGINS = ("exoframe.strategies", "exoframe.workloads", "exoframe.sim", "exoframe.sinks",
-                   "exoframe.commands")
+# Built-in plugin modules and the kinds of item each registers.
+BUILTIN_PLUGINS = {"exoframe.strategies": {"strategies", "optimizers"},
+                   "exoframe.workloads": {"workloads"},
+                   "exoframe.sim": {"networks", "algorithms"}, "exoframe.sinks": {"sinks"},
+                   "exoframe.commands": {"commands"}}
 KINDS = {"strategies": "exoframe_register_strategies", "workloads": "exoframe_register_workloads",
          "networks": "exoframe_register_networks",
          "algorithms": "exoframe_register_algorithms", "sinks": "exoframe_register_sinks",
@@ -109,7 +112,11 @@ class PluginManager:
     plugin that fails to load. Both default to the environment variables above."""
 
     def __init__(self, load_entry_points: bool = True, builtins: bool = True,
-                 disabled=None, strict: bool | None = None):
+                 disabled=None, strict: bool | None = None, kinds=None):
+        """kinds: collect only these kinds of item (default: all), and import only the
+        built-in modules that provide them: the command line's help needs commands alone,
+        and the built-in strategies and workloads import torch."""
+        self.kinds = set(kinds or KINDS)
         self.pm = pluggy.PluginManager("exoframe")
         self.pm.add_hookspecs(hookspecs)
         self.plugins: dict[str, PluginInfo] = {}
@@ -118,7 +125,9 @@ class PluginManager:
         self.strict = strict if strict is not None else strict_from_env()
         if builtins:
             version = _exoframe_version()
-            for module_name in BUILTIN_PLUGINS:
+            for module_name, provides in BUILTIN_PLUGINS.items():
+                if not self.kinds & provides:
+                    continue
                 module = importlib.import_module(module_name)
                 self.register(module, name=module_name, source="exoframe", version=version)
         if load_entry_points:
@@ -136,6 +145,8 @@ class PluginManager:
                 raise ExoframeError(f"implements unknown hook '{unknown[0]}'."
                                     f"{did_you_mean(unknown[0], KINDS.values())}")
             for kind, hook_name in KINDS.items():
+                if kind not in self.kinds:
+                    continue
                 for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                     if impl.plugin_name == name:
                         impl.function(register=self._register_callback(kind, info))
@@ -268,6 +279,16 @@ def _exoframe_version() -> str:
 
 
 _manager: PluginManager | None = None
+_command_manager: PluginManager | None = None
+
+
+def get_command_manager() -> PluginManager:
+    """Built-in and plugin commands only, for the command line's help and dispatch: it does
+    not import the built-in strategies and workloads (nor torch through them)."""
+    global _command_manager
+    if _command_manager is None:
+        _command_manager = _manager or PluginManager(kinds={"commands"})
+    return _command_manager
 
 
 def get_plugin_manager() -> PluginManager:

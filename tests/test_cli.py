@@ -157,3 +157,16 @@ def test_strategies_command_lists_builtins(cli):
     assert {"ddp", "diloco", "localsgd", "sparta"} <= set(builtins)
     assert [l.split()[0] for l in lines] == builtins
     assert "alias: fedavg" in proc.stdout_text
+
+
+def test_help_runs_with_torch_blocked(cli):
+    """`exoframe --help` loads commands only: neither torch nor the built-in strategies."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from exoframe.cli import main\n"
+            "main(['--help'])\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=cli.cwd, env=cli.env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    commands = [line.split()[0] for line in result.stdout.split("Commands:")[1].splitlines()
+                if line.strip()]
+    assert {"run", "sweep", "replay", "report", "strategies", "plugins"} <= set(commands)
