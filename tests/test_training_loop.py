@@ -332,6 +332,18 @@ def test_time_budget_stops_at_the_first_step_whose_end_reaches_it(tmp_path):
 
 # -- GPUs -----------------------------------------------------------------------------------
 
+def test_nccl_only_when_every_rank_has_a_gpu_of_its_own(monkeypatch):
+    from exoframe.engine import devices
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    assert devices.backend("cuda", 4) == "nccl"
+    assert devices.backend("cuda", 8) == "gloo"  # two ranks per GPU
+    assert devices.backend("cuda:0", 2) == "gloo"  # every rank on one GPU
+    assert devices.backend("cpu", 2) == "gloo"
+    assert [devices.for_rank("cuda", r).index for r in range(6)] == [0, 1, 2, 3, 0, 1]
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 

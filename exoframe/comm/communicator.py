@@ -64,6 +64,10 @@ class Communicator:
             tuple(dist.get_process_group_ranks(group))
         self.traffic = TrafficStats()
         self._pending: set[Handle] = set()
+        # gloo exchanges host memory: a tensor on a GPU travels through a host copy (ranks
+        # may share one GPU, which NCCL refuses); NCCL exchanges GPU memory directly.
+        self._staged = (world_size > 1 and dist.is_initialized()
+                        and dist.get_backend(group) == "gloo")
 
     # -- collectives ---------------------------------------------------------------------
     # Every operation takes `wire_bytes`: the payload as it would travel encoded (a
@@ -74,7 +78,7 @@ class Communicator:
                    wire_bytes: int | None = None):
         """In place. op: sum, mean, max or min."""
         reduce_op = _reduce_op(op)
-        host = _host(tensor)
+        host = self._host(tensor)
         finish = (lambda: tensor.div_(self.world_size)) if op == "mean" else None
         return self._submit("all_reduce", _wire(tensor, wire_bytes), async_op, tensor,
                             _back(host, tensor, finish),
@@ -82,7 +86,7 @@ class Communicator:
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False,
                   wire_bytes: int | None = None):
-        host = _host(tensor)
+        host = self._host(tensor)
         return self._submit("broadcast", _wire(tensor, wire_bytes), async_op, tensor,
                             _back(host, tensor), lambda: dist.broadcast(host, src, self.group, True),
                             root=self.ranks.index(src))
@@ -92,7 +96,7 @@ class Communicator:
         """output (world_size * input.numel(), flat) receives every rank's input, in rank
         order. wire_bytes: of the whole gathered output."""
         _check_numel(output, input.numel() * self.world_size, "all_gather output")
-        host_out, host_in = _host(output), _host(input)
+        host_out, host_in = self._host(output), self._host(input)
         return self._submit("all_gather", _wire(output, wire_bytes), async_op, output,
                             _back(host_out, output),
                             lambda: _all_gather_flat(host_out, host_in, self.group, True))
@@ -103,7 +107,7 @@ class Communicator:
         wire_bytes: of the whole input."""
         _check_numel(output, input.numel() // self.world_size, "reduce_scatter output")
         reduce_op = _reduce_op(op)
-        host_out, host_in = _host(output), _host(input)
+        host_out, host_in = self._host(output), self._host(input)
         finish = (lambda: output.div_(self.world_size)) if op == "mean" else None
         return self._submit(
             "reduce_scatter", _wire(input, wire_bytes), async_op, output,
@@ -113,13 +117,13 @@ class Communicator:
     # -- point to point ------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False,
              wire_bytes: int | None = None):
-        host = _host(tensor)
+        host = self._host(tensor)
         return self._submit("send", _wire(tensor, wire_bytes), async_op, None, None,
                             lambda: dist.isend(host, dst, self.group), peers=(self.rank, dst))
 
     def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False,
              wire_bytes: int | None = None):
-        host = _host(tensor)
+        host = self._host(tensor)
         return self._submit("recv", _wire(tensor, wire_bytes), async_op, tensor,
                             _back(host, tensor), lambda: dist.irecv(host, src, self.group),
                             peers=(src, self.rank))
@@ -128,6 +132,11 @@ class Communicator:
         """Wait for every operation still in flight (the end of training)."""
         for handle in sorted(self._pending, key=lambda h: h._op_id):
             handle.wait()
+
+    def _host(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not self._staged or tensor.device.type == "cpu":
+            return tensor
+        return tensor.detach().to("cpu")
 
     # -- the choke point -----------------------------------------------------------------
     def _submit(self, kind, nbytes, async_op, result, finish, start, root=0, peers=None):
@@ -141,12 +150,6 @@ class Communicator:
             return handle
         handle._complete()  # the clock has already waited for it
         return result
-
-
-# gloo exchanges host memory: a tensor on a GPU travels through a host copy, and the result
-# is copied back when the operation completes (ranks may share one GPU, which NCCL refuses).
-def _host(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor if tensor.device.type == "cpu" else tensor.detach().to("cpu")
 
 
 def _back(host: torch.Tensor, tensor: torch.Tensor, then=None):

@@ -2,9 +2,12 @@
 
 `cpu`, `mps`, `cuda:N` (every rank on GPU N), `cuda` (ranks spread over the visible GPUs
 round-robin: rank r on GPU r mod count, so 8 ranks on 1 GPU share it), or `auto` (cuda if
-present, else mps, else cpu). Collectives go through gloo, which exchanges host memory: a
-GPU tensor travels through a host copy (exoframe/comm/communicator.py). NCCL is not used:
-it refuses two ranks on one GPU, the usual case when many simulated nodes share a GPU.
+present, else mps, else cpu).
+
+The backend: NCCL when every rank has a GPU of its own (`cuda` with at least as many GPUs
+as nodes); otherwise gloo, which exchanges host memory: a GPU tensor then travels through
+a host copy (exoframe/comm/communicator.py). NCCL refuses two ranks on one GPU, the usual
+case when many simulated nodes share a GPU. Both bind to loopback only.
 
 The launcher asks only whether devices exist and never initializes CUDA itself: the ranks
 are forked from it, and a forked process cannot use CUDA initialized by its parent.
@@ -35,6 +38,14 @@ def resolve(spec: str) -> str:
         raise ExoframeError("device: 'mps' asked for, but torch sees no Apple GPU here; use "
                             "--device cpu or auto.")
     return spec
+
+
+def backend(spec: str, nodes: int) -> str:
+    """The process group's backend for a resolved device spec."""
+    if (spec == "cuda" and torch.cuda.device_count() >= nodes
+            and torch.distributed.is_nccl_available()):
+        return "nccl"
+    return "gloo"
 
 
 def for_rank(spec: str, rank: int) -> torch.device:

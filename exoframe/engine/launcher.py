@@ -214,8 +214,10 @@ def launch(job: Job, on_row=None) -> LaunchResult:
         job.sim.compute = job.sim.compute.with_flops(flops)
     preload()
     watchdog = job.hang_timeout
-    # gloo binds its listening sockets to this interface: loopback only.
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo0" if sys.platform == "darwin" else "lo"
+    # gloo and NCCL bind their listening sockets to this interface: loopback only.
+    loopback = "lo0" if sys.platform == "darwin" else "lo"
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback
+    os.environ["NCCL_SOCKET_IFNAME"] = loopback  # NCCL's bootstrap sockets likewise
     rendezvous = tempfile.mkdtemp(prefix="exoframe-rendezvous-")  # mode 0700: ours alone
     try:
         return _launch(job, on_row, start, batches, val_shards, watchdog,

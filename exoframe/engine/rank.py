@@ -22,10 +22,11 @@ from .model_state import snapshot
 from .schedule import lr_at
 
 
-def join_group(rank: int, world_size: int, store_path: str, timeout_seconds: float):
+def join_group(rank: int, world_size: int, store_path: str, timeout_seconds: float,
+               backend: str = "gloo"):
     """Meet the other ranks through a file in the launcher's private folder: no port."""
     store = dist.FileStore(store_path, world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_seconds))
 
 
@@ -62,9 +63,12 @@ def train(rank: int, job: Job, batches: Batches, conn):
     is evaluated and the rank asks the launcher whether to stop (see engine/target.py)."""
     torch.set_num_threads(job.threads)
     rendezvous = conn.recv()
-    join_group(rank, job.nodes, rendezvous.store_path, rendezvous.timeout_seconds)
-    torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
     device = devices.for_rank(job.device, rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL's communicator and the default CUDA stream
+    join_group(rank, job.nodes, rendezvous.store_path, rendezvous.timeout_seconds,
+               devices.backend(job.device, job.nodes))
+    torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
     model = job.model.to(device)
     clock = make_clock(rank, job, conn, device)
     comm = Communicator(rank, job.nodes, clock)

@@ -18,7 +18,7 @@ class ErrorFeedbackStrategy(Strategy):
 
     def setup(self):
         params = self.trainable_parameters()
-        self.residual = torch.zeros(sum(p.numel() for p in params))
+        self.residual = torch.zeros(sum(p.numel() for p in params), device=params[0].device)
 
     def exchange(self, corrected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError

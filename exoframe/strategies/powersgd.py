@@ -42,7 +42,7 @@ class PowerSGD(ErrorFeedbackStrategy):
                 rows, cols = p.shape[0], p.numel() // p.shape[0]
                 self.matrices.append((start, rows, cols))
                 self.q.append(torch.randn(cols, min(self.params.rank, rows, cols),
-                                          generator=generator))
+                                          generator=generator).to(p.device))
             else:
                 self.vectors.append((start, p.numel()))
             start += p.numel()

@@ -34,11 +34,11 @@ class RandomKEF(ErrorFeedbackStrategy):
         numel = corrected.numel()
         k = math.ceil(self.params.k_fraction * numel)
         self.generator.manual_seed(self.seed * 1_000_003 + self.step_num)
-        index = torch.randperm(numel, generator=self.generator)[:k]
+        index = torch.randperm(numel, generator=self.generator)[:k].to(corrected.device)
         values = corrected[index]
         self.comm.all_reduce(values, op="mean")
-        averaged = torch.zeros(numel)
+        averaged = torch.zeros_like(corrected)
         averaged[index] = values
-        sent = torch.zeros(numel)
+        sent = torch.zeros_like(corrected)
         sent[index] = corrected[index]
         return averaged, sent

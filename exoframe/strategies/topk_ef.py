@@ -35,11 +35,11 @@ class TopKEF(ErrorFeedbackStrategy):
         k = math.ceil(self.params.k_fraction * numel)
         index = torch.topk(corrected.abs(), k, sorted=False).indices
         values = corrected[index]
-        all_values = torch.empty(n * k)
-        all_index = torch.empty(n * k, dtype=torch.int64)
+        all_values = corrected.new_empty(n * k)
+        all_index = torch.empty(n * k, dtype=torch.int64, device=corrected.device)
         self.comm.all_gather(all_values, values, wire_bytes=n * k * VALUE_BYTES)
         self.comm.all_gather(all_index, index, wire_bytes=n * k * INDEX_BYTES)
-        averaged = torch.zeros(numel).index_add_(0, all_index, all_values).div_(n)
-        sent = torch.zeros(numel)
+        averaged = torch.zeros_like(corrected).index_add_(0, all_index, all_values).div_(n)
+        sent = torch.zeros_like(corrected)
         sent[index] = values
         return averaged, sent

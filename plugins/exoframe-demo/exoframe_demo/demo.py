@@ -148,7 +148,7 @@ class DeMo(exoframe.Strategy):
             values.append(value.flatten())
             indices.append(index.flatten())
         sent = torch.cat([*values, *indices]).float()
-        gathered = torch.empty(self.world_size * sent.numel())
+        gathered = sent.new_empty(self.world_size * sent.numel())
         self.comm.all_gather(gathered, sent, wire_bytes=self.world_size * self.payload_bytes)
         gathered = gathered.view(self.world_size, 2, self.picks)
         all_values, all_indices = gathered[:, 0], gathered[:, 1].long()
