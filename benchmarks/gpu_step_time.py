@@ -14,7 +14,7 @@ import time
 import torch
 
 from exoframe.config import RunConfig
-from exoframe.engine import execute, job_from_config
+from exoframe.engine import devices, execute, job_from_config
 from exoframe.engine.data import Batches
 from exoframe.engine.loop import to_device
 
@@ -51,7 +51,7 @@ def exoframe_step(device: str, nodes: int, steps: int, precision: str) -> float:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda:0" if devices.gpu_count() else "cpu")
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])

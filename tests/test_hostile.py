@@ -107,6 +107,8 @@ REFUSED = [
     (["run", "--time-budget", "soon"], {}, ["time_budget", "'soon'"]),
     (["run", "--time-budget", "-1h"], {}, ["time_budget"]),
     (["run", "--accumulate", "0"], {}, ["accumulate"]),
+    (["run", "--warmup-steps", "300"], {}, ["warmup_steps", "300"]),
+    (["run", "-o", "lr=0.1"], {}, ["optimizer 'adamw'", "--lr"]),
     (["run", "--warmup-steps", "-1"], {}, ["warmup_steps"]),
     (["run", "--min-lr-ratio", "2"], {}, ["min_lr_ratio"]),
     (["run", "--clip-grad-norm", "0"], {}, ["clip_grad_norm"]),
@@ -546,7 +548,9 @@ def test_a_nan_loss_stops_the_run_and_names_step_and_rank(cli):
     assert cli.leftovers() == []
     result = summary(cli)
     assert result["status"] == "failed"
-    assert [r["step"] for r in result["rows"]] == [1, 2][:len(result["rows"])]
+    # Step 2 finished on every rank before the NaN; its row may not have been read yet when
+    # the error was (another rank's pipe), step 1's was.
+    assert [r["step"] for r in result["rows"]] in ([1], [1, 2])
 
 
 def test_a_nan_loss_may_be_allowed_and_the_files_stay_strict_json(cli):

@@ -111,6 +111,8 @@ def shrink(argv, cwd: Path):
     command = args[0] if args else None
     if command in ("run", "sweep"):
         args = with_option(args, "--steps", STEPS)
+        if "--warmup-steps" in args:  # fewer than the steps, as a run requires
+            args = with_option(args, "--warmup-steps", "1")
         if workload_of(args, cwd) == "gpt":
             args += SMALL_GPT_FLAGS
     if command == "sweep" and "--points" in args:

@@ -10,6 +10,7 @@ from conftest import Regressor
 from torch.utils.data import IterableDataset, TensorDataset
 
 import exoframe
+from exoframe.engine import devices
 from exoframe.engine.schedule import lr_at
 from exoframe.errors import ExoframeError
 from exoframe.plugins import PluginManager
@@ -64,7 +65,8 @@ def torch_schedule(schedule, total, warmup, min_ratio, lr=1.0):
     if schedule == "wsd":
         decay = math.ceil(0.2 * after)
         stable = torch.optim.lr_scheduler.ConstantLR(opt, factor=1.0, total_iters=0)
-        fall = torch.optim.lr_scheduler.LinearLR(opt, 1.0, min_ratio, total_iters=decay - 1)
+        fall = torch.optim.lr_scheduler.LinearLR(opt, 1 - (1 - min_ratio) / decay, min_ratio,
+                                                 total_iters=decay - 1)
         parts, milestones = [stable, fall], [after - decay]
     else:
         parts, milestones = [decays[schedule]()], []
@@ -82,10 +84,19 @@ def torch_schedule(schedule, total, warmup, min_ratio, lr=1.0):
 
 
 @pytest.mark.parametrize("schedule", ["constant", "linear", "cosine", "wsd"])
-@pytest.mark.parametrize("warmup,min_ratio", [(0, 0.0), (5, 0.1)])
-def test_schedules_equal_torchs_schedulers(schedule, warmup, min_ratio):
-    ours = [lr_at(k, 1.0, schedule, 40, warmup, min_ratio) for k in range(1, 41)]
-    assert ours == pytest.approx(torch_schedule(schedule, 40, warmup, min_ratio), abs=1e-12)
+@pytest.mark.parametrize("total,warmup,min_ratio", [(40, 0, 0.0), (40, 5, 0.1), (17, 3, 0.2)])
+def test_schedules_equal_torchs_schedulers(schedule, total, warmup, min_ratio):
+    ours = [lr_at(k, 1.0, schedule, total, warmup, min_ratio) for k in range(1, total + 1)]
+    assert ours == pytest.approx(torch_schedule(schedule, total, warmup, min_ratio), abs=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "wsd"])
+@pytest.mark.parametrize("total,warmup", [(1, 0), (2, 1), (5, 0), (6, 3)])
+def test_short_runs_still_end_at_the_minimum(schedule, total, warmup):
+    lrs = [lr_at(k, 1.0, schedule, total, warmup, 0.25) for k in range(1, total + 1)]
+    assert lrs[-1] == pytest.approx(0.25) and max(lrs) <= 1.0
+    if warmup:
+        assert lrs[warmup - 1] == 1.0  # the peak, at the end of warm-up
 
 
 # -- the run, and each piece against a plain loop ------------------------------------
@@ -94,6 +105,7 @@ def test_a_run_with_every_feature_trains_and_logs_its_lr():
     result = fit(shard=64, steps=30, strategy="ddp", optimizer="adamw", lr=0.01,
                  optimizer_params={"betas": [0.9, 0.95]}, schedule="cosine", warmup_steps=10,
                  clip_grad_norm=1.0, accumulate=2, precision="bf16", eval_every=10)
+    assert result.summary["samples_seen"] == 30 * BATCH * 2 * 2
     lrs = [row["lr"] for row in result.metrics]
     assert lrs == pytest.approx([lr_at(k, 0.01, "cosine", 30, 10) for k in range(1, 31)])
     assert all("grad_norm" in row for row in result.metrics)
@@ -164,6 +176,9 @@ def test_fp16_trains_with_a_loss_scale():
                  lr=0.01)
     losses = [row["loss"] for row in result.metrics]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    # torch's GradScaler at work: its initial scale, kept while no gradient overflows
+    assert [row["loss_scale"] for row in result.metrics] == [2.0 ** 16] * 10
+    assert "loss_scale" not in fit(strategy="ddp", steps=1).metrics[0]
 
 
 # -- optimizers -----------------------------------------------------------------------------
@@ -180,6 +195,8 @@ def test_any_torch_optimizer_by_name_with_its_keyword_arguments():
         OptimizerSpec("adamw", params={"betas": 3})
     with pytest.raises(ExoframeError, match="takes no momentum"):
         OptimizerSpec("adam", momentum=0.9)
+    with pytest.raises(ExoframeError, match="give the learning rate as lr"):
+        OptimizerSpec("adamw", params={"lr": 0.1})
 
 
 def test_rmsprop_run_equals_a_plain_rmsprop_loop():
@@ -243,8 +260,17 @@ def test_a_plugin_registers_an_optimizer():
 
     pm = PluginManager(load_entry_points=False)
     pm.register(Plugin(), name="signsgd-plugin", source="tests")
-    assert pm.optimizers.get("signsgd").obj is SignSGD
+    entry = pm.optimizers.get("signsgd")
+    assert entry.obj is SignSGD and entry.source == "tests"
     assert pm.optimizers.get("adamw").obj is torch.optim.AdamW  # built-ins beside it
+    # A run builds it like any optimizer: each step moves every weight by lr·sign(grad).
+    model = fresh_model()
+    before = weights(model)
+    optimizer = OptimizerSpec(entry.name, 0.01, factory=entry.obj).build(model.parameters())
+    model(data(BATCH, 0)).backward()
+    signs = torch.cat([p.grad.sign().reshape(-1) for p in model.parameters()])
+    optimizer.step()
+    assert torch.allclose(weights(model), before - 0.01 * signs)
 
 
 # -- data, metrics and stopping -------------------------------------------------------------
@@ -283,6 +309,7 @@ def test_epochs_replace_steps_and_no_shuffle_keeps_the_shards_order():
     assert first.metrics[0]["loss"] == pytest.approx(sum(in_order) / 2, rel=1e-6)
     kept = fit(shard=36, batch=8, strategy="ddp", epochs=1, drop_last=False)
     assert kept.summary["steps"] == 5  # 4 full batches and a short one
+    assert kept.summary["samples_seen"] == 2 * 36  # what the ranks trained on
 
 
 def test_mlp_reports_accuracy_in_metrics_and_summary(cli):
@@ -333,9 +360,7 @@ def test_time_budget_stops_at_the_first_step_whose_end_reaches_it(tmp_path):
 # -- GPUs -----------------------------------------------------------------------------------
 
 def test_nccl_only_when_every_rank_has_a_gpu_of_its_own(monkeypatch):
-    from exoframe.engine import devices
-
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(devices, "gpu_count", lambda: 4)
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
     assert devices.backend("cuda", 4) == "nccl"
     assert devices.backend("cuda", 8) == "gloo"  # two ranks per GPU
@@ -344,7 +369,9 @@ def test_nccl_only_when_every_rank_has_a_gpu_of_its_own(monkeypatch):
     assert [devices.for_rank("cuda", r).index for r in range(6)] == [0, 1, 2, 3, 0, 1]
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Counted through NVML (engine/devices.py): is_available() would initialize CUDA in pytest's
+# process, and the ranks forked from it could not use CUDA.
+needs_cuda = pytest.mark.skipif(devices.gpu_count() == 0, reason="needs a CUDA GPU")
 
 
 @needs_cuda
@@ -355,7 +382,7 @@ def test_two_ranks_sharing_one_gpu_equal_the_cpu_run(strategy, params):
     assert (weights(gpu.model) - weights(cpu.model)).abs().max() < 1e-4
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.skipif(devices.gpu_count() < 2, reason="needs two CUDA GPUs")
 def test_ranks_on_separate_gpus_equal_the_cpu_run():
     gpu = fit(shard=32, strategy="ddp", steps=6, device="cuda")
     cpu = fit(shard=32, strategy="ddp", steps=6)

@@ -53,21 +53,22 @@ class Handle:
 
 
 class Communicator:
-    def __init__(self, rank: int, world_size: int, clock=None, group=None):
+    def __init__(self, rank: int, world_size: int, clock=None, group=None, p2p_group=None):
         """clock: the rank's exoframe.sim.clock.RankClock (the engine makes it); without
-        one, a Communicator serves a single process (world size 1)."""
+        one, a Communicator serves a single process (world size 1). p2p_group: the group for
+        send and recv when it is not `group` (gloo beside NCCL, see engine/rank.py)."""
         self.rank = rank
         self.world_size = world_size
         self.clock = clock if clock is not None else SoloClock()
-        self.group = group
+        self.group, self.p2p_group = group, p2p_group if p2p_group is not None else group
         self.ranks = tuple(range(world_size)) if group is None else \
             tuple(dist.get_process_group_ranks(group))
         self.traffic = TrafficStats()
         self._pending: set[Handle] = set()
         # gloo exchanges host memory: a tensor on a GPU travels through a host copy (ranks
         # may share one GPU, which NCCL refuses); NCCL exchanges GPU memory directly.
-        self._staged = (world_size > 1 and dist.is_initialized()
-                        and dist.get_backend(group) == "gloo")
+        self._staged = _exchanges_host_memory(world_size, self.group)
+        self._p2p_staged = _exchanges_host_memory(world_size, self.p2p_group)
 
     # -- collectives ---------------------------------------------------------------------
     # Every operation takes `wire_bytes`: the payload as it would travel encoded (a
@@ -88,7 +89,8 @@ class Communicator:
                   wire_bytes: int | None = None):
         host = self._host(tensor)
         return self._submit("broadcast", _wire(tensor, wire_bytes), async_op, tensor,
-                            _back(host, tensor), lambda: dist.broadcast(host, src, self.group, True),
+                            _back(host, tensor),
+                            lambda: dist.broadcast(host, src, self.group, True),
                             root=self.ranks.index(src))
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False,
@@ -117,15 +119,16 @@ class Communicator:
     # -- point to point ------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False,
              wire_bytes: int | None = None):
-        host = self._host(tensor)
+        host = self._host(tensor, self._p2p_staged)
         return self._submit("send", _wire(tensor, wire_bytes), async_op, None, None,
-                            lambda: dist.isend(host, dst, self.group), peers=(self.rank, dst))
+                            lambda: dist.isend(host, dst, self.p2p_group),
+                            peers=(self.rank, dst))
 
     def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False,
              wire_bytes: int | None = None):
-        host = self._host(tensor)
+        host = self._host(tensor, self._p2p_staged)
         return self._submit("recv", _wire(tensor, wire_bytes), async_op, tensor,
-                            _back(host, tensor), lambda: dist.irecv(host, src, self.group),
+                            _back(host, tensor), lambda: dist.irecv(host, src, self.p2p_group),
                             peers=(src, self.rank))
 
     def wait_all(self):
@@ -133,8 +136,11 @@ class Communicator:
         for handle in sorted(self._pending, key=lambda h: h._op_id):
             handle.wait()
 
-    def _host(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not self._staged or tensor.device.type == "cpu":
+    def _host(self, tensor: torch.Tensor, staged: bool | None = None) -> torch.Tensor:
+        """The tensor an exchange uses: a host copy of a GPU tensor where the group
+        exchanges host memory (gloo), else the tensor itself."""
+        staged = self._staged if staged is None else staged
+        if not staged or tensor.device.type == "cpu":
             return tensor
         return tensor.detach().to("cpu")
 
@@ -150,6 +156,10 @@ class Communicator:
             return handle
         handle._complete()  # the clock has already waited for it
         return result
+
+
+def _exchanges_host_memory(world_size: int, group) -> bool:
+    return world_size > 1 and dist.is_initialized() and dist.get_backend(group) == "gloo"
 
 
 def _back(host: torch.Tensor, tensor: torch.Tensor, then=None):

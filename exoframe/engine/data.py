@@ -35,7 +35,8 @@ class Batches:
                  shuffle: bool = True, drop_last: bool = True):
         self.dataset, self.rank = dataset, rank
         self.shuffle, self.drop_last = shuffle, drop_last
-        self.served = 0  # batches given out
+        self.samples = 0  # examples given out (the summary's samples seen)
+        self.read = 0  # batches made so far
         self._first = None  # a batch read ahead by first(): served next
         if isinstance(dataset, IterableDataset):
             self.stream, self.batch_size = iter(dataset), batch_size
@@ -64,11 +65,12 @@ class Batches:
         return self
 
     def __next__(self):
-        self.served += 1
         if self._first is not None:
             batch, self._first = self._first, None
-            return batch
-        return self._next()
+        else:
+            batch = self._next()
+        self.samples += examples_in(batch)
+        return batch
 
     def _next(self):
         if self.stream is not None:
@@ -76,9 +78,11 @@ class Batches:
             if not items or (self.drop_last and len(items) < self.batch_size):
                 raise ExoframeError(
                     f"rank {self.rank}: its training stream (an IterableDataset) ran dry after "
-                    f"{self.served - 1} batches of {self.batch_size}; give a longer stream "
-                    "or fewer steps.")
+                    f"{self.read} batches of {self.batch_size}; give a longer stream or fewer "
+                    "steps.")
+            self.read += 1
             return default_collate(items)
+        self.read += 1
         left = self.size - self.position
         if left <= 0 or (self.drop_last and left < self.batch_size):
             self.epoch += 1
@@ -86,6 +90,15 @@ class Batches:
         indices = self.order[self.position:self.position + self.batch_size]
         self.position += self.batch_size
         return fetch(self.dataset, indices)
+
+
+def examples_in(batch) -> int:
+    """How many examples a batch holds: the length of its first tensor."""
+    while isinstance(batch, (tuple, list)):
+        batch = batch[0]
+    if isinstance(batch, dict):
+        return examples_in(next(iter(batch.values())))
+    return len(batch)
 
 
 def has_examples(dataset: Dataset) -> bool:

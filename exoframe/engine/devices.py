@@ -9,14 +9,24 @@ as nodes); otherwise gloo, which exchanges host memory: a GPU tensor then travel
 a host copy (exoframe/comm/communicator.py). NCCL refuses two ranks on one GPU, the usual
 case when many simulated nodes share a GPU. Both bind to loopback only.
 
-The launcher asks only whether devices exist and never initializes CUDA itself: the ranks
-are forked from it, and a forked process cannot use CUDA initialized by its parent.
+The launcher asks only how many devices exist, through NVML, and never initializes CUDA
+itself: the ranks are forked from it, and a forked process cannot use CUDA that its parent
+initialized (torch.cuda.is_available() alone would poison the fork).
 """
 from __future__ import annotations
 
+import os
 import subprocess
 
 import torch
+
+# torch counts GPUs through NVML, without touching the CUDA runtime, when this is set.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
+
+def gpu_count() -> int:
+    """Visible CUDA GPUs, counted without initializing CUDA in this process."""
+    return torch.cuda.device_count() if torch.backends.cuda.is_built() else 0
 
 from ..errors import ExoframeError
 
@@ -25,15 +35,14 @@ def resolve(spec: str) -> str:
     """`spec` with `auto` decided, checked against what this machine has."""
     kind, _, index = spec.partition(":")
     if kind == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if _has_mps() else "cpu"
+        return "cuda" if gpu_count() else "mps" if _has_mps() else "cpu"
     if kind == "cuda":
-        if not torch.cuda.is_available():
+        if not gpu_count():
             raise ExoframeError(f"device: '{spec}' asked for, but torch sees no CUDA GPU here "
                                 "(a CPU build of torch, or no driver); use --device cpu or auto.")
-        if index and int(index) >= torch.cuda.device_count():
+        if index and int(index) >= gpu_count():
             raise ExoframeError(f"device: '{spec}' asked for, but this machine has "
-                                f"{torch.cuda.device_count()} GPU(s): cuda:0 to "
-                                f"cuda:{torch.cuda.device_count() - 1}.")
+                                f"{gpu_count()} GPU(s): cuda:0 to cuda:{gpu_count() - 1}.")
     if kind == "mps" and not _has_mps():
         raise ExoframeError("device: 'mps' asked for, but torch sees no Apple GPU here; use "
                             "--device cpu or auto.")
@@ -42,8 +51,7 @@ def resolve(spec: str) -> str:
 
 def backend(spec: str, nodes: int) -> str:
     """The process group's backend for a resolved device spec."""
-    if (spec == "cuda" and torch.cuda.device_count() >= nodes
-            and torch.distributed.is_nccl_available()):
+    if spec == "cuda" and gpu_count() >= nodes and torch.distributed.is_nccl_available():
         return "nccl"
     return "gloo"
 
@@ -51,7 +59,7 @@ def backend(spec: str, nodes: int) -> str:
 def for_rank(spec: str, rank: int) -> torch.device:
     """The device of `rank` for a resolved spec."""
     if spec == "cuda":
-        return torch.device("cuda", rank % torch.cuda.device_count())
+        return torch.device("cuda", rank % gpu_count())
     return torch.device(spec)
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 from . import devices
-from .data import eval_batches
+from .data import eval_batches, examples_in
 from .loop import to_device
-from .messages import Validated
+from .messages import EvaluatorStop, Validated
 from .job import Job
 from .model_state import load
 
@@ -25,7 +25,7 @@ def validate(model, val_shards, batch_size: int, max_batches: int, metrics=None,
     total, count, sums = 0.0, 0, {}
     for shard in val_shards:
         for batch in eval_batches(shard, batch_size, max_batches):
-            n = len(batch[0]) if isinstance(batch, (tuple, list)) else len(batch)
+            n = examples_in(batch)
             batch = to_device(batch, device)
             total += model(batch).item() * n
             count += n
@@ -37,12 +37,13 @@ def validate(model, val_shards, batch_size: int, max_batches: int, metrics=None,
 
 
 def evaluate(job: Job, val_shards, conn):
-    """Answer each Evaluate (a step's averaged model state) with Validated until None.
+    """Answer each Evaluate (a step's averaged model state) with Validated until told
+    EvaluatorStop.
     On a GPU run the evaluator validates on rank 0's device."""
     torch.set_num_threads(job.threads)
     device = devices.for_rank(job.device, 0)
     job.model.to(device)
-    while (message := conn.recv()) is not None:
+    while not isinstance(message := conn.recv(), EvaluatorStop):
         load(job.model, message.state)
         loss, metrics = validate(job.model, val_shards, job.batch_size, job.eval_batches,
                                  job.metrics, device)

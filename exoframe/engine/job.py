@@ -63,9 +63,6 @@ class Job:
             return False
         return self.time_budget is not None or (self.target_loss is not None and step > LAG)
 
-    def effective_batch_size(self) -> int:
-        return self.batch_size * self.accumulate * self.nodes
-
 
 def resolve_strategy(strategy, params: dict | None, pm: PluginManager):
     """(class, registered name, typed params) for a name or a Strategy subclass."""
@@ -114,6 +111,10 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         strategy or config.strategy, config.strategy_params, pm)
     batch_size = config.batch_size or workload.batch_size
     steps = config.steps if config.epochs is None else epoch_steps(config, workload, batch_size)
+    if config.warmup_steps >= steps:
+        raise ExoframeError(f"warmup_steps ({config.warmup_steps}) must be fewer than the "
+                            f"run's steps ({steps}): the learning rate would never reach its "
+                            "peak and decay.")
     optimizer = pm.optimizers.get(config.optimizer)
     return Job(
         model=model, dataset=workload.dataset, strategy_cls=strategy_cls,

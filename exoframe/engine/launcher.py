@@ -34,9 +34,9 @@ from .evaluator import evaluate
 from .flops import count_step_flops
 from .job import Job
 from .loop import check_loss
-from .messages import (AskStop, ChildFailed, Evaluate, RankDone, Rendezvous, SimRequest,
-                       StepDone, StepState, StopAnswer, Validated)
-from .model_state import average
+from .messages import (AskStop, ChildFailed, Evaluate, EvaluatorStop, RankDone, Rendezvous,
+                       SimRequest, StepDone, StepState, StopAnswer, Validated)
+from .model_state import ModelState, average
 from .rank import train
 from .target import StopVerdicts
 from .watchdog import describe_stall
@@ -61,7 +61,7 @@ class LaunchResult:
     rank_results: list
     startup_seconds: float
     elapsed_seconds: float
-    final_state: tuple | None = None  # the last step's averaged model (see model_state)
+    final_state: ModelState | None = None  # the last step's averaged model
     steps: int = 0  # steps run: fewer than job.steps when a stopping rule stopped the run
     stopped_by: str = "steps"  # "steps", "target_loss" or "time_budget"
 
@@ -182,6 +182,21 @@ def check_model(job: Job, batches: Batches):
     return batch
 
 
+def warn_about_measured_compute(job: Job):
+    """`measured` times each rank's own work only where nothing else runs on its device."""
+    if job.sim.compute.kind != "measured" or job.device == "cpu":
+        return
+    if job.device == "mps":
+        why = "it reads CPU time, which misses the Apple GPU's work"
+    elif job.device == "cuda" and devices.gpu_count() >= job.nodes:
+        return
+    else:
+        why = ("ranks share a GPU, and a rank's GPU time then includes the other ranks' "
+               "kernels")
+    print(f"warning: --compute measured on {job.device}: {why}; --compute flops:auto or "
+          "fixed:<time per step> gives compute that does not depend on it.", file=sys.stderr)
+
+
 def preload():
     """Import once, before forking, what every rank would otherwise import on its own.
 
@@ -205,6 +220,7 @@ def launch(job: Job, on_row=None) -> LaunchResult:
     if job.target_loss is not None and not any(map(has_examples, val_shards)):
         raise ExoframeError("target_loss needs validation data: the time to target is read "
                             "from the validation loss. Give validation data or drop target_loss.")
+    warn_about_measured_compute(job)
     first_batch = check_model(job, batches[0])
     if job.sim.compute.needs_flops:
         if job.sim.compute.peak is None:  # flops:auto
@@ -215,9 +231,10 @@ def launch(job: Job, on_row=None) -> LaunchResult:
     preload()
     watchdog = job.hang_timeout
     # gloo and NCCL bind their listening sockets to this interface: loopback only.
+    # A user who names an interface (these variables) chooses it; else loopback only.
     loopback = "lo0" if sys.platform == "darwin" else "lo"
-    os.environ["GLOO_SOCKET_IFNAME"] = loopback
-    os.environ["NCCL_SOCKET_IFNAME"] = loopback  # NCCL's bootstrap sockets likewise
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)  # NCCL's bootstrap sockets
     rendezvous = tempfile.mkdtemp(prefix="exoframe-rendezvous-")  # mode 0700: ours alone
     try:
         return _launch(job, on_row, start, batches, val_shards, watchdog,
@@ -254,7 +271,7 @@ def _launch(job, on_row, start, batches, val_shards, watchdog, store_path) -> La
             error.status = "interrupted" if isinstance(error, RunInterrupted) else "failed"
             error.rows = monitor.flush()
             raise error from None
-        conns[-1].send(None)  # the evaluator's stop
+        conns[-1].send(EvaluatorStop())
         end = time.perf_counter()
         return LaunchResult(rank_results=monitor.results,
                             startup_seconds=(monitor.first_step_at or end) - start,
@@ -343,18 +360,21 @@ class _Monitor:
 
     def validate(self, step: int, averaged):
         if averaged is not None:
-            self.conns[-1].send(Evaluate(step, averaged))
+            try:
+                self.conns[-1].send(Evaluate(step, averaged))
+            except OSError:
+                pass  # the evaluator died; its sentinel says so
             self.final_state = averaged  # steps complete in order
 
     def read(self, conn) -> bool:
         """Handle one message; False when the pipe is closed."""
         try:
             message = conn.recv()
-            self.last_progress = time.monotonic()
-            self.handle(message)
-            return True
         except (EOFError, OSError):
             return False
+        self.last_progress = time.monotonic()
+        self.handle(message)
+        return True
 
     def simulate(self):
         try:

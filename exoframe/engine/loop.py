@@ -33,8 +33,9 @@ class Precision:
     """fp32; bf16 (autocast); fp16 (autocast and a dynamic loss scale, torch's GradScaler).
 
     With fp16, a step whose unscaled local gradients overflow contributes zero gradients on
-    that rank (the strategy still runs, so every rank's exchanges stay matched) and the
-    scale is halved, as GradScaler does when it skips a step."""
+    that rank and the scale is halved. Unlike GradScaler, which skips the optimizer step,
+    the strategy still runs (so every rank's exchanges stay matched): its optimizer steps
+    with zero local gradients (Adam's moments decay, momentum carries on)."""
 
     DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -67,6 +68,9 @@ class Precision:
     def update(self):
         if self.scaler is not None:
             self.scaler.update()
+
+    def metrics(self) -> dict:
+        return {"loss_scale": self.scaler.get_scale()} if self.scaler is not None else {}
 
 
 def forward_backward(model, batches, accumulate: int, precision: Precision,

@@ -3,7 +3,8 @@
 Launcher -> rank: Rendezvous once, the simulator's replies (exoframe.sim.protocol), and
 StopAnswer to an AskStop. Rank -> launcher: SimRequest (a rank clock's message for the
 simulator), StepDone, StepState, AskStop, RankDone. Launcher -> evaluator: Evaluate, then
-None to stop; evaluator -> launcher: Validated. Any child -> launcher: ChildFailed.
+EvaluatorStop; evaluator -> launcher: Validated. Any child -> launcher: ChildFailed. Model
+states travel as engine.model_state.ModelState.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class StepDone:
     rank: int
     step: int
     record: dict  # loss, lr, bytes_sent, sim_time, the strategy's metrics
-    state: Optional[tuple]  # the model's state (engine/model_state.py) at evaluation steps
+    state: Optional[Any]  # its ModelState (engine/model_state.py) at evaluation steps
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class StepState:
     """The state of a step that was not an evaluation step, sent when the run stops there."""
     rank: int
     step: int
-    state: tuple
+    state: Any  # ModelState
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,12 @@ class RankDone:
 @dataclass(frozen=True)
 class Evaluate:
     step: int
-    state: tuple  # the ranks' averaged state
+    state: Any  # the ranks' averaged ModelState
+
+
+@dataclass(frozen=True)
+class EvaluatorStop:
+    pass
 
 
 @dataclass(frozen=True)

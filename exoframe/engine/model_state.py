@@ -7,6 +7,9 @@ torch would pass tensors through shared memory.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 import torch
 
@@ -22,24 +25,28 @@ def exact_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     return [b for b in model.buffers() if not b.is_floating_point()]
 
 
-def snapshot(model: torch.nn.Module, rank: int) -> tuple:
-    """(flat parameters and float buffers, rank 0's other buffers or None elsewhere)."""
+@dataclass(frozen=True)
+class ModelState:
+    averaged: np.ndarray  # parameters and float buffers, flat, in model order
+    exact: Optional[list]  # the other buffers: rank 0's (None from the other ranks)
+
+
+def snapshot(model: torch.nn.Module, rank: int) -> ModelState:
     flat = flatten(averaged_tensors(model)).detach().cpu().numpy()
     exact = ([b.detach().cpu().numpy().copy() for b in exact_buffers(model)] if rank == 0
              else None)
-    return flat, exact
+    return ModelState(flat, exact)
 
 
-def average(snapshots: list) -> tuple:
+def average(snapshots: list[ModelState]) -> ModelState:
     """The mean of the ranks' snapshots (summed in rank order: deterministic)."""
-    flat = np.sum(np.stack([s[0] for s in snapshots]), axis=0) / len(snapshots)
-    return flat, snapshots[0][1]
+    flat = np.sum(np.stack([s.averaged for s in snapshots]), axis=0) / len(snapshots)
+    return ModelState(flat, snapshots[0].exact)
 
 
-def load(model: torch.nn.Module, state: tuple):
+def load(model: torch.nn.Module, state: ModelState):
     """Write an averaged snapshot into `model`, in place."""
-    flat, exact = state
-    unflatten_into(torch.from_numpy(flat), averaged_tensors(model))
+    unflatten_into(torch.from_numpy(state.averaged), averaged_tensors(model))
     with torch.no_grad():
-        for buffer, value in zip(exact_buffers(model), exact, strict=True):
+        for buffer, value in zip(exact_buffers(model), state.exact, strict=True):
             buffer.copy_(torch.from_numpy(value).view_as(buffer))

@@ -23,11 +23,18 @@ from .schedule import lr_at
 
 
 def join_group(rank: int, world_size: int, store_path: str, timeout_seconds: float,
-               backend: str = "gloo"):
-    """Meet the other ranks through a file in the launcher's private folder: no port."""
+               backend: str = "gloo", device: torch.device | None = None):
+    """Meet the other ranks through a file in the launcher's private folder: no port.
+    Returns the group for point-to-point transfers when it is not the default group.
+
+    NCCL makes its communicators eagerly here (device_id), but would make one per pair of
+    ranks at their first send/recv, blocking until both are there, while the simulator may
+    hold the peer back: under NCCL, point-to-point goes through a gloo group."""
     store = dist.FileStore(store_path, world_size)
+    eager = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_seconds))
+                            timeout=datetime.timedelta(seconds=timeout_seconds), **eager)
+    return dist.new_group(backend="gloo") if backend == "nccl" else None
 
 
 def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
@@ -66,12 +73,13 @@ def train(rank: int, job: Job, batches: Batches, conn):
     device = devices.for_rank(job.device, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL's communicator and the default CUDA stream
-    join_group(rank, job.nodes, rendezvous.store_path, rendezvous.timeout_seconds,
-               devices.backend(job.device, job.nodes))
+    p2p_group = join_group(rank, job.nodes, rendezvous.store_path,
+                           rendezvous.timeout_seconds, devices.backend(job.device, job.nodes),
+                           device)
     torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
     model = job.model.to(device)
     clock = make_clock(rank, job, conn, device)
-    comm = Communicator(rank, job.nodes, clock)
+    comm = Communicator(rank, job.nodes, clock, p2p_group=p2p_group)
     strategy = job.strategy_cls(model, comm, job.optimizer, job.strategy_params, seed=job.seed)
     precision = Precision(job.precision, device)
 
@@ -91,7 +99,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
         clock.charge()
         clock.end_step(step)
         record = {"loss": loss, "lr": lr, "bytes_sent": comm.traffic.bytes_sent,
-                  "sim_time": clock.now, **strategy.metrics()}
+                  "sim_time": clock.now, **precision.metrics(), **strategy.metrics()}
         if job.clip_grad_norm is not None:
             record["grad_norm"] = grad_norm  # before clipping
         evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
@@ -111,6 +119,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
         "bytes_sent": comm.traffic.bytes_sent,
         "bytes_received": comm.traffic.bytes_received,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "samples": batches.samples,
         **clock.stats(),
         "trace": clock.trace,
     }))

@@ -30,8 +30,11 @@ def describe_stall(monitor, seconds: float) -> str:
         elif monitor.results[i] is not None:
             continue
         elif i in waiting_verdict:
-            waits.append(f"{name} waits for the validation of step "
-                         f"{waiting_verdict[i] - LAG}")
+            step = waiting_verdict[i]
+            validation = (f" and the validation of step {step - LAG}"
+                          if monitor.job.target_loss is not None else "")
+            waits.append(f"{name} finished step {step} and waits to know whether to stop "
+                         f"(for every rank to finish step {step}{validation})")
         elif sim.blocked[i]:
             waits.append(f"{name} waits for {_pending(sim, i)}")
         else:

@@ -10,6 +10,7 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
     nodes = job.nodes
     steps = launch_result.steps or job.steps
     simulated = max(r["simulated_seconds"] for r in ranks)
+    samples = sum(r["samples"] for r in ranks)
     per_rank = [{
         "rank": rank,
         "simulated_seconds": r["simulated_seconds"],
@@ -54,13 +55,12 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "bytes_sent_per_rank": [r["bytes_sent"] for r in ranks],
         "bytes_received_per_rank": [r["bytes_received"] for r in ranks],
         "traffic_by_kind_rank0": ranks[0]["traffic"],
-        # The training history as a DDP user reads it.
-        "effective_batch_size": job.effective_batch_size(),
-        "samples_seen": steps * job.effective_batch_size(),
-        "tokens_seen": (steps * job.effective_batch_size() * job.tokens_per_sample
-                        if job.tokens_per_sample else None),
-        "samples_per_second": _ratio(steps * job.effective_batch_size(),
-                                     launch_result.elapsed_seconds
+        # The training history as a DDP user reads it, from the examples the ranks trained on
+        # (a shard smaller than a batch, or a kept short batch, gives fewer than asked).
+        "effective_batch_size": _per_step(samples, steps),  # batch × accumulate × nodes
+        "samples_seen": samples,
+        "tokens_seen": samples * job.tokens_per_sample if job.tokens_per_sample else None,
+        "samples_per_second": _ratio(samples, launch_result.elapsed_seconds
                                      - launch_result.startup_seconds),
         "elapsed_seconds": launch_result.elapsed_seconds,
         "startup_seconds": launch_result.startup_seconds,
@@ -76,6 +76,11 @@ def first_at_target(rows: list[dict], target: float | None) -> dict | None:
         return None
     return next((r for r in rows if r.get("val_loss") is not None and r["val_loss"] <= target),
                 None)
+
+
+def _per_step(samples: int, steps: int):
+    per_step = samples / max(1, steps)
+    return int(per_step) if per_step == int(per_step) else per_step
 
 
 def _ratio(a: float, b: float):

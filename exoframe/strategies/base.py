@@ -62,6 +62,10 @@ class OptimizerSpec:
     factory: Optional[Callable] = None  # None: torch.optim's class called `name`
 
     def __post_init__(self):
+        if "lr" in self.params:
+            raise ExoframeError(f"optimizer '{self.name}': give the learning rate as lr "
+                                "(--lr, or outer_lr for an outer optimizer), not among its "
+                                "keyword arguments: the schedule sets it every step.")
         if self.factory is None:
             known = torch_optimizers()
             if self.name not in known:
