@@ -111,44 +111,28 @@ def run(config_file, params, workload_params, optimizer_params, sinks, progress,
     click.echo(f"  run folder            {result.run_dir}")
 
 
-@cli.command()
-def strategies():
-    """List installed strategies: name, description, source package."""
-    from .plugins import get_plugin_manager
-
-    _print_registry(get_plugin_manager().strategies)
-
-
-@cli.command()
-def workloads():
-    """List installed workloads: name, description, source package."""
-    from .plugins import get_plugin_manager
-
-    _print_registry(get_plugin_manager().workloads)
+# Listings of what is installed: `exoframe KIND` prints a registry, one line per item.
+LISTINGS = {
+    "strategies": "List installed strategies: name, description, source package.",
+    "workloads": "List installed workloads: name, description, source package.",
+    "algorithms": "List collective algorithms (network YAML `algorithm:`): name, aliases, "
+                  "source package.",
+    "sinks": "List metrics sinks (--sink): name, aliases, source package.",
+    "optimizers": "List local optimizers (every torch.optim class, and plugins'): name, "
+                  "source package.",
+}
 
 
-@cli.command()
-def algorithms():
-    """List collective algorithms (network YAML `algorithm:`): name, aliases, source package."""
-    from .plugins import get_plugin_manager
+def _listing(kind: str, help_text: str):
+    def command():
+        from .plugins import get_plugin_manager
 
-    _print_registry(get_plugin_manager().algorithms)
-
-
-@cli.command()
-def sinks():
-    """List metrics sinks (--sink): name, aliases, source package."""
-    from .plugins import get_plugin_manager
-
-    _print_registry(get_plugin_manager().sinks)
+        _print_registry(getattr(get_plugin_manager(), kind))
+    cli.command(name=kind, help=help_text)(command)
 
 
-@cli.command()
-def optimizers():
-    """List local optimizers (every torch.optim class, and plugins'): name, source package."""
-    from .plugins import get_plugin_manager
-
-    _print_registry(get_plugin_manager().optimizers)
+for _kind, _help in LISTINGS.items():
+    _listing(_kind, _help)
 
 
 @cli.command()
