@@ -234,7 +234,7 @@ def test_new_plugin_skeleton_installs_passes_its_test_and_runs(cli):
                             str(package / "tests")], cwd=cli.cwd, env=env,
                            capture_output=True, text=True, timeout=300)
     assert tests.returncode == 0, tests.stdout + tests.stderr
-    assert "2 passed" in tests.stdout
+    assert "3 passed" in tests.stdout
     (cli.cwd / "exoframe-every-h").rename(cli.cwd / "source")  # only the installed copy is left
     listed = cli("strategies", env={"PYTHONPATH": env["PYTHONPATH"]})
     line = next(l for l in listed.stdout_text.splitlines() if l.startswith("every-h "))

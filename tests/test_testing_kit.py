@@ -1,0 +1,60 @@
+"""exoframe.testing, as a plugin author uses it: a new strategy checked against a built-in in
+a few lines, its step() unit-tested without processes, a collective timed on a network."""
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from exoframe import testing
+from exoframe.strategies import LocalSGD
+
+
+class FedProx(LocalSGD):
+    """Local SGD whose local steps add the proximal term mu·(θ − θ_last_average)."""
+
+    @dataclass
+    class Params:
+        H: int = 10
+        mu: float = 0.01
+
+    def setup(self):
+        self.anchor = [p.detach().clone() for p in self.trainable_parameters()]
+
+    def step(self):
+        for p, anchor in zip(self.trainable_parameters(), self.anchor):
+            p.grad.add_(p.detach() - anchor, alpha=self.params.mu)
+        super().step()
+        if self.step_num % self.params.H == 0:
+            self.anchor = [p.detach().clone() for p in self.trainable_parameters()]
+
+
+def test_fedprox_with_mu_0_is_localsgd():
+    fedprox = testing.run(FedProx, {"H": 3, "mu": 0.0}, nodes=3, steps=9)
+    localsgd = testing.run("localsgd", {"H": 3}, nodes=3, steps=9)
+    assert testing.max_difference(fedprox, localsgd) < 1e-6
+    pulled = testing.run(FedProx, {"H": 3, "mu": 1.0}, nodes=3, steps=9)
+    assert testing.max_difference(pulled, localsgd) > 1e-3  # the term does something
+
+
+def test_a_strategys_step_unit_tested_without_processes():
+    strategy = testing.solo(FedProx, {"H": 100, "mu": 0.5}, lr=0.1)
+    weight = strategy.model.net[0].weight
+    start = weight.detach().clone()
+    with torch.no_grad():
+        weight.add_(1.0)  # move away from the anchor, then take a step with no loss gradient
+    for p in strategy.model.parameters():
+        p.grad = torch.zeros_like(p)
+    strategy.step_num = 1
+    strategy.step()
+    # SGD on the proximal term alone: θ ← θ − lr·mu·(θ − anchor)
+    assert torch.allclose(weight, start + 1.0 - 0.1 * 0.5 * 1.0)
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_time_collective_is_the_ring_closed_form(tmp_path, nodes):
+    net = tmp_path / "net.yaml"
+    net.write_text("bandwidth: 1gbit\nlatency: 2ms\n")
+    size, bandwidth, latency = 4e7, 1.25e8, 0.002
+    expected = 2 * (nodes - 1) * (latency + size / (nodes * bandwidth))
+    assert testing.time_collective("all_reduce", nodes, size, str(net)) == pytest.approx(
+        expected, rel=1e-9)
