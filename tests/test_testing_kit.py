@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from exoframe import testing
+from exoframe import ExoframeError, testing
 from exoframe.strategies import LocalSGD
 
 
@@ -58,3 +58,33 @@ def test_time_collective_is_the_ring_closed_form(tmp_path, nodes):
     expected = 2 * (nodes - 1) * (latency + size / (nodes * bandwidth))
     assert testing.time_collective("all_reduce", nodes, size, str(net)) == pytest.approx(
         expected, rel=1e-9)
+
+
+class Contract(LocalSGD):
+    """Records what the contract promises a strategy: total steps, lr and simulated time."""
+
+    def metrics(self):
+        return {"total": self.total_steps, "seen_lr": self.lr, "clock": self.sim_time}
+
+
+def test_a_strategy_sees_total_steps_the_current_lr_and_its_simulated_time():
+    result = testing.run(Contract, {"H": 2}, steps=4, compute="fixed:10ms", lr=0.2,
+                         schedule="linear", min_lr_ratio=0.5)
+    assert [row["total"] for row in result.metrics] == [4] * 4
+    assert [row["seen_lr"] for row in result.metrics] == pytest.approx([0.2, 0.2 * 5 / 6,
+                                                                        0.2 * 4 / 6, 0.1])
+    assert [row["clock"] for row in result.metrics] == pytest.approx([0.01, 0.02, 0.03, 0.04])
+
+
+def test_a_value_error_in_params_is_one_line_naming_the_strategy():
+    class Picky(LocalSGD):
+        @dataclass
+        class Params:
+            H: int = 1
+
+            def __post_init__(self):
+                if self.H > 3:
+                    raise ValueError(f"H must be at most 3, got {self.H}")
+
+    with pytest.raises(ExoframeError, match=r"^strategy 'Picky': H must be at most 3, got 5$"):
+        Picky.parse_params({"H": 5})

@@ -80,7 +80,8 @@ def train(rank: int, job: Job, batches: Batches, conn):
     model = job.model.to(device)
     clock = make_clock(rank, job, conn, device)
     comm = Communicator(rank, job.nodes, clock, p2p_group=p2p_group)
-    strategy = job.strategy_cls(model, comm, job.optimizer, job.strategy_params, seed=job.seed)
+    strategy = job.strategy_cls(model, comm, job.optimizer, job.strategy_params, seed=job.seed,
+                                total_steps=job.steps)
     precision = Precision(job.precision, device)
 
     model.train()

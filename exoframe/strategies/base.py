@@ -126,7 +126,8 @@ class Strategy:
             cls.metrics = _checked_metrics(cls.__dict__["metrics"])
 
     def __init__(self, model: torch.nn.Module, comm: Communicator, optimizer: OptimizerSpec,
-                 params=None, seed: int = 0):
+                 params=None, seed: int = 0, total_steps: int | None = None):
+        """The contract a strategy relies on is written in docs/strategies.md."""
         self.model = model
         self.comm = comm
         self.rank = comm.rank
@@ -136,13 +137,25 @@ class Strategy:
         self.seed = seed
         self.step_num = 0  # set by the engine: the 1-based number of the step being finished
         self.lr = optimizer.lr  # set by the engine each step: the schedule's current lr
+        self.total_steps = total_steps  # steps the run asks for (a stopping rule may end it early)
         self.optimizer = optimizer.build(self.trainable_parameters())
         self.setup()
 
+    @property
+    def sim_time(self) -> float:
+        """This rank's simulated clock, in seconds (0 on a rank without a simulator)."""
+        return self.comm.clock.now
+
     @classmethod
     def parse_params(cls, values: dict | None, name: str | None = None):
+        """The typed Params; a ValueError or TypeError from its checks (__post_init__) is
+        one line naming the strategy, like ExoframeError."""
         name = name or cls.__name__
-        return build_dataclass(cls.Params, dict(values or {}), f"strategy '{name}'", "parameter")
+        try:
+            return build_dataclass(cls.Params, dict(values or {}), f"strategy '{name}'",
+                                   "parameter")
+        except (ValueError, TypeError) as e:
+            raise ExoframeError(f"strategy '{name}': {e}") from None
 
     # -- to override -----------------------------------------------------------------------
     def setup(self):
