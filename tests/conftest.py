@@ -1,12 +1,13 @@
 import os
 import subprocess
 import sys
+import textwrap
 import uuid
 from pathlib import Path
 
 import pytest
-import torch.nn as nn
-import torch.nn.functional as F
+
+from exoframe.testing import TinyRegression
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -78,16 +79,30 @@ def write_plugin(folder: Path, dist: str, module: str, source: str, version: str
     (info / "entry_points.txt").write_text(f"[exoframe]\n{module} = {module}\n")
 
 
-class Regressor(nn.Module):
-    """A tiny MLP regressor whose forward(batch) returns the MSE loss."""
+# A tiny MLP regressor whose forward(batch) returns the MSE loss: the testing kit's.
+Regressor = TinyRegression
 
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
 
-    def forward(self, batch):
-        x, y = batch
-        return F.mse_loss(self.net(x).squeeze(1), y)
+CRASHY = textwrap.dedent('''
+    import exoframe
+    from exoframe.strategies import DDP
+
+    class Crashy(DDP):
+        """Fails on rank 1 at step {step}."""
+        def step(self):
+            if self.rank == 1 and self.step_num == {step}:
+                raise RuntimeError("boom on rank one")
+            super().step()
+
+    @exoframe.hookimpl
+    def exoframe_register_strategies(register):
+        register("crashy", Crashy)
+''')
+
+
+def write_crashy_plugin(folder: Path, step: int):
+    """A plugin strategy `crashy`: ddp whose rank 1 raises RuntimeError at `step`."""
+    write_plugin(folder, "crashy-plugin", "crashy", CRASHY.format(step=step))
 
 
 def one_line_error(capsys, *args):

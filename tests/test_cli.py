@@ -7,7 +7,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import SMALL_GPT_FLAGS as SMALL_GPT, write_plugin
+from conftest import SMALL_GPT_FLAGS as SMALL_GPT, write_crashy_plugin
 
 from exoframe.plugins import PluginManager
 
@@ -111,21 +111,7 @@ def test_bad_input_ends_with_one_clear_line_and_no_processes(cli, args, expected
 
 
 def test_a_crashing_rank_stops_the_run_with_its_traceback_once(cli):
-    write_plugin(cli.cwd, "crashy-plugin", "crashy", textwrap.dedent('''
-        import exoframe
-        from exoframe.strategies import DDP
-
-        class Crashy(DDP):
-            """Fails on rank 1 at step 3."""
-            def step(self):
-                if self.rank == 1 and self.step_num == 3:
-                    raise RuntimeError("boom on rank one")
-                super().step()
-
-        @exoframe.hookimpl
-        def exoframe_register_strategies(register):
-            register("crashy", Crashy)
-    '''))
+    write_crashy_plugin(cli.cwd, step=3)
     proc = cli("run", "--strategy", "crashy", "--nodes", "3", "--steps", "10", "--workload", "mlp")
     assert proc.returncode == 1
     assert proc.stderr_text.count("Traceback") == 1

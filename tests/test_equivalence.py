@@ -3,7 +3,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn as nn
 from conftest import Regressor
 from torch.utils.data import TensorDataset
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, write_plugin
+from conftest import REPO, write_crashy_plugin, write_plugin
 
 from exoframe.cli import main
 from exoframe.engine.sweep import _bandwidth_texts, grid_networks, parse_grid
@@ -467,25 +467,8 @@ def test_sigterm_and_sighup_stop_the_run_like_ctrl_c_and_keep_the_rows(cli, sign
     assert [r["step"] for r in result["rows"]] == [json.loads(m)["step"] for m in metrics]
 
 
-CRASHY = textwrap.dedent('''
-    import exoframe
-    from exoframe.strategies import DDP
-
-    class Crashy(DDP):
-        """Fails on rank 1 at step 4."""
-        def step(self):
-            if self.rank == 1 and self.step_num == 4:
-                raise RuntimeError("boom on rank one")
-            super().step()
-
-    @exoframe.hookimpl
-    def exoframe_register_strategies(register):
-        register("crashy", Crashy)
-''')
-
-
 def test_a_failed_run_writes_a_failed_summary_with_every_finished_row(cli):
-    write_plugin(cli.cwd, "crashy-plugin", "crashy", CRASHY)
+    write_crashy_plugin(cli.cwd, step=4)
     # Every step is validated: rows finished by every rank may still wait for validation.
     proc = cli("run", "--strategy", "crashy", "--nodes", "3", "--steps", "10",
                "--eval-every", "1", *MLP)

@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-import torch.nn as nn
 from conftest import Regressor
 from torch.utils.data import TensorDataset
 

@@ -21,7 +21,7 @@ from ..plugins import get_plugin_manager
 from ..report.sweep import collect_rows, write_outputs
 from ..sim import resolve_sim
 from ..sim.netconfig import load_network
-from ..sim.units import parse_bandwidth
+from ..sim.units import format_bandwidth, parse_bandwidth
 from .job import job_from_config
 from .replay import Projection, replay_trace, save_replay
 from .run import execute
@@ -129,16 +129,9 @@ def config_axes(config: RunConfig, given: set) -> dict:
             "out": config.out if "out" in given else DEFAULT_OUT}
 
 
-_BIT_UNITS = [(1e12, "tbit"), (1e9, "gbit"), (1e6, "mbit"), (1e3, "kbit"), (1.0, "bit")]
-
-
 def _bandwidth_text(bytes_per_s: float, digits: int = 3) -> str:
     """A unit string for YAML and file names: 12.5e6 -> '100mbit'."""
-    bits = bytes_per_s * 8
-    for scale, name in _BIT_UNITS:
-        if float(f"{bits / scale:.{digits}g}") >= 1:
-            return f"{bits / scale:.{digits}g}{name}"
-    return f"{bits:.{digits}g}bit"
+    return format_bandwidth(bytes_per_s, digits).replace(" ", "").removesuffix("/s").lower()
 
 
 def _bandwidth_texts(bandwidths: list[float]) -> list[str]:

@@ -123,13 +123,13 @@ def parse_duration(value, field: str, where: str) -> float:
     return number / DURATION_UNITS[unit]
 
 
-def _scaled(value: float, units: list[tuple[float, str]]) -> str:
-    """Pick the largest unit whose 3-significant-digit rendering is at least 1."""
+def _scaled(value: float, units: list[tuple[float, str]], digits: int = 3) -> str:
+    """Pick the largest unit whose rendering with `digits` significant digits is at least 1."""
     for scale, name in reversed(units):
-        if float(f"{value / scale:.3g}") >= 1:
-            return f"{value / scale:.3g} {name}"
+        if float(f"{value / scale:.{digits}g}") >= 1:
+            return f"{value / scale:.{digits}g} {name}"
     scale, name = units[0]
-    return f"{value / scale:.3g} {name}"
+    return f"{value / scale:.{digits}g} {name}"
 
 
 def parse_seconds(value, field: str, where: str) -> float:
@@ -145,12 +145,12 @@ def parse_seconds(value, field: str, where: str) -> float:
     return seconds
 
 
-def format_bandwidth(bytes_per_s: float) -> str:
+def format_bandwidth(bytes_per_s: float, digits: int = 3) -> str:
     """12_500_000.0 -> '100 Mbit/s'; math.inf -> 'unlimited'."""
     if math.isinf(bytes_per_s):
         return "unlimited"
     return _scaled(bytes_per_s * 8, [(1.0, "bit/s"), (1e3, "kbit/s"), (1e6, "Mbit/s"),
-                                     (1e9, "Gbit/s"), (1e12, "Tbit/s")])
+                                     (1e9, "Gbit/s"), (1e12, "Tbit/s")], digits)
 
 
 def format_duration(seconds: float) -> str:
