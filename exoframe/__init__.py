@@ -7,7 +7,7 @@ import importlib
 import importlib.metadata
 
 from .errors import ExoframeError
-from .hookspecs import hookimpl
+from .hookspecs import PLUGIN_API, hookimpl
 
 try:
     __version__ = importlib.metadata.version("exoframe")
@@ -19,7 +19,7 @@ _LAZY = {"Trainer": ".engine.trainer", "RunResult": ".engine.run",
          "Workload": ".workloads.base"}
 
 __all__ = ["Trainer", "RunResult", "Strategy", "OptimizerSpec", "Workload", "hookimpl",
-           "ExoframeError", "__version__"]
+           "ExoframeError", "PLUGIN_API", "__version__"]
 
 
 def __getattr__(name: str):

@@ -16,6 +16,21 @@ from .errors import ExoframeError, shorten
 MAX_MESSAGE = 1000  # characters of an error line; values inside are cut at 200 already
 
 
+def _progress_options(command):
+    command = click.option(
+        "--progress-every", type=click.FloatRange(min=0), default=30.0, show_default=True,
+        metavar="SECONDS", help="Without a terminal, print a progress line (step, loss, "
+        "simulated time) this often; 0: never.")(command)
+    return click.option("--progress/--no-progress", default=None,
+                        help="Progress bar. [a bar in a terminal, else lines]")(command)
+
+
+def _progress_mode(flag, every: float) -> str:
+    from .engine.progress import default_mode
+
+    return default_mode(every) if flag is None else "bar" if flag else "off"
+
+
 @click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--strict-plugins", is_flag=True,
               help="A plugin that fails to load is an error (also: EXOFRAME_STRICT_PLUGINS=1).")
@@ -78,13 +93,13 @@ def cli(strict_plugins, debug):
               help="Strategy parameter, repeatable (e.g. -p H=50).")
 @click.option("-w", "--workload-param", "workload_params", multiple=True, metavar="KEY=VALUE",
               help="Workload parameter, repeatable (e.g. -w n_layer=4).")
-@click.option("--sink", "sinks", multiple=True, metavar="NAME[,NAME]",
-              help="Metrics sink, repeatable: jsonl, csv or a plugin's (see `exoframe plugins`). "
-              "[jsonl]")
-@click.option("--progress/--no-progress", default=None, help="Progress bar. [on in a terminal]")
+@click.option("--sink", "sinks", multiple=True, metavar="NAME[:KEY=VALUE,...]",
+              help="Metrics sink, repeatable: jsonl, csv or a plugin's (see `exoframe sinks`), "
+              "with its options after a colon (tensorboard:logdir=tb). [jsonl]")
+@_progress_options
 @click.option("--debug", is_flag=True, help="Show full tracebacks.")
-def run(config_file, params, workload_params, optimizer_params, sinks, progress, debug,
-        **flags):
+def run(config_file, params, workload_params, optimizer_params, sinks, progress, progress_every,
+        debug, **flags):
     """Train a workload on N simulated nodes under a strategy."""
     from .engine import execute, job_from_config
     from .report import summary_table
@@ -97,16 +112,18 @@ def run(config_file, params, workload_params, optimizer_params, sinks, progress,
     if optimizer_params:
         overrides["optimizer_params"] = parse_assignments(optimizer_params, "--optimizer-param")
     if sinks:
-        overrides["sinks"] = [name for names in sinks for name in _names(names, "--sink")]
+        # "csv,jsonl" names two sinks; "tensorboard:logdir=tb,flush_secs=5" is one with options
+        overrides["sinks"] = [item for text in sinks
+                              for item in ([text] if ":" in text else _names(text, "--sink"))]
     config = resolve_config(config_file, overrides)
     check_out_folder(config.out, "--out")
     job = job_from_config(config)
     record = config_to_dict(config)
     record.update(strategy=job.strategy_name, batch_size=job.batch_size, lr=job.optimizer.lr,
                   eval_every=job.eval_every, strategy_params=vars(job.strategy_params).copy())
-    if progress is None:
-        progress = sys.stderr.isatty()
-    result = execute(job, out=config.out, config_record=record, progress=progress)
+    result = execute(job, out=config.out, config_record=record,
+                     progress=_progress_mode(progress, progress_every),
+                     progress_every=progress_every)
     click.echo(summary_table(result.summary))
     click.echo(f"  run folder            {result.run_dir}")
 
@@ -291,10 +308,10 @@ def _projection_options(command):
 @_projection_options
 @click.option("--out", help="Parent folder of sweep folders. [the config's out, else sweeps]")
 @click.option("--plots/--no-plots", default=True, help="Write PNG plots (needs matplotlib).")
-@click.option("--progress/--no-progress", default=None, help="Progress bar. [on in a terminal]")
+@_progress_options
 def sweep(config_file, strategies, nets, bandwidth, points, seeds, params, workload_params,
           target_loss, project_params, step_time, payload_bits, bucket_mb, out, plots, progress,
-          **flags):
+          progress_every, **flags):
     """Strategies × networks: simulated wall-clock, compute utilization and bytes, as a
     table, sweep.csv, sweep.json and plots.
 
@@ -326,11 +343,10 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, params, workl
         from .report.plots import require_matplotlib
 
         require_matplotlib()  # fail now, not after the training, when matplotlib is missing
-    if progress is None:
-        progress = sys.stderr.isatty()
     folder, rows = run_sweep(base, strategy_names, net_list, seed_list, out or defaults["out"],
                              parse_assignments(params, "--param"), target_loss, projection,
-                             plots, progress, grid)
+                             plots, _progress_mode(progress, progress_every), grid,
+                             progress_every)
     click.echo(table(rows))
     click.echo(f"  sweep folder: {folder}")
 

@@ -64,6 +64,8 @@ def format_plugins(infos) -> str:
     lines = []
     for info in infos:
         status = f"failed: {info.error}" if info.status == "failed" else info.status
+        if info.warning:
+            status += f" (warning: {info.warning})"
         lines.append(f"{info.name:<{name_width}}  {info.source + ' ' + info.version:<{source_width}}"
                      f"  {status}")
         for hook in info.hooks:

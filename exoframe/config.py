@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from .errors import ExoframeError, did_you_mean, shorten
+from .sinks import parse_sink
 
 # Each node is a process on this machine: more than this many per core only thrashes (on 2
 # cores and 24 GiB, 128 ranks ran and 256 ran out of memory), and the simulator's
@@ -69,7 +70,8 @@ class RunConfig:
     net: str = "ideal"  # a preset name (exoframe nets) or a YAML file
     compute: str = "measured"  # measured | fixed:<time per step> | flops:<device>[:<efficiency>]
     stragglers: str = ""  # e.g. "3:4" (rank 3 is 4x slower), "lognormal:0.3", both: "3:4,lognormal:0.3"
-    sinks: list = field(default_factory=lambda: ["jsonl"])  # metrics sinks (exoframe plugins)
+    # Metrics sinks (exoframe plugins), each "name" or "name:key=value,..." or {name: {key: value}}
+    sinks: list = field(default_factory=lambda: ["jsonl"])
     # Real seconds without a message from any rank before the watchdog stops the run and
     # names the stuck or stopped process.
     hang_timeout: float = 300.0
@@ -126,8 +128,10 @@ class RunConfig:
             raise ExoframeError(f"on_nonfinite: unknown choice '{shorten(self.on_nonfinite)}'."
                                 f"{did_you_mean(self.on_nonfinite, ON_NONFINITE)} Use "
                                 f"{' or '.join(ON_NONFINITE)}.")
-        if not all(isinstance(name, str) for name in self.sinks):
-            raise ExoframeError(f"sinks must be a list of sink names, got {shorten(self.sinks)}.")
+        if not isinstance(self.sinks, (list, tuple)):
+            raise ExoframeError(f"sinks must be a list of sinks, got {shorten(self.sinks)}.")
+        for item in self.sinks:
+            parse_sink(item)
         return self
 
 

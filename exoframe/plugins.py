@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import sys
 import traceback
 from dataclasses import asdict, dataclass, field
 
 import pluggy
 
 from . import hookspecs
-from .errors import ExoframeError, did_you_mean, unknown_name_error
+from .errors import ExoframeError, did_you_mean, shorten, unknown_name_error
 
 ENTRY_POINT_GROUP = "exoframe"
 DISABLE_ENV = "EXOFRAME_DISABLE_PLUGINS"
@@ -57,6 +58,7 @@ class PluginInfo:
     version: str
     status: str = "active"  # or "failed", "disabled"
     error: str = ""
+    warning: str = ""  # e.g. it declares plugin API versions this exoframe does not have
     hooks: list = field(default_factory=list)  # hook names it implements
     items: dict = field(default_factory=dict)  # kind -> names it registered
 
@@ -210,7 +212,12 @@ class PluginManager:
                                                           version=version)
                 self._failed(info, e)
                 continue
-            self.register(plugin, name=ep.name, source=source, version=version)
+            info = self.register(plugin, name=ep.name, source=source, version=version)
+            if info is not None:
+                info.warning = api_mismatch(plugin, info)
+                if info.warning and info.name not in _warned:
+                    _warned.add(info.name)
+                    print(f"warning: {info.warning}", file=sys.stderr)
 
     @property
     def strategies(self) -> Registry:
@@ -252,6 +259,25 @@ def _check_item(kind: str, name, obj):
         raise ExoframeError(f"{SINGULAR[kind]} '{name}' is {type(obj).__name__}, not callable.")
 
 
+def api_mismatch(plugin, info: PluginInfo) -> str:
+    """Why the plugin may not work with this exoframe, from its EXOFRAME_PLUGIN_API, or ''."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    declared = getattr(plugin, "EXOFRAME_PLUGIN_API", None)
+    if declared is None:
+        return ""
+    where = f"plugin '{info.name}' ({info.source} {info.version})"
+    try:
+        if str(hookspecs.PLUGIN_API) in SpecifierSet(str(declared)):
+            return ""
+    except InvalidSpecifier:
+        return (f"{where} declares EXOFRAME_PLUGIN_API = {shorten(declared)}, not a version "
+                "specifier such as '>=2,<3'.")
+    return (f"{where} works with exoframe plugin API {declared}, but exoframe "
+            f"{_exoframe_version()} has plugin API {hookspecs.PLUGIN_API}: it may fail; "
+            f"install a version of {info.source} made for it.")
+
+
 def disabled_from_env() -> set:
     return {name.strip() for name in os.environ.get(DISABLE_ENV, "").split(",") if name.strip()}
 
@@ -278,6 +304,7 @@ def _exoframe_version() -> str:
         return "dev"
 
 
+_warned: set = set()  # plugins whose API warning this process printed
 _manager: PluginManager | None = None
 _command_manager: PluginManager | None = None
 

@@ -1,19 +1,118 @@
-"""Built-in metrics sinks: where each step's metrics row goes, in the run folder.
+"""Metrics sinks: where each step's metrics row goes. The built-ins write into the run folder.
 
-A sink is made per run by `factory(run_dir)` and gets `write(row)` for every step as it
-finishes, then `close()`. `jsonl` (the default) writes metrics.jsonl, one JSON object per
-line; `csv` writes metrics.csv. Plugins add sinks through `exoframe_register_sinks`.
+A sink's lifetime in one run (documented for plugin authors in docs/plugins.md):
+1. opened once, before any rank starts: `factory(run, **options)` with `run` a RunInfo
+   (the run folder, its name, the config as logged in config.yaml, the strategy, ...) and
+   the options given as `--sink NAME:KEY=VALUE,KEY=VALUE` or in YAML as
+   `sinks: [{NAME: {KEY: VALUE}}]` (strings from the command line, YAML's types from a file);
+2. `write(row)` for every step as it finishes, in step order, rows with finite numbers or
+   None;
+3. `finish(summary)`, if the sink defines it, once at the end: summary.json's content,
+   whose "status" is "completed", "failed" or "interrupted";
+4. `close()`, once, whether the run completed or not.
+A sink that raises while opening stops the run before it starts, with the sink's name.
+
+`jsonl` (the default) writes metrics.jsonl, one JSON object per line; `csv` writes
+metrics.csv. Plugins add sinks through `exoframe_register_sinks`.
 """
 from __future__ import annotations
 
 import csv
+import inspect
 import numbers
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ExoframeError, shorten
+from .errors import ExoframeError, did_you_mean, shorten
 from .hookspecs import hookimpl
 from .report.strict_json import dumps, finite
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a sink is told about its run when it is opened."""
+    dir: Path  # the run folder: sinks that write files write them here
+    name: str  # the run folder's name, unique under --out: a good run name for a tracker
+    strategy: str
+    workload: str
+    nodes: int
+    steps: int
+    seed: int
+    net: str
+    config: dict = field(default_factory=dict)  # the run's config, as in config.yaml
+
+    def __fspath__(self) -> str:
+        # Sinks written for plugin API 1 took the run folder itself: Path(run) still works.
+        return str(self.dir)
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """A sink chosen for a run: its name, factory and options, checked before the run."""
+    name: str
+    factory: object
+    options: dict
+
+    def open(self, run: RunInfo):
+        try:
+            return self.factory(run, **self.options)
+        except ExoframeError:
+            raise
+        except Exception as e:
+            raise ExoframeError(f"sink '{self.name}' could not start: "
+                                f"{type(e).__name__}: {shorten(str(e), 300)}") from None
+
+
+def parse_sink(item) -> tuple[str, dict]:
+    """A `sinks:` entry as (name, options): "name", "name:key=value,key=value", or a
+    mapping with one key, {name: {key: value}}."""
+    if isinstance(item, str):
+        name, _, text = item.partition(":")
+        options = {}
+        for pair in filter(None, (p.strip() for p in text.split(","))):
+            key, equals, value = pair.partition("=")
+            if not equals or not key.strip():
+                raise ExoframeError(f"sinks: '{shorten(item)}': options follow the name as "
+                                    "KEY=VALUE pairs, e.g. tensorboard:logdir=tb,flush_secs=5.")
+            options[key.strip()] = value.strip()
+    elif isinstance(item, dict) and len(item) == 1:
+        (name, options), = item.items()
+        options = {} if options is None else options
+        if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+            raise ExoframeError(f"sinks: the options of '{shorten(name)}' must be a mapping "
+                                f"of names to values, got {shorten(options)}.")
+    else:
+        raise ExoframeError(f"sinks: each entry is a name, 'name:key=value,...' or "
+                            f"{{name: {{key: value}}}}, got {shorten(item)}.")
+    if not isinstance(name, str) or not name.strip():
+        raise ExoframeError(f"sinks: an entry has no sink name: {shorten(item)}.")
+    return name.strip(), dict(options)
+
+
+def sink_spec(item, registry) -> SinkSpec:
+    """The SinkSpec for a `sinks:` entry, its options checked against the factory's."""
+    name, options = parse_sink(item)
+    factory = registry.get(name).obj
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or extension type: nothing to check
+        return SinkSpec(name, factory, options)
+    named = [p for p in list(signature.parameters.values())[1:]
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    accepted = [p.name for p in named]
+    unknown = [key for key in options if key not in accepted]
+    if unknown and not takes_any:
+        raise ExoframeError(
+            f"sink '{name}' has no option '{shorten(unknown[0])}'."
+            f"{did_you_mean(unknown[0], accepted)} "
+            f"{'Its options: ' + ', '.join(accepted) if accepted else 'It takes no options'}.")
+    missing = [p.name for p in named if p.default is p.empty and p.name not in options]
+    if missing:
+        raise ExoframeError(f"sink '{name}' needs the option '{missing[0]}': "
+                            f"--sink {name}:{missing[0]}=VALUE.")
+    return SinkSpec(name, factory, options)
 
 
 def check_row(row: dict) -> dict:
@@ -35,8 +134,8 @@ class JsonlSink:
 
     A write that fails (a full disk) is undone, so every line in the file is a whole row."""
 
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / "metrics.jsonl"
+    def __init__(self, run: RunInfo):
+        self.path = Path(run.dir) / "metrics.jsonl"
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
         self._size = os.fstat(self._fd).st_size
 
@@ -58,8 +157,8 @@ class JsonlSink:
 class CsvSink:
     """metrics.csv: one line per step; a column for every metric seen so far."""
 
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / "metrics.csv"
+    def __init__(self, run: RunInfo):
+        self.path = Path(run.dir) / "metrics.csv"
         self.columns: list[str] = []
         self.rows: list[dict] = []
         self._file = open(self.path, "w", newline="")

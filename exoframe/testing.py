@@ -95,4 +95,9 @@ def time_collective(kind: str, nodes: int, nbytes: float, net: str = "ideal",
     ranks = tuple(range(nodes))
     for rank in ranks:
         sim.receive(rank, Op(0.0, 0, ("c", ranks, 0), kind, nbytes, ranks, root, True))
-    return max(reply.end for _, reply in sim.advance())
+    end = 0.0
+    while replies := sim.advance():  # ranks finish at different times: wait for the last
+        for rank, reply in replies:
+            end = max(end, reply.end)
+            sim.rank_done(rank)
+    return end

@@ -7,11 +7,12 @@ import textwrap
 import uuid
 
 import pytest
-from conftest import write_plugin
+from conftest import write_crashy_plugin, write_plugin
 
+import exoframe
 from exoframe.errors import ExoframeError
 from exoframe.plugins import PluginManager
-from exoframe.sinks import CsvSink
+from exoframe.sinks import CsvSink, RunInfo
 
 GOOD = textwrap.dedent('''
     from dataclasses import dataclass
@@ -82,17 +83,28 @@ SINK_AND_COMMAND = textwrap.dedent('''
     import click
     import exoframe
 
-    class LastRow:
-        """Keeps only the last metrics row, in last.json."""
+    class Lifecycle:
+        """Records what a sink is told, in order, in lifecycle.jsonl."""
 
-        def __init__(self, run_dir):
-            self.path = run_dir / "last.json"
+        def __init__(self, run, file="lifecycle.jsonl", label="none"):
+            self.file = open(run.dir / file, "w")
+            self.record("open", name=run.name, strategy=run.strategy, nodes=run.nodes,
+                        steps=run.steps, seed=run.seed, config_nodes=run.config.get("nodes"),
+                        label=label)
+
+        def record(self, event, **fields):
+            self.file.write(json.dumps({"event": event, **fields}) + "\\n")
+            self.file.flush()
 
         def write(self, row):
-            self.path.write_text(json.dumps(row))
+            self.record("write", row=row)
+
+        def finish(self, summary):
+            self.record("finish", status=summary["status"], steps=summary.get("steps_completed"))
 
         def close(self):
-            pass
+            self.record("close")
+            self.file.close()
 
     @click.command()
     @click.argument("who")
@@ -102,7 +114,7 @@ SINK_AND_COMMAND = textwrap.dedent('''
 
     @exoframe.hookimpl
     def exoframe_register_sinks(register):
-        register("last", LastRow)
+        register("lifecycle", Lifecycle)
 
     @exoframe.hookimpl
     def exoframe_register_commands(register):
@@ -125,7 +137,7 @@ def test_plugin_json_lists_hooks_items_versions_and_failures(cli):
     plugins = {p["name"]: p for p in json.loads(listed.stdout_text)}
     assert plugins["everyother_plugin"] == {
         "name": "everyother_plugin", "source": "exoframe-everyother", "version": "1.2.3",
-        "status": "active", "error": "",
+        "status": "active", "error": "", "warning": "",
         "hooks": ["exoframe_register_networks", "exoframe_register_strategies"],
         "items": {"strategies": ["everyother"], "networks": ["campus"]}}
     assert plugins["broken_plugin"]["status"] == "failed"
@@ -186,31 +198,70 @@ def test_a_plugin_that_registers_wrongly_fails_alone(tmp_path, monkeypatch, sour
     assert pm.strategies.get("everyother").source == "exoframe-everyother"
 
 
+def lifecycle(folder, file="lifecycle.jsonl"):
+    return [json.loads(line) for line in (folder / file).read_text().splitlines()]
+
+
 def test_plugin_sink_and_command(cli):
     write_plugin(cli.cwd, "exoframe-extras", "extras_plugin", SINK_AND_COMMAND)
     hello = cli("hello", "world")
     assert (hello.returncode, hello.stdout_text) == (0, "hello world\n"), hello.stderr_text
     assert "hello" in cli("--help").stdout_text
     run = cli("run", "--workload", "mlp", "--nodes", "2", "--steps", "5", "--eval-every", "2",
-              "--out", "runs", "--sink", "csv,last", "--sink", "jsonl")
+              "--out", "runs", "--sink", "csv,lifecycle", "--sink", "jsonl")
     assert run.returncode == 0, run.stderr_text
     (folder,) = (cli.cwd / "runs").iterdir()
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
-    assert json.loads((folder / "last.json").read_text()) == rows[-1]
+    # Opened with the run's info, every row in order, the summary, closed: in that order.
+    events = lifecycle(folder)
+    assert events[0] == {"event": "open", "name": folder.name, "strategy": "ddp", "nodes": 2,
+                         "steps": 5, "seed": 0, "config_nodes": 2, "label": "none"}
+    assert [e["row"] for e in events[1:-2]] == rows
+    assert events[-2:] == [{"event": "finish", "status": "completed", "steps": None},
+                           {"event": "close"}]
     with open(folder / "metrics.csv", newline="") as f:
         table = list(csv.DictReader(f))
     assert [float(r["loss"]) for r in table] == [r["loss"] for r in rows]
     assert [r["val_loss"] for r in table][:2] == ["", str(rows[1]["val_loss"])]
-    assert "sinks:\n- csv\n- last\n- jsonl\n" in (folder / "config.yaml").read_text()
+    assert "sinks:\n- csv\n- lifecycle\n- jsonl\n" in (folder / "config.yaml").read_text()
     unknown = cli("run", "--workload", "mlp", "--sink", "parquet", "--out", "runs")
     assert unknown.returncode == 2
     assert "unknown metrics sink 'parquet'" in unknown.stderr_text
-    assert "csv, jsonl, last" in unknown.stderr_text
+    assert "csv, jsonl, lifecycle" in unknown.stderr_text
+
+
+def test_sink_options_from_flags_and_yaml_and_its_lifetime_in_a_failed_run(cli):
+    write_plugin(cli.cwd, "exoframe-extras", "extras_plugin", SINK_AND_COMMAND)
+    write_crashy_plugin(cli.cwd, step=3)
+    (cli.cwd / "run.yaml").write_text("sinks:\n- jsonl\n- lifecycle: {file: a.jsonl, label: 7}\n")
+    crashed = cli("run", "--config", "run.yaml", "--strategy", "crashy", "--workload", "mlp", "--nodes", "2",
+                  "--steps", "6", "--out", "runs")
+    assert crashed.returncode != 0 and "boom on rank one" in crashed.stderr_text
+    (folder,) = (cli.cwd / "runs").iterdir()
+    events = lifecycle(folder, "a.jsonl")
+    assert events[0]["label"] == 7  # YAML keeps its types; flags give strings
+    assert [e["row"]["step"] for e in events if e["event"] == "write"] == [1, 2]
+    assert events[-2:] == [{"event": "finish", "status": "failed", "steps": 2},
+                           {"event": "close"}]
+
+    flagged = cli("run", "--workload", "mlp", "--nodes", "2", "--steps", "2", "--out", "more",
+                  "--sink", "lifecycle:file=b.jsonl,label=x")
+    assert flagged.returncode == 0, flagged.stderr_text
+    (folder,) = (cli.cwd / "more").iterdir()
+    assert lifecycle(folder, "b.jsonl")[0]["label"] == "x"
+    for sink, says in (("lifecycle:fle=c.jsonl", "sink 'lifecycle' has no option 'fle'. "
+                        "Did you mean 'file'? Its options: file, label."),
+                       ("csv:x=1", "sink 'csv' has no option 'x'. It takes no options."),
+                       ("lifecycle:file", "options follow the name as KEY=VALUE pairs")):
+        bad = cli("run", "--workload", "mlp", "--sink", sink, "--out", "bad")
+        assert bad.returncode == 2 and says in bad.stderr_text, bad.stderr_text
+        assert bad.stderr_text.count("\n") == 1 and not (cli.cwd / "bad").exists()
 
 
 def test_csv_sink_widens_its_header_when_a_metric_first_appears(tmp_path):
-    sink = CsvSink(tmp_path)
+    sink = CsvSink(RunInfo(dir=tmp_path, name="run", strategy="ddp", workload="mlp", nodes=2,
+                           steps=3, seed=0, net="ideal"))
     sink.write({"step": 1, "loss": 2.5})
     sink.write({"step": 2, "loss": 2.0, "val_loss": 2.1})
     sink.write({"step": 3, "loss": 1.5})
@@ -257,3 +308,20 @@ def test_two_packages_with_one_plugin_name_keep_the_first_and_report_the_second(
     assert sorted(i.status for i in infos) == ["active", "failed"]
     active, failed = sorted(infos, key=lambda i: i.status)
     assert failed.error == f"plugin name 'everyother_plugin' is already taken by {active.source}."
+
+
+def test_a_plugin_made_for_another_plugin_api_is_named_in_a_warning(cli):
+    old = GOOD.replace("import exoframe\n", "import exoframe\nEXOFRAME_PLUGIN_API = '>=1,<2'\n", 1)
+    write_plugin(cli.cwd, "exoframe-everyother", "everyother_plugin", old, version="0.3.0")
+    write_plugin(cli.cwd, "exoframe-current", "current_plugin",
+                 "import exoframe\nEXOFRAME_PLUGIN_API = f'=={exoframe.PLUGIN_API}'\n")
+    listed = cli("strategies")
+    assert listed.returncode == 0 and "everyother" in listed.stdout_text  # still loaded
+    assert listed.stderr_text == (
+        "warning: plugin 'everyother_plugin' (exoframe-everyother 0.3.0) works with exoframe "
+        f"plugin API >=1,<2, but exoframe {exoframe.__version__} has plugin API "
+        f"{exoframe.PLUGIN_API}: it may fail; install a version of exoframe-everyother made "
+        "for it.\n")
+    plugins = {p["name"]: p for p in json.loads(cli("plugins", "--json").stdout_text)}
+    assert plugins["everyother_plugin"]["warning"] in listed.stderr_text
+    assert plugins["current_plugin"]["warning"] == ""

@@ -1,5 +1,6 @@
 """exoframe.testing, as a plugin author uses it: a new strategy checked against a built-in in
 a few lines, its step() unit-tested without processes, a collective timed on a network."""
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -50,14 +51,18 @@ def test_a_strategys_step_unit_tested_without_processes():
     assert torch.allclose(weight, start + 1.0 - 0.1 * 0.5 * 1.0)
 
 
-@pytest.mark.parametrize("nodes", [2, 4])
-def test_time_collective_is_the_ring_closed_form(tmp_path, nodes):
+@pytest.mark.parametrize("nodes", [2, 4, 5])
+def test_time_collective_is_the_closed_form(tmp_path, nodes):
     net = tmp_path / "net.yaml"
     net.write_text("bandwidth: 1gbit\nlatency: 2ms\n")
     size, bandwidth, latency = 4e7, 1.25e8, 0.002
     expected = 2 * (nodes - 1) * (latency + size / (nodes * bandwidth))
     assert testing.time_collective("all_reduce", nodes, size, str(net)) == pytest.approx(
         expected, rel=1e-9)
+    # A binomial-tree broadcast: ranks finish round by round; the time is the last one's.
+    rounds = math.ceil(math.log2(nodes))
+    assert testing.time_collective("broadcast", nodes, size, str(net)) == pytest.approx(
+        rounds * (latency + size / bandwidth), rel=1e-9)
 
 
 class Contract(LocalSGD):

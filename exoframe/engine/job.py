@@ -15,6 +15,7 @@ from ..config import RunConfig, budget_seconds
 from ..errors import ExoframeError, shorten
 from ..plugins import PluginManager, get_plugin_manager
 from ..sim import SimSetup, resolve_sim
+from ..sinks import sink_spec
 from ..strategies.base import OptimizerSpec, Strategy
 from ..workloads.base import DatasetFactory, Workload, call_with_params
 from . import devices
@@ -39,7 +40,7 @@ class Job:
     threads: int = 1
     workload_name: str = "custom"
     best_loss: Optional[float] = None
-    sinks: tuple = ()  # metrics sink factories, each called with the run folder
+    sinks: tuple = ()  # exoframe.sinks.SinkSpec: opened in the run folder (engine/run.py)
     target_loss: Optional[float] = None  # validate every step; stop once reached
     hang_timeout: float = 300.0  # real seconds without progress before the watchdog stops it
     on_nonfinite: str = "stop"  # or "continue": what a NaN or infinite loss does
@@ -136,7 +137,7 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         drop_last=config.drop_last,
         time_budget=None if config.time_budget is None else budget_seconds(config.time_budget),
         metrics=workload.metrics, tokens_per_sample=workload.tokens_per_sample,
-        best_loss=workload.best_loss, sinks=tuple(pm.sinks.get(name).obj for name in config.sinks))
+        best_loss=workload.best_loss, sinks=tuple(sink_spec(item, pm.sinks) for item in config.sinks))
 
 
 def epoch_steps(config: RunConfig, workload: Workload, batch_size: int) -> int:

@@ -50,7 +50,7 @@ def make_clock(rank: int, job: Job, conn, device: torch.device) -> RankClock:
     timer = devices.gpu_timer(device) if device.type == "cuda" else time.thread_time
     compute = ComputeClock(sim.compute, sim.stragglers.for_rank(rank, job.seed), timer)
     return RankClock(rank, PipeSimPort(conn, rank), compute, sim.topology.algorithms,
-                     sim.algorithms)
+                     sim.algorithms, topology=sim.topology)
 
 
 def stop_after(conn, rank: int, step: int) -> bool:

@@ -130,10 +130,10 @@ def save_replay(run_dir, record: dict) -> Path:
 
 def _bytes_sent_per_node(ranks: list, sim: SimSetup) -> float:
     """Bytes each rank sends on average, by the network's algorithm for each operation."""
-    plans, total = Plans(sim.topology.algorithms, sim.algorithms), 0.0
+    plans, total = Plans(sim.topology.algorithms, sim.algorithms, sim.topology), 0.0
     for rank, events in enumerate(ranks):
         for event in (e for e in events if e[0] == "o"):
             _, _, _, kind, nbytes, participants, root, _ = event
-            plan = plans.of(kind, len(participants), root)
+            plan = plans.of(kind, len(participants), root, participants)
             total += plan.compiled.sent[list(participants).index(rank)] * nbytes
     return total / len(ranks)

@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from tqdm import tqdm
 
 from ..errors import ExoframeError
 from ..report import build_summary
 from .job import Job
 from .launcher import launch
 from .model_state import load
+from .progress import progress_display
 from .run_folder import RunFolder
+from ..sinks import RunInfo
 
 
 @dataclass
@@ -29,15 +30,16 @@ class RunResult:
 
 
 def execute(job: Job, out: str | None = None, config_record: dict | None = None,
-            progress: bool = False, on_row=None) -> RunResult:
-    """Run `job`; with `out`, in a new run folder under it. on_row(row): after each step."""
+            progress="off", progress_every: float = 30.0, on_row=None) -> RunResult:
+    """Run `job`; with `out`, in a new run folder under it. on_row(row): after each step.
+    progress: "bar" (or True), "lines" (one every `progress_every` seconds) or "off"."""
     folder = RunFolder.create(out, f"{job.strategy_name}-n{job.nodes}") if out else None
     if folder and config_record is not None:
         folder.write_config(config_record)
-    sinks = [factory(folder.path) for factory in job.sinks] if folder else []
+    sinks = open_sinks(job, folder, config_record) if folder else []
     rows = []
-    bar = tqdm(total=job.steps, desc=f"{job.strategy_name} ×{job.nodes}", unit="step",
-               disable=not progress, dynamic_ncols=True)
+    bar = progress_display(progress, job.steps, f"{job.strategy_name} ×{job.nodes}",
+                           progress_every)
 
     def handle_row(row):
         rows.append(row)
@@ -47,39 +49,72 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
             try:
                 sink.write(row)
             except OSError as e:
-                raise ExoframeError(f"cannot write {e.filename or folder.path}: "
-                                    f"{e.strerror or e}. Free some space, or give --out on "
-                                    "another disk.") from None
-        bar.update(1)
-        postfix = {"loss": f"{row['loss']:.4f}"}
-        if "val_loss" in row:
-            postfix["val"] = f"{row['val_loss']:.4f}"
-        bar.set_postfix(postfix, refresh=False)
+                raise write_error(e, folder) from None
+        bar.update(1, row)
 
-    completed = False
+    summary, completed = None, False
     try:
         result = launch(job, handle_row)
+        bar.close()
+        load(job.model, result.final_state)
+        trace = build_trace(job, [r.pop("trace") for r in result.rank_results], result.steps)
+        summary = {"status": "completed", **build_summary(job, rows, result)}
+        if folder:
+            folder.write_trace(trace)
+            folder.write_summary(summary)
         completed = True
-    except ExoframeError as e:
-        if folder and hasattr(e, "status"):  # set by the launcher once ranks were started
-            _write_failed_summary(folder, partial_summary(job, e.rows, e.status, str(e)), e)
+    except BaseException as e:
+        # e.status and e.rows are set by the launcher once ranks were started.
+        status = getattr(e, "status", "interrupted" if isinstance(e, KeyboardInterrupt)
+                         else "failed")
+        summary = partial_summary(job, getattr(e, "rows", rows), status,
+                                  str(e) or type(e).__name__)
+        if folder and hasattr(e, "status"):
+            _write_failed_summary(folder, summary, e)
         raise
     finally:
         bar.close()
-        for sink in sinks:
-            try:
-                sink.close()
-            except OSError:
-                if completed:
-                    raise  # else the error in flight says what went wrong first
-    load(job.model, result.final_state)
-    trace = build_trace(job, [r.pop("trace") for r in result.rank_results], result.steps)
-    summary = {"status": "completed", **build_summary(job, rows, result)}
-    if folder:
-        folder.write_trace(trace)
-        folder.write_summary(summary)
+        # A sink failing as it closes must not hide the error that stopped the run.
+        close_sinks(sinks, summary, raise_errors=completed)
     return RunResult(model=job.model, summary=summary, metrics=rows,
                      run_dir=folder.path if folder else None, trace=trace)
+
+
+def open_sinks(job: Job, folder: RunFolder, config_record: dict | None) -> list:
+    run = RunInfo(dir=folder.path, name=folder.path.name, strategy=job.strategy_name,
+                  workload=job.workload_name, nodes=job.nodes, steps=job.steps, seed=job.seed,
+                  net=job.sim.net, config=dict(config_record or {}))
+    sinks = []
+    try:
+        for spec in job.sinks:
+            sinks.append(spec.open(run))
+    except BaseException:
+        close_sinks(sinks, None, raise_errors=False)
+        raise
+    return sinks
+
+
+def close_sinks(sinks: list, summary: dict | None, raise_errors: bool):
+    """finish(summary) where a sink has it, then close(), for every sink; with raise_errors
+    the first error is raised after all were closed (a full disk: one line)."""
+    first = None
+    for sink in sinks:
+        try:
+            if summary is not None and hasattr(sink, "finish"):
+                sink.finish(summary)
+        except Exception as e:
+            first = first or e
+        try:
+            sink.close()
+        except Exception as e:
+            first = first or e
+    if first is not None and raise_errors:
+        raise write_error(first, None) if isinstance(first, OSError) else first
+
+
+def write_error(e: OSError, where) -> ExoframeError:
+    return ExoframeError(f"cannot write {e.filename or where or 'a metrics file'}: "
+                         f"{e.strerror or e}. Free some space, or give --out on another disk.")
 
 
 def _write_failed_summary(folder: RunFolder, summary: dict, error: ExoframeError):

@@ -13,7 +13,6 @@ import math
 from pathlib import Path
 
 import yaml
-from tqdm import tqdm
 
 from ..config import RunConfig
 from ..errors import ExoframeError
@@ -24,6 +23,7 @@ from ..sim.netconfig import load_network
 from ..sim.units import format_bandwidth, parse_bandwidth
 from .job import job_from_config
 from .replay import Projection, replay_trace, save_replay
+from .progress import progress_display
 from .run import execute
 from .run_folder import RunFolder
 
@@ -146,8 +146,8 @@ def _bandwidth_texts(bandwidths: list[float]) -> list[str]:
 
 def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[int],
           out: str, assignments: dict | None = None, target_loss: float | None = None,
-          projection: Projection | None = None, plots: bool = True, progress: bool = False,
-          grid: list[float] | None = None) -> tuple[Path, list[dict]]:
+          projection: Projection | None = None, plots: bool = True, progress="off",
+          grid: list[float] | None = None, progress_every: float = 30.0) -> tuple[Path, list[dict]]:
     """Returns the sweep folder and its rows (see exoframe.report.sweep). Every run is `base`
     with the strategy, seed and network swept; its strategy parameters are base's that the
     strategy has plus `assignments` (-p values, see strategy_params). With `grid` (bandwidths
@@ -177,21 +177,21 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
             replayed = [] if timing_dependent else nets[1:] if projection is None else nets
             plan.append((strategy, seed, trained, replayed))
     total = sum(len(trained) * base.steps + len(replayed) for _, _, trained, replayed in plan)
-    bar = tqdm(total=total, desc="sweep", unit="step", disable=not progress, dynamic_ncols=True)
+    bar = progress_display(progress, total, "sweep", progress_every)
     run_dirs = []
     try:
         for strategy, seed, trained, replayed in plan:
             for net in trained:
-                bar.set_description(f"sweep: {strategy} seed {seed} on {setups[net].net}")
+                bar.describe(f"sweep: {strategy} seed {seed} on {setups[net].net}")
                 config = dataclasses.replace(
                     base, strategy=strategy, seed=seed, net=net, out=str(runs_dir),
                     strategy_params=params[strategy], target_loss=target_loss)
                 result = execute(job_from_config(config, pm, setups[net]), out=config.out,
                                  config_record=dataclasses.asdict(config),
-                                 on_row=lambda _row: bar.update(1))
+                                 on_row=lambda row: bar.update(1, row))
                 run_dirs.append(result.run_dir)
                 for other in replayed:
-                    bar.set_description(f"sweep: replay {strategy} on {setups[other].net}")
+                    bar.describe(f"sweep: replay {strategy} on {setups[other].net}")
                     record = replay_trace(result.trace, setups[other], projection)
                     save_replay(result.run_dir, record)
                     bar.update(1)

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from ..config import RunConfig
+from ..config import RunConfig, config_to_dict
 from ..workloads.base import Workload, shard_factory
 from .job import build_job
 from .run import RunResult, execute
@@ -64,4 +64,4 @@ class Trainer:
                             batch_size=self.batch_size, lr=lr, best_loss=self.best_loss,
                             metrics=self.metrics)
         return execute(build_job(config, workload, self.model, strategy=strategy), out=out,
-                       progress=progress)
+                       config_record=config_to_dict(config), progress=progress)

@@ -3,11 +3,14 @@
 Each run folder gives one row for the network it trained on (summary.json, metrics.jsonl)
 and one per replay through another network (replays/*.json). Rows carry each step's
 simulated time next to the run's losses, so loss can be drawn against simulated time.
+Rows of the same strategy, network and projection (the seeds) are summarized as a mean and
+a standard deviation per metric.
 """
 from __future__ import annotations
 
 import csv
 import math
+import statistics
 from pathlib import Path
 
 from ..errors import ExoframeError
@@ -17,6 +20,11 @@ from .summary import format_bytes, format_seconds
 COLUMNS = ["strategy", "seed", "net", "bottleneck_bandwidth", "projection", "simulated_seconds",
            "time_to_target", "compute_utilization", "bytes_sent_per_node", "final_loss",
            "final_val_loss", "source", "run_dir"]
+# Summarized over the seeds of each (strategy, net, projection): <metric>_mean, <metric>_std.
+METRICS = ["simulated_seconds", "time_to_target", "compute_utilization", "bytes_sent_per_node",
+           "final_loss", "final_val_loss"]
+SUMMARY_COLUMNS = ["strategy", "net", "bottleneck_bandwidth", "projection", "seeds",
+                   "seeds_at_target", *(f"{m}_{s}" for m in METRICS for s in ("mean", "std"))]
 
 
 def collect_rows(run_dirs, target_loss: float | None = None) -> list[dict]:
@@ -29,6 +37,7 @@ def collect_rows(run_dirs, target_loss: float | None = None) -> list[dict]:
                                 f"{e.args[0] if isinstance(e, KeyError) else 'a field'!r}; "
                                 "it is corrupt or from another tool: run it again.") from None
     for row in rows:
+        row["target_loss"] = target_loss
         row["time_to_target"] = time_to_target(row, target_loss)
     return rows
 
@@ -45,6 +54,7 @@ def _rows_of(run_dir: Path) -> list[dict]:
     metrics = strict_json.load_lines(metrics_path, "metrics")
     base = {"strategy": summary["strategy"], "seed": summary.get("seed"),
             "final_loss": summary["final_loss"], "final_val_loss": summary["final_val_loss"],
+            "best_achievable_loss": summary.get("best_achievable_loss"),
             "run_dir": str(run_dir), "losses": [m["loss"] for m in metrics],
             "val_losses": [m.get("val_loss") for m in metrics]}
     rows = [{**base, "net": summary["net"],
@@ -80,26 +90,96 @@ def time_to_target(row: dict, target: float | None) -> float | None:
     return None
 
 
+def by_setup(rows: list[dict]) -> dict:
+    """Rows grouped by (strategy, net, projection), in table order: the seeds of one setup."""
+    groups = {}
+    for row in sorted(rows, key=_order):
+        groups.setdefault((row["strategy"], row["net"], row["projection"]), []).append(row)
+    return dict(sorted(groups.items(), key=lambda item: _order({**item[1][0], "seed": 0})))
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One row per (strategy, net, projection): `seeds` (how many rows it has), and each
+    metric's mean and sample standard deviation over the rows where it is known (the std
+    is None below two values). `seeds_at_target` counts the rows that reached the target
+    loss (None without a target); the time-to-target statistics are over those rows."""
+    summaries = []
+    for (strategy, net, projection), group in by_setup(rows).items():
+        targeted = any(r.get("target_loss") is not None for r in group)
+        summary = {"strategy": strategy, "net": net,
+                   "bottleneck_bandwidth": group[0]["bottleneck_bandwidth"],
+                   "projection": projection, "seeds": len(group),
+                   "seeds_at_target": sum(r["time_to_target"] is not None for r in group)
+                   if targeted else None}
+        for key in METRICS:
+            values = [r[key] for r in group if r[key] is not None]
+            summary[f"{key}_mean"] = statistics.mean(values) if values else None
+            summary[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else None
+        summaries.append(summary)
+    return summaries
+
+
+HEADERS = ["strategy", "network", "simulated time", "to target (val loss, averaged model)",
+           "compute util.", "sent / node", "final loss"]
+
+
 def table(rows: list[dict]) -> str:
-    headers = ["strategy", "network", "simulated time",
-               "to target (val loss, averaged model)", "compute util.", "sent / node",
-               "final loss"]
-    lines = [[r["strategy"] + (f" s{r['seed']}" if r.get("seed") else ""),
-              r["net"] + (f" [{r['projection']}]" if r["projection"] else ""),
-              format_seconds(r["simulated_seconds"]),
-              "-" if r["time_to_target"] is None else format_seconds(r["time_to_target"]),
-              "-" if r["compute_utilization"] is None else f"{100 * r['compute_utilization']:.1f}%",
-              format_bytes(r["bytes_sent_per_node"]),
-              # a projection's times are for another model: the trained model's loss is not
-              "-" if r["final_val_loss"] is None or r["projection"] else f"{r['final_val_loss']:.4f}"]
-             for r in sorted(rows, key=_order)]
+    """One line per row; with several seeds of a setup, one line per setup instead, each
+    metric as mean ± standard deviation over its seeds."""
+    summaries = summarize(rows)
+    if any(s["seeds"] > 1 for s in summaries):
+        return _aligned([*HEADERS[:2], "seeds", *HEADERS[2:]],
+                        [_summary_line(s) for s in summaries])
+    return _aligned(HEADERS, [[
+        r["strategy"] + (f" s{r['seed']}" if r.get("seed") else ""),
+        r["net"] + (f" [{r['projection']}]" if r["projection"] else ""),
+        format_seconds(r["simulated_seconds"]),
+        "-" if r["time_to_target"] is None else format_seconds(r["time_to_target"]),
+        "-" if r["compute_utilization"] is None else f"{100 * r['compute_utilization']:.1f}%",
+        format_bytes(r["bytes_sent_per_node"]),
+        # a projection's times are for another model: the trained model's loss is not
+        "-" if r["final_val_loss"] is None or r["projection"] else f"{r['final_val_loss']:.4f}"]
+        for r in sorted(rows, key=_order)])
+
+
+def _summary_line(s: dict) -> list[str]:
+    def cell(key, fmt, fmt_std=None):
+        mean, std = s[f"{key}_mean"], s[f"{key}_std"]
+        if mean is None:
+            return "-"
+        if std is None or std <= 1e-9 * abs(mean):  # one seed, or float noise
+            return fmt(mean)
+        return f"{fmt(mean)} ± {(fmt_std or fmt)(std)}"
+
+    to_target = cell("time_to_target", format_seconds, _duration)
+    if to_target != "-" and s["seeds_at_target"] < s["seeds"]:
+        to_target += f" ({s['seeds_at_target']}/{s['seeds']} seeds)"
+    return [s["strategy"], s["net"] + (f" [{s['projection']}]" if s["projection"] else ""),
+            str(s["seeds"]), cell("simulated_seconds", format_seconds, _duration), to_target,
+            cell("compute_utilization", lambda u: f"{100 * u:.1f}%"),
+            cell("bytes_sent_per_node", format_bytes),
+            "-" if s["projection"] else cell("final_val_loss", lambda x: f"{x:.4f}")]
+
+
+def _duration(s: float) -> str:
+    """format_seconds, and below a second in ms or µs (a spread is often that small)."""
+    if s >= 1:
+        return format_seconds(s)
+    return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} µs"
+
+
+def _aligned(headers: list[str], lines: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in column) for column in zip(headers, *lines)]
     return "\n".join("  " + "  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip()
                      for line in [headers, *lines])
 
 
-def write_outputs(rows: list[dict], folder, plots: bool = True) -> list[Path]:
-    """sweep.csv, sweep.json and (with matplotlib) the PNG plots in `folder`."""
+def write_outputs(rows: list[dict], folder, plots: bool = True,
+                  target_loss: float | None = None) -> list[Path]:
+    """sweep.csv and sweep.json (one row per run and network), sweep_summary.csv and
+    sweep_summary.json (one row per strategy, network and projection: mean and std over
+    seeds) and (with matplotlib) the PNG plots in `folder`. `target_loss` draws a line on
+    the loss plots; by default the one the rows were collected with."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rows = sorted(rows, key=_order)
@@ -108,11 +188,18 @@ def write_outputs(rows: list[dict], folder, plots: bool = True) -> list[Path]:
         writer.writeheader()
         writer.writerows(rows)
     (folder / "sweep.json").write_text(strict_json.dumps(rows, indent=1) + "\n")
-    written = [folder / "sweep.csv", folder / "sweep.json"]
+    summaries = summarize(rows)
+    with open(folder / "sweep_summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, SUMMARY_COLUMNS)
+        writer.writeheader()
+        writer.writerows(summaries)
+    (folder / "sweep_summary.json").write_text(strict_json.dumps(summaries, indent=1) + "\n")
+    written = [folder / name for name in
+               ("sweep.csv", "sweep.json", "sweep_summary.csv", "sweep_summary.json")]
     if plots:
         from .plots import plot_sweep
 
-        written += plot_sweep(rows, folder)
+        written += plot_sweep(rows, folder, target_loss)
     return written
 
 

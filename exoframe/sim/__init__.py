@@ -6,10 +6,10 @@ from .collectives import BUILTIN, Plan
 from .presets import exoframe_register_networks  # noqa: F401 - a hook implementation
 from .setup import SimSetup, resolve_sim
 from .simulator import SimulationError, Simulator
-from .topology import LinkSpec, Topology
+from .topology import LinkSpec, Sites, Topology
 
 __all__ = ["Plan", "SimSetup", "resolve_sim", "Simulator", "SimulationError", "LinkSpec",
-           "Topology"]
+           "Sites", "Topology"]
 
 
 @hookimpl

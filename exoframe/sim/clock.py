@@ -12,6 +12,7 @@ from ..errors import ExoframeError
 from .collectives import Plans
 from .compute import ComputeClock
 from .protocol import Op, Probe, Probed, Wait, Waited
+from .topology import Topology
 
 # is_completed() asked this many times at one simulated instant: the rank spins without
 # letting simulated time pass, and the answer can never change.
@@ -27,14 +28,16 @@ class Submitted:
 
 class RankClock:
     def __init__(self, rank: int, port, compute: ComputeClock, topology_algorithms: dict,
-                 algorithms: dict):
+                 algorithms: dict, topology: Topology | None = None):
         """port: the way to the simulator, with send(message) and recv() of the messages in
         protocol.py (the engine's pipe to the launcher, where the simulator runs).
-        topology_algorithms: op kind -> algorithm name; algorithms: name -> plan function."""
+        topology_algorithms: op kind -> algorithm name; algorithms: name -> plan function;
+        topology: the network, for algorithms that plan by site (None: one site), so that
+        the bytes counted here are those the simulator moves."""
         self.rank = rank
         self.port = port
         self.compute = compute
-        self.plans = Plans(topology_algorithms, algorithms)
+        self.plans = Plans(topology_algorithms, algorithms, topology)
         self.now = 0.0
         self.compute_seconds = self.comm_seconds = self.idle_seconds = 0.0
         self._next_id = 0
@@ -79,7 +82,7 @@ class RankClock:
             key = ("p", *participants, self._next_in(("p", participants)))
         else:
             key = ("c", participants, self._next_in(("c", participants)))
-        plan = self.plans.of(kind, len(participants), root)
+        plan = self.plans.of(kind, len(participants), root, participants)
         index = participants.index(self.rank)
         op_id = self._next_id
         self._next_id += 1

@@ -17,11 +17,21 @@ Built-ins (S bytes, n participants, link bandwidth B, latency a, uniform links):
   root sends S to each participant.
 - ps: a parameter server (participant 0, or the root of a broadcast) receives from every
   participant and sends back: all_reduce = push S, pull S.
+
+A plan function is `function(kind, n, root)`. One that also accepts a `topology` keyword
+(a parameter of that name, or **kwargs) is called `function(kind, n, root, topology=view)`
+with the participants' Sites (topology.py): where each participant is, in the plan's
+indices. Which of the two a function is, is read from its signature once, where a network's
+algorithms are resolved (Plans), never by trying a call.
 """
 from __future__ import annotations
 
 import functools
+import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from .topology import Sites, Topology
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
@@ -200,27 +210,72 @@ def point_to_point() -> Plan:
 _P2P = point_to_point()
 
 
+def takes_topology(function) -> bool:
+    """Whether plan function `function` accepts the `topology` keyword: a parameter of that
+    name that can be passed by keyword, or **kwargs."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): the 3 arguments
+        return False
+    return any(p.kind is p.VAR_KEYWORD
+               or (p.name == "topology" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+               for p in parameters)
+
+
 @functools.lru_cache(maxsize=256)
-def _cached_plan(function, kind: str, n: int, root: int) -> Plan:
-    plan = function(kind, n, root)
+def _cached_plan(function, kind: str, n: int, root: int, topology: Sites | None) -> Plan:
+    """topology None: `function` takes three arguments."""
+    if topology is None:
+        plan = function(kind, n, root)
+    else:
+        plan = function(kind, n, root, topology=topology)
     plan.compiled  # noqa: B018 - compile once, here
     return plan
 
 
-def plan_for(function, kind: str, n: int, root: int = 0) -> Plan:
-    """The (cached, compiled) plan of `kind` under algorithm `function`; send/recv: one flow."""
+def plan_for(function, kind: str, n: int, root: int = 0, topology: Sites | None = None) -> Plan:
+    """The (cached, compiled) plan of `kind` under algorithm `function`; send/recv: one flow.
+    topology: the participants' Sites, for a function that takes it (None: one site holding
+    participants 0..n-1)."""
     if kind in ("send", "recv"):
         return _P2P
-    return _cached_plan(function, kind, n, root)
+    if not takes_topology(function):
+        topology = None
+    elif topology is None:
+        topology = Sites.single(n)
+    return _cached_plan(function, kind, n, root, topology)
 
 
 class Plans:
     """The plan of every operation under a network's choice of algorithm per collective."""
 
-    def __init__(self, chosen: dict[str, str], algorithms: dict):
+    def __init__(self, chosen: dict[str, str], algorithms: dict,
+                 topology: Topology | None = None):
         """chosen: collective kind -> algorithm name (Topology.algorithms); algorithms:
-        name -> plan function."""
+        name -> plan function; topology: the network, whose Sites are given to the plan
+        functions that take them (None: one site holding every participant)."""
         self.functions = {kind: algorithms[name] for kind, name in chosen.items()}
+        self.aware = {kind for kind, function in self.functions.items()
+                      if takes_topology(function)}
+        self.topology = topology
+        self._views: dict[tuple, Sites] = {}  # participants -> their Sites
 
-    def of(self, kind: str, n: int, root: int = 0) -> Plan:
-        return plan_for(self.functions.get(kind), kind, n, root)
+    def of(self, kind: str, n: int, root: int = 0,
+           participants: Iterable[int] | None = None) -> Plan:
+        """participants: the group's global ranks (None: 0..n-1)."""
+        if kind in ("send", "recv"):
+            return _P2P
+        view = None
+        if kind in self.aware:
+            view = self.sites(range(n) if participants is None else participants)
+        return _cached_plan(self.functions.get(kind), kind, n, root, view)
+
+    def sites(self, participants: Iterable[int]) -> Sites:
+        """The Sites of a group of ranks (memoized per group)."""
+        key = tuple(participants)
+        view = self._views.get(key)
+        if view is None:
+            view = (Sites.of(self.topology, key) if self.topology is not None
+                    else Sites(ranks=key, site_of=(0,) * len(key)))
+            self._views[key] = view
+        return view

@@ -4,9 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ExoframeError
+from .collectives import takes_topology
 from .compute import ComputeModel, Stragglers, parse_compute, parse_stragglers
 from .netconfig import load_network
-from .topology import Topology
+from .topology import Sites, Topology
 
 
 @dataclass
@@ -26,9 +27,15 @@ def resolve_sim(net: str, compute: str, stragglers: str, nodes: int, pm) -> SimS
     algorithms = {name: entry.obj for entry in pm.algorithms
                   for name in (entry.name, *entry.aliases)}
     topology = network.topology(nodes, algorithms)
+    # Two participants: ranks 0 and 1 (two in one site for a single rank).
+    pair = Sites.of(topology, (0, 1)) if topology.size >= 2 else Sites.single(2)
     for kind, name in topology.algorithms.items():
+        function = algorithms[name]
         try:
-            algorithms[name](kind, 2, 0)
+            if takes_topology(function):
+                function(kind, 2, 0, topology=pair)
+            else:
+                function(kind, 2, 0)
         except ValueError:
             raise ExoframeError(f"{network.where}: algorithm: '{name}' does not implement "
                                 f"{kind}; choose another for it, e.g. algorithm: "

@@ -59,7 +59,7 @@ class Simulator:
     def __init__(self, topology: Topology, algorithms: dict, seed: int = 0):
         """algorithms: name -> plan function (see collectives.py)."""
         self.topology = topology
-        self.plans = Plans(topology.algorithms, algorithms)
+        self.plans = Plans(topology.algorithms, algorithms, topology)
         self.env = Environment()
         self.network = FlowNetwork(self.env, topology, seed)
         # Unlimited links, no latency: an operation completes when its last participant
@@ -160,7 +160,7 @@ class Simulator:
         nbytes, participants, root = message.nbytes, message.participants, message.root
         op = self.operations.get(key)
         if op is None:
-            plan = self.plans.of(kind, len(participants), root)
+            plan = self.plans.of(kind, len(participants), root, participants)
             op = Operation(key, kind, nbytes, participants, root, plan, (rank, kind, nbytes))
             self.operations[key] = op
         else:

@@ -5,6 +5,7 @@ Bandwidths are bytes per second (math.inf: unlimited), latencies and jitters sec
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -59,3 +60,49 @@ class Topology:
         return (all(math.isinf(b) for b in [*self.uplink, *self.downlink])
                 and all(math.isinf(s.bandwidth) and s.latency == 0 and s.jitter == 0
                         for s in specs))
+
+
+@dataclass(frozen=True)
+class Sites:
+    """The network as a collective algorithm sees it: the site of each participant. A plan
+    function that accepts a `topology` keyword is given one (see collectives.py).
+
+    Indices are the plan's: participant i (0..n-1) is the i-th rank of the group the
+    collective runs among (the whole world, or a subgroup). ranks[i]: its global rank.
+    site_of[i]: its site, an index into `names`. names: every site of the network in the
+    order its YAML lists them (("default",) for a network without sites), so a site may
+    hold no participant."""
+
+    ranks: tuple[int, ...]
+    site_of: tuple[int, ...]
+    names: tuple[str, ...] = ("default",)
+
+    def __post_init__(self):
+        if len(self.ranks) != len(self.site_of):
+            raise ValueError(f"Sites: {len(self.ranks)} ranks but {len(self.site_of)} "
+                             f"site_of entries; give one site per participant.")
+        if any(not 0 <= s < len(self.names) for s in self.site_of):
+            raise ValueError(f"Sites: site_of {list(self.site_of)} must index names "
+                             f"{list(self.names)}.")
+
+    @classmethod
+    def of(cls, topology: Topology, participants: Iterable[int]) -> Sites:
+        """The view of `participants` (global ranks, in the group's order) on `topology`."""
+        ranks = tuple(participants)
+        return cls(ranks=ranks, site_of=tuple(topology.site_of[r] for r in ranks),
+                   names=tuple(topology.sites))
+
+    @classmethod
+    def single(cls, n: int) -> Sites:
+        """n participants, ranks 0..n-1, in one site: the view when no network is known."""
+        return cls(ranks=tuple(range(n)), site_of=(0,) * n)
+
+    @property
+    def n(self) -> int:
+        return len(self.ranks)
+
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """The participant indices in each site that holds any, in site order, each in
+        increasing order: ((0, 2, 5), (1, 3, 4)) for sites A = {0, 2, 5}, B = {1, 3, 4}."""
+        return tuple(tuple(i for i, s in enumerate(self.site_of) if s == site)
+                     for site in sorted(set(self.site_of)))

@@ -15,15 +15,19 @@ from pathlib import Path
 
 import exoframe
 
+EXOFRAME_PLUGIN_API = ">=2"
+
 SCHEMA = "CREATE TABLE IF NOT EXISTS metrics (run TEXT, step INTEGER, name TEXT, value REAL)"
 
 
 class SQLiteSink:
     """metrics.sqlite: one row per step and metric, committed as each step finishes."""
 
-    def __init__(self, run_dir):
-        self.run = Path(run_dir).name
-        self.db = sqlite3.connect(Path(run_dir) / "metrics.sqlite")
+    def __init__(self, run, path: str = "metrics.sqlite"):
+        """path: the database file, relative to the run folder (--sink sqlite:path=all.db);
+        runs may share one file: each row names its run."""
+        self.run = run.name
+        self.db = sqlite3.connect(Path(run.dir) / path)
         # WAL with synchronous=NORMAL: a commit per step without an fsync per step.
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")

@@ -1,0 +1,96 @@
+"""How far a run or a sweep has got: a bar in a terminal; without one (a batch job's log) a
+line every `every` seconds and one at the end; or nothing.
+
+    progress_display("lines", total=500, label="diloco ×4", every=30)
+    diloco ×4: step 120/500 (24%)  loss 2.3412  val 2.4100  sim 12.3 s  elapsed 41 s
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from tqdm import tqdm
+
+from ..report.summary import format_seconds
+
+MODES = ("bar", "lines", "off")
+
+
+def progress_display(mode, total: int, label: str, every: float = 30.0):
+    """mode: "bar" (or True), "lines" or "off" (or False/None)."""
+    if mode is True or mode == "bar":
+        return Bar(total, label)
+    if mode == "lines" and every > 0:
+        return Lines(total, label, every)
+    return Off()
+
+
+def default_mode(every: float) -> str:
+    """A bar in a terminal, else lines (unless every is 0)."""
+    return "bar" if sys.stderr.isatty() else "lines" if every > 0 else "off"
+
+
+def _facts(row: dict) -> dict:
+    facts = {"loss": f"{row['loss']:.4f}"}
+    if row.get("val_loss") is not None:
+        facts["val"] = f"{row['val_loss']:.4f}"
+    if row.get("sim_time") is not None:
+        facts["sim"] = format_seconds(row["sim_time"])
+    return facts
+
+
+class Off:
+    def describe(self, label: str):
+        pass
+
+    def update(self, steps: int = 1, row: dict | None = None):
+        pass
+
+    def close(self):
+        pass
+
+
+class Bar(Off):
+    def __init__(self, total: int, label: str):
+        self.bar = tqdm(total=total, desc=label, unit="step", dynamic_ncols=True)
+
+    def describe(self, label: str):
+        self.bar.set_description(label)
+
+    def update(self, steps: int = 1, row: dict | None = None):
+        self.bar.update(steps)
+        if row is not None:
+            self.bar.set_postfix(_facts(row), refresh=False)
+
+    def close(self):
+        self.bar.close()
+
+
+class Lines(Off):
+    def __init__(self, total: int, label: str, every: float, out=None, clock=time.monotonic):
+        self.total, self.label, self.every = total, label, every
+        self.out, self.clock = out or sys.stderr, clock
+        self.start = self.last = clock()
+        self.done, self.row, self.shown = 0, None, 0
+
+    def describe(self, label: str):
+        self.label = label
+
+    def update(self, steps: int = 1, row: dict | None = None):
+        self.done += steps
+        self.row = row if row is not None else self.row
+        if self.clock() - self.last >= self.every:
+            self._print()
+
+    def close(self):
+        if self.done != self.shown:
+            self._print()
+
+    def _print(self):
+        self.last = self.clock()
+        self.shown = self.done
+        facts = "".join(f"  {key} {value}" for key, value in _facts(self.row).items()) \
+            if self.row else ""
+        percent = 100 * self.done / self.total if self.total else 100
+        print(f"{self.label}: step {self.done}/{self.total} ({percent:.0f}%){facts}  elapsed "
+              f"{format_seconds(self.last - self.start)}", file=self.out, flush=True)
