@@ -142,9 +142,11 @@ LISTINGS = {
 
 def _listing(kind: str, help_text: str):
     def command():
-        from .plugins import get_plugin_manager
+        from .plugins import PluginManager
 
-        _print_registry(getattr(get_plugin_manager(), kind))
+        # Only this kind: built-ins register by name (exoframe/builtins.py), so listing them
+        # imports no torch (but torch's optimizers are found by importing it).
+        _print_registry(PluginManager(kinds={kind}).registries[kind])
     cli.command(name=kind, help=help_text)(command)
 
 
@@ -155,10 +157,10 @@ for _kind, _help in LISTINGS.items():
 @cli.command()
 def nets():
     """List network presets: name, what it models, source package."""
-    from .plugins import get_plugin_manager
+    from .plugins import PluginManager
     from .sim.netconfig import load_network
 
-    pm = get_plugin_manager()
+    pm = PluginManager(kinds={"networks"})
     entries = list(pm.networks)
     width = max((len(e.name) for e in entries), default=4)
     for e in entries:

@@ -11,11 +11,14 @@ plugin that fails to load an error instead of a warning in `exoframe plugins`.
 """
 from __future__ import annotations
 
+import ast
 import importlib.metadata
+import importlib.util
 import os
 import sys
 import traceback
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import pluggy
 
@@ -26,8 +29,8 @@ ENTRY_POINT_GROUP = "exoframe"
 DISABLE_ENV = "EXOFRAME_DISABLE_PLUGINS"
 STRICT_ENV = "EXOFRAME_STRICT_PLUGINS"
 # Built-in plugin modules and the kinds of item each registers.
-BUILTIN_PLUGINS = {"exoframe.strategies": {"strategies", "optimizers"},
-                   "exoframe.workloads": {"workloads"},
+BUILTIN_PLUGINS = {"exoframe.builtins": {"strategies", "workloads"},
+                   "exoframe.strategies": {"optimizers"},
                    "exoframe.sim": {"networks", "algorithms"}, "exoframe.sinks": {"sinks"},
                    "exoframe.commands": {"commands"}}
 KINDS = {"strategies": "exoframe_register_strategies", "workloads": "exoframe_register_workloads",
@@ -40,15 +43,66 @@ SINGULAR = {"strategies": "strategy", "workloads": "workload", "networks": "netw
             "optimizers": "optimizer"}
 
 
+class Lazy:
+    """An object named by "package.module:attribute", imported when first used, so that
+    listing what is registered imports nothing heavy (torch): register(name, lazy("..."))."""
+
+    def __init__(self, target: str):
+        module, _, attribute = target.partition(":")
+        if not module or not attribute:
+            raise ExoframeError(f"lazy({target!r}): name an object as 'package.module:attribute'.")
+        self.module, self.attribute = module, attribute
+
+    def load(self):
+        value = importlib.import_module(self.module)
+        for part in self.attribute.split("."):
+            value = getattr(value, part)
+        return value
+
+    def first_doc_line(self) -> str:
+        """The first line of the object's docstring, read from its source file without
+        importing it (nor its package, whose __init__ may import torch)."""
+        top, *parts = self.module.split(".")
+        spec = importlib.util.find_spec(top)
+        if spec is None or not spec.submodule_search_locations and parts:
+            return _first_doc_line(self.load())
+        folder = Path(spec.origin).parent
+        candidates = [folder.joinpath(*parts).with_suffix(".py"),
+                      folder.joinpath(*parts, "__init__.py")] if parts else [Path(spec.origin)]
+        source = next((c for c in candidates if c.is_file()), None)
+        if source is None:
+            return _first_doc_line(self.load())
+        for node in ast.parse(source.read_text()).body:
+            if getattr(node, "name", None) == self.attribute and isinstance(
+                    node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = (ast.get_docstring(node) or "").strip()
+                return doc.splitlines()[0] if doc else ""
+        return _first_doc_line(self.load())  # defined some other way: ask the object
+
+
+def lazy(target: str) -> Lazy:
+    return Lazy(target)
+
+
 @dataclass
 class Entry:
     name: str
-    obj: object
+    target: object  # the registered object, or a Lazy naming it
     description: str
     source: str  # distribution that registered it
     version: str
     plugin: str  # plugin (module) name that registered it
     aliases: tuple = ()
+
+    @property
+    def obj(self):
+        if isinstance(self.target, Lazy):
+            try:
+                self.target = self.target.load()
+            except Exception as e:
+                raise ExoframeError(f"'{self.name}' from {self.source} {self.version} could not "
+                                    f"be loaded: {_one_line(e)}") from None
+        return self.target
 
 
 @dataclass
@@ -161,8 +215,11 @@ class PluginManager:
     def _register_callback(self, kind, info: PluginInfo):
         def register(name, obj, description="", aliases=()):
             _check_item(kind, name, obj)
+            if not description:
+                description = (obj.first_doc_line() if isinstance(obj, Lazy)
+                               else _first_doc_line(obj))
             self.registries[kind].add(
-                Entry(name=name, obj=obj, description=description or _first_doc_line(obj),
+                Entry(name=name, target=obj, description=description,
                       source=info.source, version=info.version, plugin=info.name,
                       aliases=tuple(aliases))
             )
@@ -255,6 +312,8 @@ def _check_item(kind: str, name, obj):
         raise ExoframeError(f"registered a {SINGULAR[kind]} whose name is {name!r}, not a string.")
     if kind == "commands" and not isinstance(obj, click.Command):
         raise ExoframeError(f"command '{name}' is {type(obj).__name__}, not a click.Command.")
+    if isinstance(obj, Lazy):
+        return  # checked where it is used, once loaded
     if kind in ("sinks", "workloads", "algorithms", "optimizers") and not callable(obj):
         raise ExoframeError(f"{SINGULAR[kind]} '{name}' is {type(obj).__name__}, not callable.")
 

@@ -45,6 +45,11 @@ class CLI:
         env[self.marker] = "1"
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO), str(self.cwd), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        # The wandb sink (README runs it): offline, its files here, no error reports sent.
+        home = self.cwd / ".wandb-home"
+        env.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_ERROR_REPORTING="false",
+                   WANDB_CONFIG_DIR=str(home / "config"), WANDB_CACHE_DIR=str(home / "cache"),
+                   WANDB_DATA_DIR=str(home / "data"))
         env.update(extra or {})
         return env
 

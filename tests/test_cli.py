@@ -156,3 +156,22 @@ def test_help_runs_with_torch_blocked(cli):
     commands = [line.split()[0] for line in result.stdout.split("Commands:")[1].splitlines()
                 if line.strip()]
     assert {"run", "sweep", "replay", "report", "strategies", "plugins"} <= set(commands)
+
+
+@pytest.mark.parametrize("command", ["strategies", "workloads", "nets", "algorithms", "sinks"])
+def test_listings_run_with_torch_blocked_and_say_what_the_loaded_objects_say(cli, command):
+    """Built-ins (and the demo plugin) register by name: listing them imports no torch, and
+    the description read from the source is the loaded object's first docstring line."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            f"from exoframe.cli import main\nmain([{command!r}])\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=cli.cwd, env=cli.env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    listed = {line.split()[0]: line for line in result.stdout.splitlines()}
+    registry = getattr(PluginManager(), command if command != "nets" else "networks")
+    assert set(listed) == {entry.name for entry in registry}
+    for entry in registry:
+        doc = (getattr(entry.obj, "__doc__", None) or "").strip()
+        if command in ("strategies", "workloads"):
+            assert entry.description == doc.splitlines()[0]
+            assert f"  {entry.description}" in listed[entry.name]

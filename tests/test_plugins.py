@@ -1,6 +1,7 @@
 """Third-party strategies arrive through entry points; a broken plugin does not take exoframe down."""
 import csv
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -325,3 +326,26 @@ def test_a_plugin_made_for_another_plugin_api_is_named_in_a_warning(cli):
     plugins = {p["name"]: p for p in json.loads(cli("plugins", "--json").stdout_text)}
     assert plugins["everyother_plugin"]["warning"] in listed.stderr_text
     assert plugins["current_plugin"]["warning"] == ""
+
+
+def test_a_strategy_registered_by_name_loads_when_used_and_a_missing_one_is_one_line(cli):
+    write_plugin(cli.cwd, "exoframe-named", "named_plugin", textwrap.dedent('''
+        import exoframe
+        from exoframe.plugins import lazy
+
+        @exoframe.hookimpl
+        def exoframe_register_strategies(register):
+            register("everyother", lazy("everyother_impl:EveryOther"))
+            register("ghost", lazy("nowhere_to_be_found:Ghost"), description="never there")
+    '''))
+    (cli.cwd / "everyother_impl.py").write_text(GOOD)
+    listed = cli("strategies")
+    assert "Average parameters every other step.  [exoframe-named]" in listed.stdout_text
+    assert re.search(r"^ghost +never there  \[exoframe-named\]$", listed.stdout_text, re.M)
+    ran = cli("run", "--strategy", "everyother", "--workload", "mlp", "--nodes", "2",
+              "--steps", "2", "--out", "runs")
+    assert ran.returncode == 0, ran.stderr_text
+    ghost = cli("run", "--strategy", "ghost", "--workload", "mlp", "--out", "runs")
+    assert ghost.returncode == 2 and ghost.stderr_text == (
+        "error: 'ghost' from exoframe-named 0.1.0 could not be loaded: ModuleNotFoundError: "
+        "No module named 'nowhere_to_be_found'\n")

@@ -137,9 +137,13 @@ def check_run(args, stdout, cwd):
     if option(args, "--nodes"):
         assert summary["num_nodes"] == int(option(args, "--nodes")), summary["num_nodes"]
     sinks = [name for i in range(1, len(args)) if args[i - 1] == "--sink"
-             for name in args[i].split(",")] or ["jsonl"]
+             for name in ([args[i]] if ":" in args[i] else args[i].split(","))] or ["jsonl"]
     for sink in sinks:
-        assert (run_dir / f"metrics.{sink}").exists(), f"no metrics.{sink} in {run_dir}"
+        name, _, options = sink.partition(":")
+        logdir = dict(o.split("=", 1) for o in options.split(",") if o).get("logdir")
+        written = {"tensorboard": f"{logdir or 'tensorboard'}/{run_dir.name}",
+                   "wandb": "wandb"}.get(name, f"metrics.{name}")
+        assert (run_dir / written).exists(), f"no {written} in {run_dir} (sink {sink})"
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert 1 <= len(rows) <= int(STEPS), f"{len(rows)} metrics rows for --steps {STEPS}"
 

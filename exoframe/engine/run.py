@@ -36,7 +36,11 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
     folder = RunFolder.create(out, f"{job.strategy_name}-n{job.nodes}") if out else None
     if folder and config_record is not None:
         folder.write_config(config_record)
-    sinks = open_sinks(job, folder, config_record) if folder else []
+    try:
+        sinks = open_sinks(job, folder, config_record) if folder else []
+    except ExoframeError as e:  # the folder exists: say in it why nothing ran
+        _write_failed_summary(folder, partial_summary(job, [], "failed", str(e)), e)
+        raise
     rows = []
     bar = progress_display(progress, job.steps, f"{job.strategy_name} ×{job.nodes}",
                            progress_every)

@@ -1,4 +1,4 @@
-"""Built-in strategies, registered through the same hook as third-party plugins."""
+"""Built-in strategies (registered by name in exoframe/builtins.py) and torch's optimizers."""
 from ..hookspecs import hookimpl
 from .async_localsgd import AsyncLocalSGD
 from .base import OptimizerSpec, Strategy, torch_optimizers
@@ -23,19 +23,3 @@ __all__ = ["Strategy", "OptimizerSpec", "DDP", "LocalSGD", "DiLoCo", "Sparta",
 def exoframe_register_optimizers(register):
     for name, cls in torch_optimizers().items():
         register(name, cls, description=f"torch.optim.{cls.__name__}")
-
-
-@hookimpl
-def exoframe_register_strategies(register):
-    register("ddp", DDP)
-    register("localsgd", LocalSGD, aliases=["fedavg"])
-    register("diloco", DiLoCo)
-    register("sparta", Sparta)
-    register("streaming-diloco", StreamingDiLoCo)
-    register("sparta-diloco", SpartaDiLoCo)
-    register("topk-ef", TopKEF)
-    register("randomk-ef", RandomKEF)
-    register("powersgd", PowerSGD)
-    register("gossip", Gossip)
-    register("noloco", NoLoCo)
-    register("async-localsgd", AsyncLocalSGD)

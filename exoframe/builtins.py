@@ -1,0 +1,34 @@
+"""exoframe's own strategies and workloads, registered by name through the same hooks as a
+third-party plugin's: their modules (and torch) are imported when a run uses one, not when
+`exoframe strategies` lists them."""
+from .hookspecs import hookimpl
+from .plugins import lazy
+
+STRATEGIES = {
+    "ddp": "exoframe.strategies.ddp:DDP",
+    "localsgd": "exoframe.strategies.localsgd:LocalSGD",
+    "diloco": "exoframe.strategies.diloco:DiLoCo",
+    "sparta": "exoframe.strategies.sparta:Sparta",
+    "streaming-diloco": "exoframe.strategies.streaming_diloco:StreamingDiLoCo",
+    "sparta-diloco": "exoframe.strategies.sparta_diloco:SpartaDiLoCo",
+    "topk-ef": "exoframe.strategies.topk_ef:TopKEF",
+    "randomk-ef": "exoframe.strategies.randomk_ef:RandomKEF",
+    "powersgd": "exoframe.strategies.powersgd:PowerSGD",
+    "gossip": "exoframe.strategies.gossip:Gossip",
+    "noloco": "exoframe.strategies.noloco:NoLoCo",
+    "async-localsgd": "exoframe.strategies.async_localsgd:AsyncLocalSGD",
+}
+ALIASES = {"localsgd": ["fedavg"]}
+WORKLOADS = {"gpt": "exoframe.workloads.gpt:gpt", "mlp": "exoframe.workloads.mlp:mlp"}
+
+
+@hookimpl
+def exoframe_register_strategies(register):
+    for name, target in STRATEGIES.items():
+        register(name, lazy(target), aliases=ALIASES.get(name, ()))
+
+
+@hookimpl
+def exoframe_register_workloads(register):
+    for name, target in WORKLOADS.items():
+        register(name, lazy(target))
