@@ -1,8 +1,11 @@
-"""exoframe's own strategies and workloads, registered by name through the same hooks as a
-third-party plugin's: their modules (and torch) are imported when a run uses one, not when
+"""exoframe's own strategies, workloads, network presets and collective algorithms,
+registered through the same hooks as a third-party plugin's. Strategies and workloads are
+registered by name: their modules (and torch) are imported when a run uses one, not when
 `exoframe strategies` lists them."""
 from .hookspecs import hookimpl
 from .plugins import lazy
+from .sim.collectives import BUILTIN
+from .sim.presets import presets
 
 STRATEGIES = {
     "ddp": "exoframe.strategies.ddp:DDP",
@@ -32,3 +35,17 @@ def exoframe_register_strategies(register):
 def exoframe_register_workloads(register):
     for name, target in WORKLOADS.items():
         register(name, lazy(target))
+
+
+@hookimpl
+def exoframe_register_networks(register):
+    for name, path, description in presets():
+        register(name, path, description=description)
+
+
+@hookimpl
+def exoframe_register_algorithms(register):
+    register("ring", BUILTIN["ring"], description="ring: reduce-scatter + all-gather, chain broadcast")
+    register("tree", BUILTIN["tree"], description="binomial tree broadcast; reduce + broadcast")
+    register("direct", BUILTIN["direct"], description="all pairs at once (butterfly all-reduce)")
+    register("ps", BUILTIN["ps"], description="parameter server: push to one rank, pull back")

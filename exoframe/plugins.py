@@ -29,9 +29,8 @@ ENTRY_POINT_GROUP = "exoframe"
 DISABLE_ENV = "EXOFRAME_DISABLE_PLUGINS"
 STRICT_ENV = "EXOFRAME_STRICT_PLUGINS"
 # Built-in plugin modules and the kinds of item each registers.
-BUILTIN_PLUGINS = {"exoframe.builtins": {"strategies", "workloads"},
-                   "exoframe.strategies": {"optimizers"},
-                   "exoframe.sim": {"networks", "algorithms"}, "exoframe.sinks": {"sinks"},
+BUILTIN_PLUGINS = {"exoframe.builtins": {"strategies", "workloads", "networks", "algorithms"},
+                   "exoframe.strategies": {"optimizers"}, "exoframe.sinks": {"sinks"},
                    "exoframe.commands": {"commands"}}
 KINDS = {"strategies": "exoframe_register_strategies", "workloads": "exoframe_register_workloads",
          "networks": "exoframe_register_networks",
@@ -161,6 +160,10 @@ class Registry:
 
     def __iter__(self):
         return iter(sorted(self.entries.values(), key=lambda e: e.name))
+
+    def names(self) -> list[str]:
+        """Every name an entry can be found by: names and aliases."""
+        return [*self.entries, *self.aliases]
 
 
 class PluginManager:

@@ -18,12 +18,9 @@ SHIPPED = ["ideal", "nvlink", "dc-100gbps", "lan-10gbps", "lan-1gbps", "wan-1gbp
 
 def preset_registry() -> Registry:
     registry = Registry("networks")
-
-    def register(name, obj, description="", aliases=()):
-        registry.add(Entry(name=name, obj=obj, description=description, source="exoframe",
-                           version="test", plugin="exoframe.sim", aliases=tuple(aliases)))
-
-    presets.exoframe_register_networks(register=register)
+    for name, path, description in presets.presets():
+        registry.add(Entry(name=name, target=path, description=description, source="exoframe",
+                           version="test", plugin="exoframe.builtins"))
     return registry
 
 
@@ -207,7 +204,7 @@ def test_load_file_with_sites_links_and_algorithms(write):
 
 def test_preset_given_as_a_dict():
     registry = Registry("networks")
-    registry.add(Entry(name="mine", obj={"bandwidth": "1gbit", "latency": "40ms"},
+    registry.add(Entry(name="mine", target={"bandwidth": "1gbit", "latency": "40ms"},
                        description="", source="plugin", version="1", plugin="p"))
     net = load_network("mine", registry)
     assert net.topology(2).intra[0].latency == 0.04
@@ -323,12 +320,12 @@ def test_malformed_yaml_names_the_line(write):
 def test_unknown_algorithm_against_a_registry(write):
     net = load_network(write("algorithm: {broadcast: butterfly}\n"), Registry("networks"))
     algorithms = Registry("algorithms")
-    algorithms.add(Entry(name="ring", obj=None, description="", source="exoframe",
+    algorithms.add(Entry(name="ring", target=None, description="", source="exoframe",
                          version="", plugin="p"))
-    message = error_of(net.topology, 2, algorithms)
+    message = error_of(net.topology, 2, algorithms.names())
     assert ": algorithm.broadcast: unknown collective algorithm 'butterfly'" in message
     assert "Known: ring." in message
-    assert NetConfig.from_dict({"algorithm": "ring"}, "x", "x").topology(2, algorithms)
+    assert NetConfig.from_dict({"algorithm": "ring"}, "x", "x").topology(2, algorithms.names())
 
 
 def test_an_algorithm_alias_works_in_network_yaml(write):

@@ -199,3 +199,25 @@ def test_the_network_model_imports_without_torch():
             "assert sys.modules['torch'] is None and exoframe.__version__\n")
     repo = Path(__file__).resolve().parent.parent
     subprocess.run([sys.executable, "-c", code], check=True, cwd=repo)
+
+
+def test_the_network_model_imports_nothing_above_it():
+    """exoframe.sim is the bottom layer: none of its modules imports another part of
+    exoframe (read from their source: every relative import stays inside the package)."""
+    import ast
+    from pathlib import Path
+
+    import exoframe.sim
+
+    outside = []
+    for path in sorted(Path(exoframe.sim.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level > 1 or (
+                    node.level == 0 and (node.module or "").startswith("exoframe")
+                    and not node.module.startswith("exoframe.sim"))):
+                outside.append(f"{path.name}: from {'.' * node.level}{node.module or ''}")
+            if isinstance(node, ast.Import):
+                outside += [f"{path.name}: import {a.name}" for a in node.names
+                            if a.name.startswith(("exoframe", "torch"))
+                            and not a.name.startswith("exoframe.sim")]
+    assert outside == []

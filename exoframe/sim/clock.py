@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import ExoframeError
+from .inputs import ExoframeError
 from .collectives import Plans
 from .compute import ComputeClock
 from .protocol import Op, Probe, Probed, Wait, Waited

@@ -21,7 +21,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from ..errors import ExoframeError, did_you_mean, shorten
+from .inputs import ExoframeError, did_you_mean, shorten
 from .units import parse_seconds
 
 # Peak dense FLOP/s in the precision one trains in on each device.

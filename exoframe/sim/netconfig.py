@@ -10,9 +10,8 @@ from dataclasses import dataclass, field, fields
 from itertools import combinations
 from pathlib import Path
 
-from ..config import build_dataclass, load_yaml
-from ..errors import ExoframeError, did_you_mean, shorten
-from ..plugins import Registry
+from .inputs import build_dataclass, load_yaml
+from .inputs import ExoframeError, did_you_mean, shorten
 from .collectives import BUILTIN
 from .topology import DEFAULT_ALGORITHMS, LinkSpec, Topology
 from .units import format_bandwidth, format_duration, parse_bandwidth, parse_duration
@@ -83,7 +82,7 @@ class NetConfig(NetKeys):
         top = {f.name: getattr(keys, f.name) for f in fields(NetKeys)}
         return cls(**{**top, "sites": sites, "links": links}, name=name, where=where)
 
-    def validate(self, algorithms: Collection[str] | Registry | None = None) -> NetConfig:
+    def validate(self, algorithms: Collection[str] | None = None) -> NetConfig:
         """Parse every unit and check sites, links and algorithm names (if `algorithms` is
         given) so that a bad network fails before training. Checks that need the number of
         ranks (ranks out of range, a missing link) are left to topology()."""
@@ -96,9 +95,9 @@ class NetConfig(NetKeys):
         return self
 
     def topology(self, n: int,
-                 algorithms: Collection[str] | Registry | None = BUILTIN_ALGORITHMS) -> Topology:
+                 algorithms: Collection[str] | None = BUILTIN_ALGORITHMS) -> Topology:
         """This network resolved for `n` ranks. `algorithms`: the known collective algorithm
-        names (a Registry is fine; None: names are not checked)."""
+        names (None: names are not checked)."""
         if n < 1:
             raise ExoframeError(f"{self.where}: a network needs at least one rank, got {n}.")
         chosen = self._algorithms(algorithms)
@@ -254,7 +253,7 @@ class NetConfig(NetKeys):
             start += count
         return site_of
 
-    def _algorithms(self, algorithms: Collection[str] | Registry | None) -> dict[str, str]:
+    def _algorithms(self, algorithms: Collection[str] | None) -> dict[str, str]:
         """The collective -> algorithm mapping for Topology (over DEFAULT_ALGORITHMS)."""
         if self.algorithm is None:
             return dict(DEFAULT_ALGORITHMS)
@@ -273,8 +272,7 @@ class NetConfig(NetKeys):
                                             f"got {shorten(name)}.")
                 chosen[kind] = (name, path)
         if algorithms is not None:
-            known = (sorted([*algorithms.entries, *algorithms.aliases])
-                     if isinstance(algorithms, Registry) else sorted(algorithms))
+            known = sorted(algorithms)
             for name, path in chosen.values():
                 if name not in known:
                     raise self._error(path, f"unknown collective algorithm '{name}'."
@@ -306,8 +304,10 @@ def load_file(path: Path, name: str) -> NetConfig:
                                where=str(path)).validate()
 
 
-def load_network(spec: str, registry: Registry) -> NetConfig:
-    """`spec`: a preset name registered in `registry`, or a path to a .yaml/.yml file."""
+def load_network(spec: str, registry) -> NetConfig:
+    """`spec`: a preset name registered in `registry` (exoframe's registry of network presets:
+    registry.get(name) returns an entry with .name, .obj and .source), or a path to a
+    .yaml/.yml file."""
     if _looks_like_path(spec):
         path = Path(spec)
         if not path.is_file():

@@ -4,15 +4,16 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-from ..config import load_yaml
-from ..hookspecs import hookimpl
+from .inputs import load_yaml
 
 PRESET_DIR = importlib.resources.files("exoframe.netmodels")
 
 
-@hookimpl
-def exoframe_register_networks(register):
+def presets() -> list[tuple[str, Path, str]]:
+    """(name, path, description) of every preset file, by name."""
+    found = []
     for file in sorted(PRESET_DIR.iterdir(), key=lambda f: f.name):
         if file.name.endswith(".yaml"):
             path = Path(str(file))
-            register(path.stem, path, description=str(load_yaml(path).get("description", "")))
+            found.append((path.stem, path, str(load_yaml(path).get("description", ""))))
+    return found
