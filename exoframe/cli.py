@@ -112,9 +112,7 @@ def run(config_file, params, workload_params, optimizer_params, sinks, progress,
     if optimizer_params:
         overrides["optimizer_params"] = parse_assignments(optimizer_params, "--optimizer-param")
     if sinks:
-        # "csv,jsonl" names two sinks; "tensorboard:logdir=tb,flush_secs=5" is one with options
-        overrides["sinks"] = [item for text in sinks
-                              for item in ([text] if ":" in text else _names(text, "--sink"))]
+        overrides["sinks"] = [item for text in sinks for item in _sink_items(text)]
     config = resolve_config(config_file, overrides)
     check_out_folder(config.out, "--out")
     job = job_from_config(config)
@@ -223,6 +221,16 @@ def check_out_folder(folder, flag: str):
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ExoframeError(f"{flag} {folder}: {existing} is not writable; give a folder you "
                             "can write to.")
+
+
+def _sink_items(text: str) -> list[str]:
+    """One --sink: "csv,jsonl" names two sinks; in "csv,tensorboard:logdir=tb,flush_secs=5"
+    the options after the colon are the last sink's."""
+    names, colon, options = text.partition(":")
+    items = _names(names, "--sink")
+    if colon:
+        items[-1] += colon + options
+    return items
 
 
 def _names(text, flag):

@@ -4,10 +4,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import yaml
 

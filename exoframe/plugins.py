@@ -63,8 +63,8 @@ class Lazy:
         importing it (nor its package, whose __init__ may import torch)."""
         top, *parts = self.module.split(".")
         spec = importlib.util.find_spec(top)
-        if spec is None or not spec.submodule_search_locations and parts:
-            return _first_doc_line(self.load())
+        if spec is None or spec.origin is None or (parts and not spec.submodule_search_locations):
+            return _first_doc_line(self.load())  # a namespace package, say: ask the object
         folder = Path(spec.origin).parent
         candidates = [folder.joinpath(*parts).with_suffix(".py"),
                       folder.joinpath(*parts, "__init__.py")] if parts else [Path(spec.origin)]
@@ -272,12 +272,14 @@ class PluginManager:
                                                           version=version)
                 self._failed(info, e)
                 continue
-            info = self.register(plugin, name=ep.name, source=source, version=version)
-            if info is not None:
-                info.warning = api_mismatch(plugin, info)
-                if info.warning and info.name not in _warned:
-                    _warned.add(info.name)
-                    print(f"warning: {info.warning}", file=sys.stderr)
+            self.register(plugin, name=ep.name, source=source, version=version)
+            info = self.plugins[ep.name]
+            info.warning = api_mismatch(plugin, info)
+            if info.warning and info.status == "failed":
+                info.error += f" ({info.warning})"  # the likely reason
+            elif info.warning and info.name not in _warned:
+                _warned.add(info.name)
+                print(f"warning: {info.warning}", file=sys.stderr)
 
     @property
     def strategies(self) -> Registry:
@@ -313,10 +315,10 @@ def _check_item(kind: str, name, obj):
 
     if not isinstance(name, str) or not name:
         raise ExoframeError(f"registered a {SINGULAR[kind]} whose name is {name!r}, not a string.")
-    if kind == "commands" and not isinstance(obj, click.Command):
-        raise ExoframeError(f"command '{name}' is {type(obj).__name__}, not a click.Command.")
     if isinstance(obj, Lazy):
         return  # checked where it is used, once loaded
+    if kind == "commands" and not isinstance(obj, click.Command):
+        raise ExoframeError(f"command '{name}' is {type(obj).__name__}, not a click.Command.")
     if kind in ("sinks", "workloads", "algorithms", "optimizers") and not callable(obj):
         raise ExoframeError(f"{SINGULAR[kind]} '{name}' is {type(obj).__name__}, not callable.")
 

@@ -18,6 +18,7 @@ metrics.csv. Plugins add sinks through `exoframe_register_sinks`.
 from __future__ import annotations
 
 import csv
+import errno
 import inspect
 import numbers
 import os
@@ -42,9 +43,13 @@ class RunInfo:
     net: str
     config: dict = field(default_factory=dict)  # the run's config, as in config.yaml
 
+    # Sinks written for plugin API 1 took the run folder itself: Path(run) and run / "x"
+    # still work.
     def __fspath__(self) -> str:
-        # Sinks written for plugin API 1 took the run folder itself: Path(run) still works.
         return str(self.dir)
+
+    def __truediv__(self, other) -> Path:
+        return self.dir / other
 
 
 @dataclass(frozen=True)
@@ -57,11 +62,61 @@ class SinkSpec:
     def open(self, run: RunInfo):
         try:
             return self.factory(run, **self.options)
-        except ExoframeError:
-            raise
         except Exception as e:
-            raise ExoframeError(f"sink '{self.name}' could not start: "
-                                f"{type(e).__name__}: {shorten(str(e), 300)}") from None
+            raise sink_error(self.name, "could not start", e) from None
+
+
+def sink_error(name: str, what: str, error: Exception) -> ExoframeError:
+    """One line naming the sink; a full disk says so."""
+    if isinstance(error, ExoframeError):
+        return ExoframeError(f"sink '{name}' {what}: {error}")
+    if isinstance(error, OSError) and error.strerror:
+        fix = (" Free some space, or give --out on another disk."
+               if error.errno == errno.ENOSPC else "")
+        return ExoframeError(f"sink '{name}' {what}: cannot write "
+                             f"{error.filename or 'its file'}: {error.strerror}.{fix}")
+    return ExoframeError(f"sink '{name}' {what}: {type(error).__name__}: "
+                         f"{shorten(str(error), 300)}")
+
+
+class OpenSinks:
+    """A run's sinks through their lifetime (see the module docstring); errors name the sink."""
+
+    def __init__(self, specs, run: RunInfo, failed_summary):
+        """failed_summary(error_text): the summary to finish earlier sinks with when a later
+        one cannot start."""
+        self.sinks: list[tuple[str, object]] = []
+        for spec in specs:
+            try:
+                self.sinks.append((spec.name, spec.open(run)))
+            except ExoframeError as e:
+                self.close(failed_summary(str(e)), raise_errors=False)
+                raise
+
+    def write(self, row: dict):
+        for name, sink in self.sinks:
+            try:
+                sink.write(row)
+            except Exception as e:
+                raise sink_error(name, f"failed at step {row.get('step')}", e) from None
+
+    def close(self, summary: dict | None, raise_errors: bool):
+        """finish(summary) where a sink has it, then close(), for every sink; with
+        raise_errors the first error is raised once all were closed."""
+        first = None
+        for name, sink in self.sinks:
+            try:
+                if summary is not None and hasattr(sink, "finish"):
+                    sink.finish(summary)
+            except Exception as e:
+                first = first or sink_error(name, "could not finish", e)
+            try:
+                sink.close()
+            except Exception as e:
+                first = first or sink_error(name, "could not close", e)
+        self.sinks = []
+        if first is not None and raise_errors:
+            raise first
 
 
 def parse_sink(item) -> tuple[str, dict]:
@@ -87,6 +142,9 @@ def parse_sink(item) -> tuple[str, dict]:
                             f"{{name: {{key: value}}}}, got {shorten(item)}.")
     if not isinstance(name, str) or not name.strip():
         raise ExoframeError(f"sinks: an entry has no sink name: {shorten(item)}.")
+    if "," in name:
+        raise ExoframeError(f"sinks: '{shorten(name)}' is several names: give each sink as an "
+                            "entry of its own.")
     return name.strip(), dict(options)
 
 

@@ -87,7 +87,10 @@ SINK_AND_COMMAND = textwrap.dedent('''
     class Lifecycle:
         """Records what a sink is told, in order, in lifecycle.jsonl."""
 
-        def __init__(self, run, file="lifecycle.jsonl", label="none"):
+        def __init__(self, run, file="lifecycle.jsonl", label="none", fail=None):
+            if fail == "open":
+                raise ValueError("cannot open")
+            self.fail = fail
             self.file = open(run.dir / file, "w")
             self.record("open", name=run.name, strategy=run.strategy, nodes=run.nodes,
                         steps=run.steps, seed=run.seed, config_nodes=run.config.get("nodes"),
@@ -98,6 +101,8 @@ SINK_AND_COMMAND = textwrap.dedent('''
             self.file.flush()
 
         def write(self, row):
+            if str(row["step"]) == str(self.fail):
+                raise ValueError("tracker rejected the row")
             self.record("write", row=row)
 
         def finish(self, summary):
@@ -242,17 +247,21 @@ def test_sink_options_from_flags_and_yaml_and_its_lifetime_in_a_failed_run(cli):
     (folder,) = (cli.cwd / "runs").iterdir()
     events = lifecycle(folder, "a.jsonl")
     assert events[0]["label"] == 7  # YAML keeps its types; flags give strings
-    assert [e["row"]["step"] for e in events if e["event"] == "write"] == [1, 2]
-    assert events[-2:] == [{"event": "finish", "status": "failed", "steps": 2},
+    # The steps both ranks finished before rank 1 raised at step 3, in order: 1 and 2, or
+    # fewer when the crash reached the launcher before rank 0's end of step.
+    written = [e["row"]["step"] for e in events if e["event"] == "write"]
+    assert written == [1, 2][:len(written)]
+    assert events[-2:] == [{"event": "finish", "status": "failed", "steps": len(written)},
                            {"event": "close"}]
 
     flagged = cli("run", "--workload", "mlp", "--nodes", "2", "--steps", "2", "--out", "more",
-                  "--sink", "lifecycle:file=b.jsonl,label=x")
+                  "--sink", "csv,lifecycle:file=b.jsonl,label=x")  # options: the last sink's
     assert flagged.returncode == 0, flagged.stderr_text
     (folder,) = (cli.cwd / "more").iterdir()
     assert lifecycle(folder, "b.jsonl")[0]["label"] == "x"
+    assert (folder / "metrics.csv").is_file()
     for sink, says in (("lifecycle:fle=c.jsonl", "sink 'lifecycle' has no option 'fle'. "
-                        "Did you mean 'file'? Its options: file, label."),
+                        "Did you mean 'file'? Its options: file, label, fail."),
                        ("csv:x=1", "sink 'csv' has no option 'x'. It takes no options."),
                        ("lifecycle:file", "options follow the name as KEY=VALUE pairs")):
         bad = cli("run", "--workload", "mlp", "--sink", sink, "--out", "bad")
@@ -349,3 +358,27 @@ def test_a_strategy_registered_by_name_loads_when_used_and_a_missing_one_is_one_
     assert ghost.returncode == 2 and ghost.stderr_text == (
         "error: 'ghost' from exoframe-named 0.1.0 could not be loaded: ModuleNotFoundError: "
         "No module named 'nowhere_to_be_found'\n")
+
+
+def test_a_sink_that_fails_is_named_and_the_run_folder_still_says_what_happened(cli):
+    write_plugin(cli.cwd, "exoframe-extras", "extras_plugin", SINK_AND_COMMAND)
+    failed = cli("run", "--workload", "mlp", "--nodes", "2", "--steps", "6", "--out", "runs",
+                 "--sink", "jsonl,lifecycle:fail=3")
+    assert failed.returncode != 0
+    assert failed.stderr_text.endswith("error: sink 'lifecycle' failed at step 3: ValueError: "
+                                       "tracker rejected the row\n"), failed.stderr_text
+    (folder,) = (cli.cwd / "runs").iterdir()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "failed" and "sink 'lifecycle'" in summary["error"]
+    assert [e["event"] for e in lifecycle(folder)] == ["open", "write", "write", "finish", "close"]
+
+    # A sink that cannot start: the ones opened before it are finished with the failure.
+    refused = cli("run", "--workload", "mlp", "--nodes", "2", "--steps", "6", "--out", "more",
+                  "--sink", "lifecycle", "--sink", "lifecycle:file=b.jsonl,fail=open")
+    assert refused.returncode == 2 and refused.stderr_text == (
+        "error: sink 'lifecycle' could not start: ValueError: cannot open\n")
+    (folder,) = (cli.cwd / "more").iterdir()
+    assert [e["event"] for e in lifecycle(folder)] == ["open", "finish", "close"]
+    assert lifecycle(folder)[1]["status"] == "failed"
+    assert json.loads((folder / "summary.json").read_text())["status"] == "failed"
+    assert cli.leftovers() == []

@@ -17,7 +17,7 @@ from .launcher import launch
 from .model_state import load
 from .progress import progress_display
 from .run_folder import RunFolder
-from ..sinks import RunInfo
+from ..sinks import OpenSinks, RunInfo
 
 
 @dataclass
@@ -37,7 +37,7 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
     if folder and config_record is not None:
         folder.write_config(config_record)
     try:
-        sinks = open_sinks(job, folder, config_record) if folder else []
+        sinks = open_sinks(job, folder, config_record)
     except ExoframeError as e:  # the folder exists: say in it why nothing ran
         _write_failed_summary(folder, partial_summary(job, [], "failed", str(e)), e)
         raise
@@ -49,11 +49,7 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
         rows.append(row)
         if on_row is not None:
             on_row(row)
-        for sink in sinks:
-            try:
-                sink.write(row)
-            except OSError as e:
-                raise write_error(e, folder) from None
+        sinks.write(row)
         bar.update(1, row)
 
     summary, completed = None, False
@@ -73,62 +69,35 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
                          else "failed")
         summary = partial_summary(job, getattr(e, "rows", rows), status,
                                   str(e) or type(e).__name__)
-        if folder and hasattr(e, "status"):
+        if folder:
             _write_failed_summary(folder, summary, e)
         raise
     finally:
         bar.close()
         # A sink failing as it closes must not hide the error that stopped the run.
-        close_sinks(sinks, summary, raise_errors=completed)
+        sinks.close(summary, raise_errors=completed)
     return RunResult(model=job.model, summary=summary, metrics=rows,
                      run_dir=folder.path if folder else None, trace=trace)
 
 
-def open_sinks(job: Job, folder: RunFolder, config_record: dict | None) -> list:
+def open_sinks(job: Job, folder: RunFolder | None, config_record: dict | None) -> OpenSinks:
+    """The run's sinks, opened in its folder (none without a folder)."""
+    if folder is None:
+        return OpenSinks((), None, None)
     run = RunInfo(dir=folder.path, name=folder.path.name, strategy=job.strategy_name,
                   workload=job.workload_name, nodes=job.nodes, steps=job.steps, seed=job.seed,
                   net=job.sim.net, config=dict(config_record or {}))
-    sinks = []
-    try:
-        for spec in job.sinks:
-            sinks.append(spec.open(run))
-    except BaseException:
-        close_sinks(sinks, None, raise_errors=False)
-        raise
-    return sinks
+    return OpenSinks(job.sinks, run, lambda error: partial_summary(job, [], "failed", error))
 
 
-def close_sinks(sinks: list, summary: dict | None, raise_errors: bool):
-    """finish(summary) where a sink has it, then close(), for every sink; with raise_errors
-    the first error is raised after all were closed (a full disk: one line)."""
-    first = None
-    for sink in sinks:
-        try:
-            if summary is not None and hasattr(sink, "finish"):
-                sink.finish(summary)
-        except Exception as e:
-            first = first or e
-        try:
-            sink.close()
-        except Exception as e:
-            first = first or e
-    if first is not None and raise_errors:
-        raise write_error(first, None) if isinstance(first, OSError) else first
-
-
-def write_error(e: OSError, where) -> ExoframeError:
-    return ExoframeError(f"cannot write {e.filename or where or 'a metrics file'}: "
-                         f"{e.strerror or e}. Free some space, or give --out on another disk.")
-
-
-def _write_failed_summary(folder: RunFolder, summary: dict, error: ExoframeError):
+def _write_failed_summary(folder: RunFolder, summary: dict, error: BaseException):
     """Best effort: on a full disk the summary cannot be written either; the error says so
     instead of being replaced by the write's own error."""
     try:
         folder.write_summary(summary)
     except OSError as e:
-        error.args = (f"{error.args[0]} (and summary.json could not be written: "
-                      f"{e.strerror or e})",)
+        said = error.args[0] if error.args else type(error).__name__
+        error.args = (f"{said} (and summary.json could not be written: {e.strerror or e})",)
 
 
 def partial_summary(job: Job, rows: list, status: str, error: str) -> dict:

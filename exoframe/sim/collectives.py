@@ -31,6 +31,7 @@ import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .inputs import ExoframeError
 from .topology import Sites, Topology
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -210,6 +211,7 @@ def point_to_point() -> Plan:
 _P2P = point_to_point()
 
 
+@functools.lru_cache(maxsize=None)
 def takes_topology(function) -> bool:
     """Whether plan function `function` accepts the `topology` keyword: a parameter of that
     name that can be passed by keyword, or **kwargs."""
@@ -222,7 +224,7 @@ def takes_topology(function) -> bool:
                for p in parameters)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)  # a gossip over pairs has many groups
 def _cached_plan(function, kind: str, n: int, root: int, topology: Sites | None) -> Plan:
     """topology None: `function` takes three arguments."""
     if topology is None:
@@ -255,6 +257,7 @@ class Plans:
         name -> plan function; topology: the network, whose Sites are given to the plan
         functions that take them (None: one site holding every participant)."""
         self.functions = {kind: algorithms[name] for kind, name in chosen.items()}
+        self.names = dict(chosen)
         self.aware = {kind for kind, function in self.functions.items()
                       if takes_topology(function)}
         self.topology = topology
@@ -268,7 +271,12 @@ class Plans:
         view = None
         if kind in self.aware:
             view = self.sites(range(n) if participants is None else participants)
-        return _cached_plan(self.functions.get(kind), kind, n, root, view)
+        try:
+            return _cached_plan(self.functions.get(kind), kind, n, root, view)
+        except ValueError as e:  # checked at resolve time on two ranks only
+            group = "" if view is None else f" (ranks {list(view.ranks)})"
+            raise ExoframeError(f"collective algorithm '{self.names.get(kind)}' cannot plan "
+                                f"{kind} among {n} participants{group}: {e}") from None
 
     def sites(self, participants: Iterable[int]) -> Sites:
         """The Sites of a group of ranks (memoized per group)."""

@@ -4,7 +4,7 @@ import importlib
 import exoframe
 from exoframe.plugins import lazy
 
-EXOFRAME_PLUGIN_API = ">=2"
+EXOFRAME_PLUGIN_API = ">=2,<3"
 
 __all__ = ["DeMo", "DCTChunks", "payload_bytes"]
 

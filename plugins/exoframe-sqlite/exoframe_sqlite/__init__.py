@@ -15,7 +15,7 @@ from pathlib import Path
 
 import exoframe
 
-EXOFRAME_PLUGIN_API = ">=2"
+EXOFRAME_PLUGIN_API = ">=2,<3"
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS metrics (run TEXT, step INTEGER, name TEXT, value REAL)"
 

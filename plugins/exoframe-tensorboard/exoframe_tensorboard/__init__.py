@@ -33,7 +33,7 @@ from pathlib import Path
 import exoframe
 from exoframe.errors import shorten
 
-EXOFRAME_PLUGIN_API = ">=2"
+EXOFRAME_PLUGIN_API = ">=2,<3"
 
 
 class TensorBoardSink:

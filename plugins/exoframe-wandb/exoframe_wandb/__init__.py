@@ -17,7 +17,7 @@ from pathlib import Path
 import exoframe
 from exoframe.errors import ExoframeError, shorten
 
-EXOFRAME_PLUGIN_API = ">=2"
+EXOFRAME_PLUGIN_API = ">=2,<3"
 
 MODES = ("offline", "online", "disabled")
 
