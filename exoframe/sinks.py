@@ -72,7 +72,7 @@ def sink_error(name: str, what: str, error: Exception) -> ExoframeError:
         return ExoframeError(f"sink '{name}' {what}: {error}")
     if isinstance(error, OSError) and error.strerror:
         fix = (" Free some space, or give --out on another disk."
-               if error.errno == errno.ENOSPC else "")
+               if error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else "")
         return ExoframeError(f"sink '{name}' {what}: cannot write "
                              f"{error.filename or 'its file'}: {error.strerror}.{fix}")
     return ExoframeError(f"sink '{name}' {what}: {type(error).__name__}: "

@@ -561,7 +561,8 @@ def test_a_full_disk_is_one_line_and_leaves_whole_rows(cli):
     assert proc.returncode == 2, proc.stderr_text
     assert "Traceback" not in proc.stderr_text
     line = last_line(proc)
-    assert line.startswith("error: cannot write ") and "metrics.jsonl: File too large" in line
+    assert line.startswith("error: sink 'jsonl' failed at step ") and "cannot write " in line
+    assert "metrics.jsonl: File too large. Free some space" in line
     assert cli.leftovers() == []
     folder = run_folder(cli)
     rows = [strict_loads(row) for row in (folder / "metrics.jsonl").read_text().splitlines()]
