@@ -1,0 +1,83 @@
+"""The `exoframe` command line: the group, and the one error boundary (main).
+
+The commands live beside it, one module per family: run.py (`run`), sweep.py (`sweep`,
+`replay`, `report`), listings.py (what is installed, `new-plugin`); options.py holds the
+flags and checks they share. Plugins add commands through the same hook (exoframe.commands).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import click
+
+from ..commands import PluginGroup
+from ..errors import ExoframeError, shorten
+
+MAX_MESSAGE = 1000  # characters of an error line; values inside are cut at 200 already
+
+
+@click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--strict-plugins", is_flag=True,
+              help="A plugin that fails to load is an error (also: EXOFRAME_STRICT_PLUGINS=1).")
+@click.option("--debug", is_flag=True, help="Show full tracebacks of errors.")
+def cli(strict_plugins, debug):
+    """Simulate distributed training of PyTorch models on one machine."""
+
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        cli.main(args=argv, prog_name="exoframe", standalone_mode=False)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except ExoframeError as e:
+        details = getattr(e, "details", "")
+        user_error = getattr(e, "user_error", True)
+        if details and (debug or not user_error):
+            click.echo(details.rstrip(), err=True)
+        elif debug:
+            traceback.print_exc()
+        _error_line(str(e))
+        sys.exit(130 if type(e).__name__ == "RunInterrupted" else (2 if user_error else 1))
+    except Exception as e:  # the one boundary: one line, the traceback only with --debug
+        if debug:
+            traceback.print_exc()
+        _error_line(_describe(e))
+        sys.exit(2 if isinstance(e, (OSError, UnicodeDecodeError, json.JSONDecodeError))
+                 else 1)
+
+
+def _error_line(message: str):
+    line = " ".join(message.split())
+    if len(line) > MAX_MESSAGE:
+        line = f"{line[:MAX_MESSAGE]}... (cut)"
+    click.echo(f"error: {line}", err=True)
+
+
+def _describe(e: Exception) -> str:
+    import yaml
+
+    if isinstance(e, OSError):
+        name = e.filename if e.filename is not None else "a file"
+        return (f"{shorten(str(name))}: {e.strerror or e}; check that the path exists and "
+                "can be read and written.")
+    if isinstance(e, UnicodeDecodeError):
+        return "a file is not UTF-8 text (binary?); give a text file (--debug names it)."
+    if isinstance(e, json.JSONDecodeError):
+        return (f"malformed JSON (line {e.lineno}): {e.msg}; the file is truncated or corrupt "
+                "(--debug names it).")
+    if isinstance(e, yaml.YAMLError):
+        return f"malformed YAML: {shorten(str(e))}"
+    return (f"unexpected {type(e).__name__}: {shorten(str(e))}. Run again with --debug for "
+            "the traceback, and report it if the input looks right.")
+
+
+from . import listings, run, sweep  # noqa: E402,F401 - each adds its commands to `cli`

@@ -1,0 +1,88 @@
+"""What is installed: `exoframe strategies`, `nets`, `plugins`, ...; and `new-plugin`."""
+from __future__ import annotations
+
+import click
+
+from ..commands import format_plugins
+from ..errors import ExoframeError
+from . import cli
+
+
+# Listings of what is installed: `exoframe KIND` prints a registry, one line per item.
+LISTINGS = {
+    "strategies": "List installed strategies: name, description, source package.",
+    "workloads": "List installed workloads: name, description, source package.",
+    "algorithms": "List collective algorithms (network YAML `algorithm:`): name, aliases, "
+                  "source package.",
+    "sinks": "List metrics sinks (--sink): name, aliases, source package.",
+    "optimizers": "List local optimizers (every torch.optim class, and plugins'): name, "
+                  "source package.",
+}
+
+
+def _listing(kind: str, help_text: str):
+    def command():
+        from ..plugins import PluginManager
+
+        # Only this kind: built-ins register by name (exoframe/builtins.py), so listing them
+        # imports no torch (but torch's optimizers are found by importing it).
+        _print_registry(PluginManager(kinds={kind}).registries[kind])
+    cli.command(name=kind, help=help_text)(command)
+
+
+for _kind, _help in LISTINGS.items():
+    _listing(_kind, _help)
+
+
+@cli.command()
+def nets():
+    """List network presets: name, what it models, source package."""
+    from ..plugins import PluginManager
+    from ..sim.netconfig import load_network
+
+    pm = PluginManager(kinds={"networks"})
+    entries = list(pm.networks)
+    width = max((len(e.name) for e in entries), default=4)
+    for e in entries:
+        try:
+            line = e.description or load_network(e.name, pm.networks).summary()
+        except ExoframeError as error:
+            line = f"broken: {error}"
+        click.echo(f"{e.name:<{width}}  {line}  [{e.source}]")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def plugins(as_json):
+    """List plugins: package, version, status (active, failed with its error, disabled) and
+    what each registered."""
+    import json
+
+    from ..plugins import get_plugin_manager
+
+    infos = get_plugin_manager().plugins.values()
+    if as_json:
+        click.echo(json.dumps([info.as_dict() for info in infos], indent=2))
+    else:
+        click.echo(format_plugins(infos))
+
+
+@cli.command("new-plugin")
+@click.argument("name")
+@click.option("--dir", "parent", default=".", type=click.Path(file_okay=False),
+              help="Where to create the package folder. [.]")
+def new_plugin(name, parent):
+    """Write a plugin package skeleton exoframe-NAME: a strategy, its entry point and a test."""
+    from ..scaffold import write_skeleton
+
+    folder = write_skeleton(name, parent)
+    click.echo(f"wrote {folder}\n  pip install -e {folder}\n  python -m pytest {folder}\n"
+               f"  exoframe run --strategy {name} --workload mlp")
+
+
+def _print_registry(registry):
+    entries = list(registry)
+    width = max((len(e.name) for e in entries), default=4)
+    for e in entries:
+        aliases = f" (alias: {', '.join(e.aliases)})" if e.aliases else ""
+        click.echo(f"{e.name:<{width}}  {e.description}{aliases}  [{e.source}]")
