@@ -1,0 +1,194 @@
+"""The launcher's loop while a run goes: read every child's messages, run the network
+simulator for the ranks, emit rows in step order, send stop verdicts, and raise on the first
+failure or a stall (see watchdog.py)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import time
+
+from ..errors import ExoframeError
+from ..sim import SimulationError, Simulator
+from .job import Job
+from .messages import (AskStop, ChildFailed, Evaluate, RankDone, SimRequest, StepDone,
+                       StepState, StopAnswer, Validated)
+from .step_rows import StepRows
+from .target import StopVerdicts
+from .watchdog import describe_stall
+
+EVALUATOR = "evaluator"
+
+
+class RankFailed(ExoframeError):
+    """A child process failed; `who` is its rank, or "evaluator", or "simulator"."""
+
+    def __init__(self, who, message: str, details: str, user_error: bool):
+        super().__init__(f"{who if isinstance(who, str) else f'rank {who}'}: {message}")
+        self.who, self.details, self.user_error = who, details, user_error
+
+
+class Monitor:
+    """Reads every child's messages, runs the simulator for the ranks, emits rows in step
+    order, and raises on the first failure."""
+
+    def __init__(self, job: Job, conns, processes, on_row, watchdog: float):
+        self.job, self.conns, self.processes, self.on_row = job, conns, processes, on_row
+        self.watchdog = watchdog
+        self.emitted = []  # every row passed to on_row
+        self.who = [*range(job.nodes), EVALUATOR]
+        self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
+        self.rows = StepRows(job.nodes)
+        early = job.target_loss is not None or job.time_budget is not None
+        self.verdicts = StopVerdicts(job.target_loss, job.time_budget) if early else None
+        self.results = [None] * job.nodes
+        self.final_state = None  # the latest step's averaged model: the last step's at the end
+        self.errors = []
+        self.first_step_at = None
+
+    def handle(self, message):
+        if isinstance(message, SimRequest):
+            self.sim.receive(message.rank, message.message)
+        elif isinstance(message, StepDone):
+            rank, step = message.rank, message.step
+            if self.first_step_at is None:
+                self.first_step_at = time.perf_counter()
+            self.sim.note_clock(rank, message.record["sim_time"])
+            averaged = self.rows.add(rank, step, message.record, message.state)
+            row = self.rows.rows.get(step)
+            if row is not None and self.verdicts is not None:  # every rank finished `step`
+                self.send_verdicts(self.verdicts.add_finished(step, row["sim_time"]))
+                if self.verdicts.stop_step == step and averaged is None:
+                    self.rows.hold(step)  # the ranks send its states with the stop (rank.py)
+            self.validate(step, averaged)
+        elif isinstance(message, StepState):
+            self.validate(message.step,
+                          self.rows.add_state(message.rank, message.step, message.state))
+        elif isinstance(message, Validated):
+            self.rows.add_val(message.step, message.loss, message.metrics)
+            if self.verdicts is not None:
+                self.send_verdicts(self.verdicts.add_val(message.step, message.loss))
+        elif isinstance(message, AskStop):
+            self.send_verdicts(self.verdicts.ask(message.rank, message.step))
+        elif isinstance(message, RankDone):
+            self.results[message.rank] = message.result
+            self.sim.rank_done(message.rank)
+        elif isinstance(message, ChildFailed):
+            self.errors.append(message)
+
+    def validate(self, step: int, averaged):
+        if averaged is not None:
+            try:
+                self.conns[-1].send(Evaluate(step, averaged))
+            except OSError:
+                pass  # the evaluator died; its sentinel says so
+            self.final_state = averaged  # steps complete in order
+
+    def read(self, conn) -> bool:
+        """Handle one message; False when the pipe is closed."""
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return False
+        self.last_progress = time.monotonic()
+        self.handle(message)
+        return True
+
+    def simulate(self):
+        try:
+            replies = self.sim.advance()
+            stuck = self.sim.stuck()
+        except SimulationError as e:
+            raise RankFailed("simulator", str(e), "", True) from None
+        for rank, reply in replies:
+            try:
+                self.conns[rank].send(reply)
+            except OSError:
+                pass  # the rank died; its sentinel says so
+        if stuck:
+            raise RankFailed("simulator", stuck, "", True)
+
+    def emit(self, unvalidated=False):
+        for row in self.rows.ready(unvalidated):
+            self.emitted.append(row)
+            if self.on_row is not None:
+                self.on_row(row)
+
+    def flush(self) -> list:
+        """The run stops: emit the rows every rank finished, validated or not; return every
+        row emitted."""
+        try:
+            self.emit(unvalidated=True)
+        except Exception:
+            pass  # a failing sink must not hide the failure that stopped the run
+        return self.emitted
+
+    def send_verdicts(self, answers):
+        for rank, stop in answers:
+            try:
+                self.conns[rank].send(StopAnswer(stop))
+            except OSError:
+                pass  # the rank died; its sentinel says so
+
+    def release_stalled_verdicts(self):
+        """Let the ranks waiting for a verdict go on when nothing else can move: every rank
+        is done or waits for the simulator or a verdict, and no validation runs (see
+        exoframe.engine.target)."""
+        if self.verdicts is None or not self.verdicts.waiting or self.rows.awaiting_val:
+            return
+        if all(self.results[r] is not None or self.sim.blocked[r] or r in self.verdicts.waiting
+               for r in range(self.job.nodes)):
+            self.send_verdicts(self.verdicts.release())
+
+    def stopped_by(self) -> str:
+        if self.verdicts is None or self.verdicts.stop_step is None \
+                or self.verdicts.stop_step >= self.job.steps:
+            return "steps"
+        return self.verdicts.stopped_by
+
+    def last_step(self) -> int:
+        stop = self.verdicts.stop_step if self.verdicts is not None else None
+        return self.job.steps if stop is None else min(stop, self.job.steps)
+
+    def raise_first_error(self):
+        if self.errors:  # the earliest failure is the cause; later ones are its echoes
+            first = min(self.errors, key=lambda m: m.at)
+            raise RankFailed(first.who, first.message, first.details, first.user_error)
+
+    def finished(self) -> bool:
+        return all(r is not None for r in self.results) and self.rows.next_step > self.last_step()
+
+    def run(self):
+        open_conns = {conn: i for i, conn in enumerate(self.conns)}
+        sentinels = {p.sentinel: i for i, p in enumerate(self.processes)}
+        self.last_progress = time.monotonic()
+        while not self.finished():
+            ready = mp.connection.wait([*open_conns, *sentinels],
+                                       timeout=min(5.0, self.watchdog / 2))
+            if not ready and time.monotonic() - self.last_progress > self.watchdog:
+                raise RankFailed("watchdog", describe_stall(self, self.watchdog), "", False)
+            for obj in ready:
+                if obj in open_conns:
+                    alive = self.read(obj)
+                    while alive and obj.poll():  # drain: one simulator pass per batch
+                        alive = self.read(obj)
+                    if not alive:
+                        del open_conns[obj]
+            self.raise_first_error()
+            self.simulate()
+            self.emit()
+            self.release_stalled_verdicts()
+            for obj in ready:
+                if obj in sentinels:
+                    self._check_exit(sentinels.pop(obj), open_conns)
+
+    def _check_exit(self, i, open_conns):
+        """Child i exited: drain what it said, then fail unless it had finished."""
+        conn = self.conns[i]
+        while conn in open_conns and conn.poll() and self.read(conn):
+            pass
+        self.raise_first_error()
+        finished = self.results[i] is not None if i < self.job.nodes else self.finished()
+        if not finished:
+            self.processes[i].join()
+            raise RankFailed(self.who[i], "process died with exit code "
+                             f"{self.processes[i].exitcode}", "", False)

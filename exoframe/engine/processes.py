@@ -1,0 +1,83 @@
+"""The child processes of a run: how each starts and reports a failure, how the launcher
+stops them all, and how SIGTERM and SIGHUP become an interruption."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from ..errors import ExoframeError
+from .messages import ChildFailed
+
+
+class RunInterrupted(ExoframeError):
+    pass
+
+
+STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+
+
+def die_with_parent(who):
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        # ps, top and /proc/PID/comm show which rank a process is
+        libc.prctl(PR_SET_NAME, f"exo-{'rank-' if isinstance(who, int) else ''}{who}".encode())
+
+
+def child_entry(who, target, args, conn):
+    for signum in STOP_SIGNALS:  # the launcher handles these for everyone
+        signal.signal(signum, signal.SIG_IGN)
+    die_with_parent(who)
+    code = 0
+    try:
+        target(*args, conn)
+    except BaseException as e:  # report, then exit: the launcher stops the other children
+        code = 1
+        user_error = isinstance(e, ExoframeError)
+        message = str(e) if user_error else f"{type(e).__name__}: {e}"
+        try:
+            conn.send(ChildFailed(who, time.time(), message, traceback.format_exc(), user_error))
+        except Exception:
+            pass
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # skip interpreter teardown: a half-open process group can hang in it
+
+
+def interrupted(e: KeyboardInterrupt) -> RunInterrupted:
+    by = f" by {e.args[0]}" if e.args else ""  # the signal's name, but for Ctrl-C
+    return RunInterrupted(f"interrupted{by}: every rank was stopped.")
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def catch_stop_signals():
+    """SIGTERM and SIGHUP stop the run as Ctrl-C does. Returns the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        previous[signum] = signal.signal(signum, _raise_interrupt)
+    return previous
+
+
+def restore_signals(previous):
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def stop_all(processes):
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+    for p in processes:
+        p.join(timeout=5)
