@@ -445,6 +445,10 @@ def test_a_stuck_rank_is_named_by_the_watchdog(cli):
     line = last_line(proc)
     assert line.startswith("error: watchdog: no progress for 2 s: rank 2 made no progress; "
                            "rank 0 waits for "), line
+    # The stuck rank's Python stack, where it sleeps: the line of stuck.py that hangs.
+    stack = proc.stderr_text.split("Python stack of rank 2 (faulthandler):\n")[1]
+    assert 'stuck.py", line 10 in step' in stack.split("\n\n")[0], proc.stderr_text
+    assert "Python stack of rank 0" not in proc.stderr_text  # it waits, it is not stuck
     assert cli.leftovers() == []
     assert summary(cli)["status"] == "failed"
 
@@ -583,3 +587,21 @@ def test_a_stray_module_in_the_current_folder_is_not_imported(cli):
     assert proc.returncode == 0, proc.stderr_text
     assert "stray sympy" not in proc.stderr_text
     assert cli.leftovers() == []
+
+
+def test_sigkill_of_the_launcher_leaves_no_rank_and_a_failed_summary(cli):
+    proc = cli.popen("run", "--nodes", "2", *LONG, *MLP)
+    wait_for_steps(cli)
+    proc.kill()  # SIGKILL: the launcher can do nothing more
+    finish(proc)
+    deadline = time.monotonic() + HANG_GUARD  # a guard: the ranks die with their parent
+    while cli.leftovers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cli.leftovers() == []
+    folder = run_folder(cli)
+    rows = [strict_loads(row) for row in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert rows and [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    result = strict_json(folder / "summary.json")
+    assert result["status"] == "failed" and "killed with SIGKILL" in result["error"]
+    assert result["steps_completed"] <= len(rows)  # written at most every 10 s
+    assert [r["step"] for r in result["rows"]] == [r["step"] for r in rows][:len(result["rows"])]

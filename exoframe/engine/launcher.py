@@ -33,7 +33,7 @@ from .messages import EvaluatorStop, Rendezvous
 from .model_state import ModelState
 from .monitor import EVALUATOR, Monitor, RankFailed  # noqa: F401 - RankFailed: part of the API
 from .processes import (RunInterrupted, catch_stop_signals, child_entry, interrupted,
-                        restore_signals, stop_all)
+                        restore_signals, stack_file, stop_all)
 from .rank import train
 
 
@@ -116,22 +116,24 @@ def launch(job: Job, on_row=None) -> LaunchResult:
     os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)  # NCCL's bootstrap sockets
     rendezvous = tempfile.mkdtemp(prefix="exoframe-rendezvous-")  # mode 0700: ours alone
     try:
-        return _launch(job, on_row, start, batches, val_shards, watchdog,
-                       os.path.join(rendezvous, "store"))
+        return _launch(job, on_row, start, batches, val_shards, watchdog, rendezvous)
     finally:
         shutil.rmtree(rendezvous, ignore_errors=True)
 
 
-def _launch(job, on_row, start, batches, val_shards, watchdog, store_path) -> LaunchResult:
+def _launch(job, on_row, start, batches, val_shards, watchdog, folder) -> LaunchResult:
+    """folder: the run's private temporary folder (the rendezvous store, stack dumps)."""
+    store_path = os.path.join(folder, "store")
     context = mp.get_context("fork")
     children = [(rank, train, (rank, job, batches[rank])) for rank in range(job.nodes)]
     children.append((EVALUATOR, evaluate, (job, val_shards)))
     pipes = [context.Pipe() for _ in children]
-    processes = [context.Process(target=child_entry, args=(who, target, args, child),
+    processes = [context.Process(target=child_entry,
+                                 args=(who, target, args, child, stack_file(folder, who)),
                                  daemon=True, name=f"exoframe-{who}")
                  for (who, target, args), (_, child) in zip(children, pipes)]
     conns = [parent for parent, _ in pipes]
-    monitor = Monitor(job, conns, processes, on_row, watchdog)
+    monitor = Monitor(job, conns, processes, on_row, watchdog, folder)
     previous = catch_stop_signals()
     try:
         for p in processes:

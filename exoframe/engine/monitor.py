@@ -14,7 +14,8 @@ from .messages import (AskStop, ChildFailed, Evaluate, RankDone, SimRequest, Ste
                        StepState, StopAnswer, Validated)
 from .step_rows import StepRows
 from .target import StopVerdicts
-from .watchdog import describe_stall
+from .processes import stack_file
+from .watchdog import describe_stall, dump_stacks
 
 EVALUATOR = "evaluator"
 
@@ -31,9 +32,10 @@ class Monitor:
     """Reads every child's messages, runs the simulator for the ranks, emits rows in step
     order, and raises on the first failure."""
 
-    def __init__(self, job: Job, conns, processes, on_row, watchdog: float):
+    def __init__(self, job: Job, conns, processes, on_row, watchdog: float, folder: str):
+        """folder: the run's private temporary folder, where children write their stacks."""
         self.job, self.conns, self.processes, self.on_row = job, conns, processes, on_row
-        self.watchdog = watchdog
+        self.watchdog, self.folder = watchdog, folder
         self.emitted = []  # every row passed to on_row
         self.who = [*range(job.nodes), EVALUATOR]
         self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
@@ -44,6 +46,9 @@ class Monitor:
         self.final_state = None  # the latest step's averaged model: the last step's at the end
         self.errors = []
         self.first_step_at = None
+
+    def name(self, i: int) -> str:
+        return f"rank {self.who[i]}" if i < self.job.nodes else str(self.who[i])
 
     def handle(self, message):
         if isinstance(message, SimRequest):
@@ -165,7 +170,10 @@ class Monitor:
             ready = mp.connection.wait([*open_conns, *sentinels],
                                        timeout=min(5.0, self.watchdog / 2))
             if not ready and time.monotonic() - self.last_progress > self.watchdog:
-                raise RankFailed("watchdog", describe_stall(self, self.watchdog), "", False)
+                line, stuck = describe_stall(self, self.watchdog)
+                stacks = dump_stacks([(self.name(i), self.processes[i].pid,
+                                       stack_file(self.folder, self.who[i])) for i in stuck])
+                raise RankFailed("watchdog", line, stacks, False)
             for obj in ready:
                 if obj in open_conns:
                     alive = self.read(obj)

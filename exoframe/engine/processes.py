@@ -3,6 +3,7 @@ stops them all, and how SIGTERM and SIGHUP become an interruption."""
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ class RunInterrupted(ExoframeError):
 
 
 STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+STACK_SIGNAL = signal.SIGUSR1  # the watchdog asks a stuck child for its stack
 
 
 def die_with_parent(who):
@@ -30,10 +32,18 @@ def die_with_parent(who):
         libc.prctl(PR_SET_NAME, f"exo-{'rank-' if isinstance(who, int) else ''}{who}".encode())
 
 
-def child_entry(who, target, args, conn):
+def stack_file(folder: str, who) -> str:
+    """Where child `who` writes its Python stack when the watchdog asks (SIGUSR1)."""
+    return os.path.join(folder, f"stack-{who}")
+
+
+def child_entry(who, target, args, conn, stack_path: str):
     for signum in STOP_SIGNALS:  # the launcher handles these for everyone
         signal.signal(signum, signal.SIG_IGN)
     die_with_parent(who)
+    # faulthandler writes from its C signal handler: it answers even when Python code is
+    # stuck in a sleep or a C call. The file stays open for the process's life.
+    faulthandler.register(STACK_SIGNAL, file=open(stack_path, "w"), all_threads=True)
     code = 0
     try:
         target(*args, conn)

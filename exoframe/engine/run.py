@@ -1,9 +1,13 @@
 """Run a Job end to end: launch the ranks, stream metrics, write the summary.
 
 summary.json says how the run ended: "status" is "completed", "failed" or "interrupted";
-a run that did not complete has the error line and every step it finished."""
+a run that did not complete has the error line and every step it finished. While the run
+goes it says "failed" with the steps finished so far (Provisional), so that even a launcher
+killed outright leaves a summary."""
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -42,6 +46,7 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
         _write_failed_summary(folder, partial_summary(job, [], "failed", str(e)), e)
         raise
     rows = []
+    provisional = Provisional(folder, job, rows)
     bar = progress_display(progress, job.steps, f"{job.strategy_name} ×{job.nodes}",
                            progress_every)
 
@@ -50,6 +55,7 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
         if on_row is not None:
             on_row(row)
         sinks.write(row)
+        provisional.refresh()
         bar.update(1, row)
 
     summary, completed = None, False
@@ -78,6 +84,28 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
         sinks.close(summary, raise_errors=completed)
     return RunResult(model=job.model, summary=summary, metrics=rows,
                      run_dir=folder.path if folder else None, trace=trace)
+
+
+class Provisional:
+    """summary.json while the run goes: "failed", with the steps finished so far, so that a
+    launcher killed outright (SIGKILL, a machine that stops) leaves a summary that says so.
+    Rewritten at most every `every` seconds, and replaced when the run ends."""
+
+    def __init__(self, folder: RunFolder | None, job: Job, rows: list, every: float = 10.0):
+        self.folder, self.job, self.rows, self.every = folder, job, rows, every
+        self.written_at = -math.inf
+        self.refresh()
+
+    def refresh(self):
+        if self.folder is None or time.monotonic() - self.written_at < self.every:
+            return
+        self.written_at = time.monotonic()
+        try:
+            self.folder.write_summary(partial_summary(
+                self.job, self.rows, "failed", "the run stopped before its launcher could end "
+                "it (killed with SIGKILL, or the machine stopped); the steps below had finished."))
+        except OSError:
+            pass  # a full disk: the metrics sinks say so; the last summary written stays whole
 
 
 def open_sinks(job: Job, folder: RunFolder | None, config_record: dict | None) -> OpenSinks:

@@ -1,8 +1,12 @@
 """The launcher's progress watchdog: when no child has said anything for a while, say who
-waits for what and which process made no progress, instead of waiting for gloo's timeout
-(which fires in a waiting rank and so blames the wrong one)."""
+waits for what and which process made no progress, with its Python stack, instead of
+waiting for gloo's timeout (which fires in a waiting rank and so blames the wrong one)."""
 from __future__ import annotations
 
+import os
+import time
+
+from .processes import STACK_SIGNAL
 from .target import LAG
 
 
@@ -15,11 +19,12 @@ def process_state(pid: int) -> str:
         return ""
 
 
-def describe_stall(monitor, seconds: float) -> str:
-    """One line: the processes that made no progress first, then what the others wait for."""
+def describe_stall(monitor, seconds: float) -> tuple[str, list[int]]:
+    """One line: the processes that made no progress first, then what the others wait for;
+    and the indices (in monitor.processes) of the running ones that made no progress."""
     sim, nodes = monitor.sim, monitor.job.nodes
     waiting_verdict = monitor.verdicts.waiting if monitor.verdicts is not None else {}
-    stopped, idle, waits = [], [], []
+    stopped, idle, waits, stuck = [], [], [], []
     for i, who in enumerate(monitor.who):
         name = f"rank {who}" if i < nodes else str(who)
         if process_state(monitor.processes[i].pid) in ("T", "t"):
@@ -27,6 +32,7 @@ def describe_stall(monitor, seconds: float) -> str:
         elif i == nodes:  # the evaluator
             if monitor.rows.awaiting_val:
                 idle.append(f"{name} (validating step {min(monitor.rows.awaiting_val)})")
+                stuck.append(i)
         elif monitor.results[i] is not None:
             continue
         elif i in waiting_verdict:
@@ -39,6 +45,7 @@ def describe_stall(monitor, seconds: float) -> str:
             waits.append(f"{name} waits for {_pending(sim, i)}")
         else:
             idle.append(name)
+            stuck.append(i)
     if stopped:  # a stopped process explains everyone else outside the simulator
         culprit = f"{', '.join(stopped)} stopped (SIGSTOP or SIGTSTP) and made no progress"
         waits += [f"{name} waits outside the simulator" for name in idle
@@ -48,8 +55,46 @@ def describe_stall(monitor, seconds: float) -> str:
     else:
         culprit = "no process made progress"
     details = f"; {'; '.join(waits)}" if waits else ""
-    return (f"no progress for {seconds:g} s: {culprit}{details}. Resume or fix the stuck "
+    line = (f"no progress for {seconds:g} s: {culprit}{details}. Resume or fix the stuck "
             "process, or raise --hang-timeout if a step legitimately takes longer.")
+    return line, [] if stopped else stuck  # a stopped process cannot answer for its stack
+
+
+def dump_stacks(children, wait: float = 2.0) -> str:
+    """The Python stacks of the stuck `children` ((name, pid, stack file) each), which write
+    them on STACK_SIGNAL (processes.py); a child that does not answer within `wait` seconds
+    is said to."""
+    for _, pid, _ in children:
+        try:
+            os.kill(pid, STACK_SIGNAL)
+        except OSError:
+            pass
+    texts, deadline = [], time.monotonic() + wait
+    for name, _, path in children:
+        text = ""
+        while time.monotonic() < deadline:
+            text = _read(path)
+            time.sleep(0.1)  # let a dump in progress finish
+            if text and _read(path) == text:
+                break
+        texts.append(f"Python stack of {name} (faulthandler):\n{_own_frames(text)}" if text
+                     else f"{name} did not write its stack within {wait:g} s.")
+    return "\n\n".join(texts)
+
+
+def _own_frames(stack: str) -> str:
+    """The child's frames: those below its entry point are the launcher's, copied by fork."""
+    lines = stack.rstrip().splitlines()
+    entry = next((i for i, line in enumerate(lines) if line.endswith(" in child_entry")), None)
+    return "\n".join(lines if entry is None else lines[:entry + 1])
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def _pending(sim, rank: int) -> str:
