@@ -4,7 +4,7 @@ A rank tells the simulator, at its simulated time `t`, that it starts an operati
 waits for one (Wait) or asks whether one is done (Probe, as MPI_Test). A blocking Op and a Wait are
 answered with Waited (when it ended, and how much of the wait was idle, peers not yet
 there, versus communication); a Probe with Probed. Live ranks send these over their pipe
-(engine/launcher.py), replays feed them straight to the simulator (sim/replay.py).
+(engine/monitor.py), replays feed them straight to the simulator (sim/replay.py).
 """
 from __future__ import annotations
 
