@@ -68,8 +68,10 @@ class SinkSpec:
 
 def sink_error(name: str, what: str, error: Exception) -> ExoframeError:
     """One line naming the sink; a full disk says so."""
-    if isinstance(error, ExoframeError):
-        return ExoframeError(f"sink '{name}' {what}: {error}")
+    if isinstance(error, ExoframeError):  # the sink's own line: named once
+        said = str(error)
+        return error if said.startswith(f"sink '{name}'") else ExoframeError(
+            f"sink '{name}' {what}: {said}")
     if isinstance(error, OSError) and error.strerror:
         fix = (" Free some space, or give --out on another disk."
                if error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else "")

@@ -12,9 +12,9 @@ from ..sim import SimulationError, Simulator
 from .job import Job
 from .messages import (AskStop, ChildFailed, Evaluate, RankDone, SimRequest, StepDone,
                        StepState, StopAnswer, Validated)
+from .processes import child_name, stack_file
 from .step_rows import StepRows
 from .target import StopVerdicts
-from .processes import stack_file
 from .watchdog import describe_stall, dump_stacks
 
 EVALUATOR = "evaluator"
@@ -24,7 +24,7 @@ class RankFailed(ExoframeError):
     """A child process failed; `who` is its rank, or "evaluator", or "simulator"."""
 
     def __init__(self, who, message: str, details: str, user_error: bool):
-        super().__init__(f"{who if isinstance(who, str) else f'rank {who}'}: {message}")
+        super().__init__(f"{child_name(who)}: {message}")
         self.who, self.details, self.user_error = who, details, user_error
 
 
@@ -46,9 +46,6 @@ class Monitor:
         self.final_state = None  # the latest step's averaged model: the last step's at the end
         self.errors = []
         self.first_step_at = None
-
-    def name(self, i: int) -> str:
-        return f"rank {self.who[i]}" if i < self.job.nodes else str(self.who[i])
 
     def handle(self, message):
         if isinstance(message, SimRequest):
@@ -171,7 +168,7 @@ class Monitor:
                                        timeout=min(5.0, self.watchdog / 2))
             if not ready and time.monotonic() - self.last_progress > self.watchdog:
                 line, stuck = describe_stall(self, self.watchdog)
-                stacks = dump_stacks([(self.name(i), self.processes[i].pid,
+                stacks = dump_stacks([(child_name(self.who[i]), self.processes[i].pid,
                                        stack_file(self.folder, self.who[i])) for i in stuck])
                 raise RankFailed("watchdog", line, stacks, False)
             for obj in ready:

@@ -32,6 +32,11 @@ def die_with_parent(who):
         libc.prctl(PR_SET_NAME, f"exo-{'rank-' if isinstance(who, int) else ''}{who}".encode())
 
 
+def child_name(who) -> str:
+    """A child as messages name it: "rank 3", "evaluator", "simulator", "watchdog"."""
+    return who if isinstance(who, str) else f"rank {who}"
+
+
 def stack_file(folder: str, who) -> str:
     """Where child `who` writes its Python stack when the watchdog asks (SIGUSR1)."""
     return os.path.join(folder, f"stack-{who}")

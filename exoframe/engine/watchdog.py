@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from .processes import STACK_SIGNAL
+from .processes import STACK_SIGNAL, child_name
 from .target import LAG
 
 
@@ -26,7 +26,7 @@ def describe_stall(monitor, seconds: float) -> tuple[str, list[int]]:
     waiting_verdict = monitor.verdicts.waiting if monitor.verdicts is not None else {}
     stopped, idle, waits, stuck = [], [], [], []
     for i, who in enumerate(monitor.who):
-        name = f"rank {who}" if i < nodes else str(who)
+        name = child_name(who)
         if process_state(monitor.processes[i].pid) in ("T", "t"):
             stopped.append(name)
         elif i == nodes:  # the evaluator

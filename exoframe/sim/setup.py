@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .inputs import ExoframeError
-from .collectives import takes_topology
+from .collectives import plan_for
 from .compute import ComputeModel, Stragglers, parse_compute, parse_stragglers
 from .netconfig import load_network
 from .topology import Sites, Topology
@@ -30,12 +30,8 @@ def resolve_sim(net: str, compute: str, stragglers: str, nodes: int, pm) -> SimS
     # Two participants: ranks 0 and 1 (two in one site for a single rank).
     pair = Sites.of(topology, (0, 1)) if topology.size >= 2 else Sites.single(2)
     for kind, name in topology.algorithms.items():
-        function = algorithms[name]
         try:
-            if takes_topology(function):
-                function(kind, 2, 0, topology=pair)
-            else:
-                function(kind, 2, 0)
+            plan_for(algorithms[name], kind, 2, 0, pair)
         except ValueError:
             raise ExoframeError(f"{network.where}: algorithm: '{name}' does not implement "
                                 f"{kind}; choose another for it, e.g. algorithm: "
