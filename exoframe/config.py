@@ -75,6 +75,8 @@ class RunConfig:
     # names the stuck or stopped process.
     hang_timeout: float = 300.0
     on_nonfinite: str = "stop"  # a NaN or infinite training loss: "stop" the run or "continue"
+    # Save every rank's state every N steps into the run folder (exoframe resume continues it).
+    checkpoint_every: typing.Optional[int] = None
 
     def validate(self):
         for f in dataclasses.fields(self):
@@ -87,8 +89,9 @@ class RunConfig:
             positive["epochs"] = self.epochs
         if self.batch_size is not None:
             positive["batch_size"] = self.batch_size
-        if self.eval_every is not None:
-            positive["eval_every"] = self.eval_every
+        for name in ("eval_every", "checkpoint_every"):
+            if getattr(self, name) is not None:
+                positive[name] = getattr(self, name)
         for name, value in positive.items():
             if value < 1:
                 raise ExoframeError(f"{name} must be at least 1, got {value}.")

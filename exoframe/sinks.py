@@ -20,8 +20,10 @@ from __future__ import annotations
 import csv
 import errno
 import inspect
+import itertools
 import numbers
 import os
+from typing import Optional
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +44,9 @@ class RunInfo:
     seed: int
     net: str
     config: dict = field(default_factory=dict)  # the run's config, as in config.yaml
+    # A resumed run: the step of its checkpoint. Rows after it may have been written before
+    # the run stopped; they come again, the same, and file sinks keep one copy.
+    resumed_at: Optional[int] = None
 
     # Sinks written for plugin API 1 took the run folder itself: Path(run) and run / "x"
     # still work.
@@ -196,7 +201,9 @@ class JsonlSink:
 
     def __init__(self, run: RunInfo):
         self.path = Path(run.dir) / "metrics.jsonl"
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
+        if run.resumed_at is not None:  # one truncation: no moment without the kept rows
+            os.ftruncate(self._fd, _lines_length(self.path, run.resumed_at))
         self._size = os.fstat(self._fd).st_size
 
     def write(self, row: dict):
@@ -214,6 +221,12 @@ class JsonlSink:
         os.close(self._fd)
 
 
+def _lines_length(path: Path, count: int) -> int:
+    """Bytes in the first `count` lines of a file."""
+    with open(path, "rb") as f:
+        return sum(len(line) for line in itertools.islice(f, count))
+
+
 class CsvSink:
     """metrics.csv: one line per step; a column for every metric seen so far."""
 
@@ -221,7 +234,15 @@ class CsvSink:
         self.path = Path(run.dir) / "metrics.csv"
         self.columns: list[str] = []
         self.rows: list[dict] = []
+        if run.resumed_at is not None and self.path.is_file():  # keep the rows up to it
+            with open(self.path, newline="") as f:
+                reader = csv.DictReader(f)
+                self.rows = list(itertools.islice(reader, run.resumed_at))
+                self.columns = list(reader.fieldnames or [])
         self._file = open(self.path, "w", newline="")
+        if self.rows:
+            self._writer().writeheader()
+            self._writer().writerows(self.rows)
 
     def write(self, row: dict):
         row = check_row(row)

@@ -52,6 +52,8 @@ from .options import progress_mode, progress_options, sink_items, check_out_fold
 @click.option("--on-nonfinite", type=click.Choice(["stop", "continue"]),
               help="A NaN or infinite training loss stops the run (naming step and rank), or "
               "training continues. [stop]")
+@click.option("--checkpoint-every", type=int, help="Save every rank's state every N steps "
+              "into the run folder; `exoframe resume RUN_DIR` goes on from the latest. [off]")
 @click.option("--out", help="Parent folder of run folders. [runs]")
 @click.option("--net", help="Network: a preset (see `exoframe nets`) or a YAML file. [ideal]")
 @click.option("--compute", help="Compute model: measured, fixed:<time per step> (fixed:250ms) "
@@ -71,7 +73,6 @@ def run(config_file, params, workload_params, optimizer_params, sinks, progress,
         debug, **flags):
     """Train a workload on N simulated nodes under a strategy."""
     from ..engine import execute, job_from_config
-    from ..report import summary_table
 
     overrides = {k: v for k, v in flags.items() if v is not None}
     if params:
@@ -91,5 +92,24 @@ def run(config_file, params, workload_params, optimizer_params, sinks, progress,
     result = execute(job, out=config.out, config_record=record,
                      progress=progress_mode(progress, progress_every),
                      progress_every=progress_every)
+    show_result(result)
+
+
+def show_result(result):
+    from ..report import summary_table
+
     click.echo(summary_table(result.summary))
     click.echo(f"  run folder            {result.run_dir}")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--steps", type=int, help="Train to this many steps in all. [the run's]")
+@progress_options
+@click.option("--debug", is_flag=True, help="Show full tracebacks.")
+def resume(run_dir, steps, progress, progress_every, debug):
+    """Go on with a run from its latest checkpoint (--checkpoint-every), in its folder."""
+    from ..engine.resume import resume as resume_run
+
+    show_result(resume_run(run_dir, steps, progress=progress_mode(progress, progress_every),
+                           progress_every=progress_every))

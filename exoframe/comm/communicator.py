@@ -131,6 +131,10 @@ class Communicator:
                             _back(host, tensor), lambda: dist.irecv(host, src, self.p2p_group),
                             peers=(src, self.rank))
 
+    def in_flight(self) -> int:
+        """Operations started and not yet waited for."""
+        return len(self._pending)
+
     def wait_all(self):
         """Wait for every operation still in flight (the end of training)."""
         for handle in sorted(self._pending, key=lambda h: h._op_id):

@@ -38,3 +38,9 @@ class TrafficStats:
 
     def as_dict(self) -> dict:
         return {kind: vars(stats).copy() for kind, stats in sorted(self.by_kind.items())}
+
+    def load_state_dict(self, counts: dict):
+        """Counts as as_dict() gave them (a checkpoint)."""
+        self.by_kind.clear()
+        for kind, stats in counts.items():
+            self.by_kind[kind] = KindStats(**stats)

@@ -72,6 +72,28 @@ class Batches:
         self.samples += examples_in(batch)
         return batch
 
+    def state_dict(self) -> dict:
+        """Where this rank is in its data (a checkpoint). A stream keeps no position: it is
+        read again up to where it was (load_state_dict)."""
+        state = {"samples": self.samples, "read": self.read}
+        if self.stream is None:
+            state.update(epoch=self.epoch, order=self.order, position=self.position,
+                         generator=self.generator.get_state())
+        return state
+
+    def load_state_dict(self, state: dict):
+        self._first = None
+        if self.stream is None:
+            self.epoch, self.order = state["epoch"], state["order"]
+            self.position = state["position"]
+            self.generator.set_state(state["generator"])
+        else:
+            self.stream = iter(self.dataset)
+            self.read = 0
+            for _ in range(state["read"]):
+                self._next()
+        self.samples, self.read = state["samples"], state["read"]
+
     def _next(self):
         if self.stream is not None:
             items = list(itertools.islice(self.stream, self.batch_size))

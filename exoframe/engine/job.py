@@ -57,6 +57,11 @@ class Job:
     time_budget: Optional[float] = None  # simulated seconds; stop at the step that passes it
     metrics: Optional[Callable] = None  # the workload's metrics(model, batch) -> dict
     tokens_per_sample: Optional[int] = None
+    # Checkpoints (engine/checkpoint.py): every N steps into the run folder's checkpoints/;
+    # a resumed run starts from the committed checkpoint `resume_from`.
+    checkpoint_every: Optional[int] = None
+    run_dir: Optional[str] = None  # set by engine/run.py: the run folder, for checkpoints
+    resume_from: Optional[object] = None  # an engine.checkpoint.Checkpoint
 
     def asks_to_stop(self, step: int) -> bool:
         """Whether a rank asks the launcher, at the end of `step`, whether to stop there."""
@@ -137,7 +142,25 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         drop_last=config.drop_last,
         time_budget=None if config.time_budget is None else budget_seconds(config.time_budget),
         metrics=workload.metrics, tokens_per_sample=workload.tokens_per_sample,
-        best_loss=workload.best_loss, sinks=tuple(sink_spec(item, pm.sinks) for item in config.sinks))
+        best_loss=workload.best_loss, sinks=tuple(sink_spec(item, pm.sinks) for item in config.sinks),
+        checkpoint_every=checked_checkpoints(config, strategy_cls, strategy_name))
+
+
+def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: str):
+    """config.checkpoint_every, where the run can be checkpointed."""
+    every = config.checkpoint_every
+    if every is None:
+        return None
+    if not strategy_cls.checkpointable:
+        raise ExoframeError(f"checkpoint_every: strategy '{strategy_name}' cannot be "
+                            "checkpointed (its exchanges stay in flight across steps and what "
+                            "it does depends on their timing); drop checkpoint_every.")
+    for field, value in (("target_loss", config.target_loss),
+                         ("time_budget", config.time_budget)):
+        if value is not None:
+            raise ExoframeError(f"checkpoint_every: a run with {field} cannot be checkpointed "
+                                f"yet; drop one of them.")
+    return every
 
 
 def epoch_steps(config: RunConfig, workload: Workload, batch_size: int) -> int:

@@ -2,7 +2,7 @@
 
 Launcher -> rank: Rendezvous once, the simulator's replies (exoframe.sim.protocol), and
 StopAnswer to an AskStop. Rank -> launcher: SimRequest (a rank clock's message for the
-simulator), StepDone, StepState, AskStop, RankDone. Launcher -> evaluator: Evaluate, then
+simulator), StepDone, StepState, AskStop, Checkpointed, RankDone. Launcher -> evaluator: Evaluate, then
 EvaluatorStop; evaluator -> launcher: Validated. Any child -> launcher: ChildFailed. Model
 states travel as engine.model_state.ModelState.
 """
@@ -49,6 +49,13 @@ class AskStop:
 @dataclass(frozen=True)
 class StopAnswer:
     stop: bool
+
+
+@dataclass(frozen=True)
+class Checkpointed:
+    """The rank saved its state at the end of `step` (engine/checkpoint.py)."""
+    rank: int
+    step: int
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,11 @@ import time
 
 from ..errors import ExoframeError
 from ..sim import SimulationError, Simulator
+from ..sim.feed import Feed
+from .checkpoint import CheckpointFolder, Commits
 from .job import Job
-from .messages import (AskStop, ChildFailed, Evaluate, RankDone, SimRequest, StepDone,
-                       StepState, StopAnswer, Validated)
+from .messages import (AskStop, Checkpointed, ChildFailed, Evaluate, RankDone, SimRequest,
+                       StepDone, StepState, StopAnswer, Validated)
 from .processes import child_name, stack_file
 from .step_rows import StepRows
 from .target import StopVerdicts
@@ -36,10 +38,15 @@ class Monitor:
         """folder: the run's private temporary folder, where children write their stacks."""
         self.job, self.conns, self.processes, self.on_row = job, conns, processes, on_row
         self.watchdog, self.folder = watchdog, folder
-        self.emitted = []  # every row passed to on_row
         self.who = [*range(job.nodes), EVALUATOR]
         self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
         self.rows = StepRows(job.nodes)
+        resumed = job.resume_from  # a Checkpoint: its simulator inputs first, its rows kept
+        self.feed = Feed(self.sim, resumed.sim_inputs if resumed else None)
+        self.emitted = list(resumed.rows) if resumed else []  # every row, in step order
+        self.rows.next_step = len(self.emitted) + 1
+        self.commits = Commits(CheckpointFolder(job.run_dir), job.nodes,
+                               job.strategy_name) if job.checkpoint_every else None
         early = job.target_loss is not None or job.time_budget is not None
         self.verdicts = StopVerdicts(job.target_loss, job.time_budget) if early else None
         self.results = [None] * job.nodes
@@ -49,12 +56,12 @@ class Monitor:
 
     def handle(self, message):
         if isinstance(message, SimRequest):
-            self.sim.receive(message.rank, message.message)
+            self.feed.message(message.rank, message.message)
         elif isinstance(message, StepDone):
             rank, step = message.rank, message.step
             if self.first_step_at is None:
                 self.first_step_at = time.perf_counter()
-            self.sim.note_clock(rank, message.record["sim_time"])
+            self.feed.step_end(rank, message.record["sim_time"])
             averaged = self.rows.add(rank, step, message.record, message.state)
             row = self.rows.rows.get(step)
             if row is not None and self.verdicts is not None:  # every rank finished `step`
@@ -71,6 +78,8 @@ class Monitor:
                 self.send_verdicts(self.verdicts.add_val(message.step, message.loss))
         elif isinstance(message, AskStop):
             self.send_verdicts(self.verdicts.ask(message.rank, message.step))
+        elif isinstance(message, Checkpointed):
+            self.commits.rank_saved(message.rank, message.step, len(self.feed.log[message.rank]))
         elif isinstance(message, RankDone):
             self.results[message.rank] = message.result
             self.sim.rank_done(message.rank)
@@ -97,7 +106,7 @@ class Monitor:
 
     def simulate(self):
         try:
-            replies = self.sim.advance()
+            replies = self.feed.advance()
             stuck = self.sim.stuck()
         except SimulationError as e:
             raise RankFailed("simulator", str(e), "", True) from None
@@ -114,6 +123,8 @@ class Monitor:
             self.emitted.append(row)
             if self.on_row is not None:
                 self.on_row(row)
+        if self.commits is not None and not unvalidated:
+            self.commits.commit_ready(len(self.emitted), self.emitted, self.feed.log)
 
     def flush(self) -> list:
         """The run stops: emit the rows every rank finished, validated or not; return every

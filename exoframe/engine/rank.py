@@ -13,11 +13,12 @@ from ..comm import Communicator
 from ..errors import ExoframeError
 from ..sim.clock import RankClock
 from ..sim.compute import ComputeClock
-from . import devices
+from . import devices, rank_state
+from .checkpoint import CheckpointFolder
 from .data import Batches
 from .job import Job
 from .loop import Precision, forward_backward, set_lr
-from .messages import AskStop, PipeSimPort, RankDone, StepDone, StepState
+from .messages import AskStop, Checkpointed, PipeSimPort, RankDone, StepDone, StepState
 from .model_state import snapshot
 from .schedule import lr_at
 
@@ -83,10 +84,17 @@ def train(rank: int, job: Job, batches: Batches, conn):
     strategy = job.strategy_cls(model, comm, job.optimizer, job.strategy_params, seed=job.seed,
                                 total_steps=job.steps)
     precision = Precision(job.precision, device)
+    pieces = (model, strategy, batches, clock, comm, precision)
+    first = 1
+    if job.resume_from is not None:
+        first = rank_state.restore(rank_state.load(job.resume_from.rank_file(rank), device),
+                                   *pieces) + 1
+    checkpoints = rank_state.RankCheckpoints(job.checkpoint_every,
+                                             CheckpointFolder(job.run_dir or "."))
 
     model.train()
     clock.skip()
-    for step in range(1, job.steps + 1):
+    for step in range(first, job.steps + 1):
         clock.start_step()
         lr = set_lr(strategy, lr_at(step, job.optimizer.lr, job.schedule, job.steps,
                                     job.warmup_steps, job.min_lr_ratio))
@@ -109,6 +117,10 @@ def train(rank: int, job: Job, batches: Batches, conn):
         stop = job.asks_to_stop(step) and stop_after(conn, rank, step)
         if stop and state is None:  # the final model and its validation need this step's
             conn.send(StepState(rank, step, snapshot(model, rank)))
+        if checkpoints.save_now(step, comm):
+            rank_state.save(checkpoints.folder.rank_file(step, rank),
+                            rank_state.capture(step, *pieces))
+            conn.send(Checkpointed(rank, step))
         clock.skip()
         if stop:
             break

@@ -17,6 +17,7 @@ import torch
 from ..errors import ExoframeError
 from ..report import build_summary
 from .job import Job
+from . import rank_state
 from .launcher import launch
 from .model_state import load
 from .progress import progress_display
@@ -34,10 +35,21 @@ class RunResult:
 
 
 def execute(job: Job, out: str | None = None, config_record: dict | None = None,
-            progress="off", progress_every: float = 30.0, on_row=None) -> RunResult:
-    """Run `job`; with `out`, in a new run folder under it. on_row(row): after each step.
-    progress: "bar" (or True), "lines" (one every `progress_every` seconds) or "off"."""
-    folder = RunFolder.create(out, f"{job.strategy_name}-n{job.nodes}") if out else None
+            progress="off", progress_every: float = 30.0, on_row=None,
+            resume_dir=None) -> RunResult:
+    """Run `job`; with `out`, in a new run folder under it; with `resume_dir`, on from
+    job.resume_from, the latest checkpoint of that run folder (see engine/resume.py).
+    on_row(row): after each step. progress: "bar" (or True), "lines" (one every
+    `progress_every` seconds) or "off"."""
+    if resume_dir is not None:
+        folder = RunFolder(Path(resume_dir))
+    else:
+        folder = RunFolder.create(out, f"{job.strategy_name}-n{job.nodes}") if out else None
+    if job.checkpoint_every is not None:
+        if folder is None:
+            raise ExoframeError("checkpoint_every: checkpoints are saved in the run folder; "
+                                "give a folder for runs (out).")
+        job.run_dir = str(folder.path)
     if folder and config_record is not None:
         folder.write_config(config_record)
     try:
@@ -45,7 +57,7 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
     except ExoframeError as e:  # the folder exists: say in it why nothing ran
         _write_failed_summary(folder, partial_summary(job, [], "failed", str(e)), e)
         raise
-    rows = []
+    rows = list(job.resume_from.rows) if job.resume_from is not None else []
     provisional = Provisional(folder, job, rows)
     bar = progress_display(progress, job.steps, f"{job.strategy_name} ×{job.nodes}",
                            progress_every)
@@ -63,6 +75,8 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
         result = launch(job, handle_row)
         bar.close()
         load(job.model, result.final_state)
+        if folder and job.checkpoint_every is not None:  # the run's final (averaged) model
+            rank_state.save(folder.path / "model.pt", job.model.state_dict())
         trace = build_trace(job, [r.pop("trace") for r in result.rank_results], result.steps)
         summary = {"status": "completed", **build_summary(job, rows, result)}
         if folder:
@@ -114,7 +128,8 @@ def open_sinks(job: Job, folder: RunFolder | None, config_record: dict | None) -
         return OpenSinks((), None, None)
     run = RunInfo(dir=folder.path, name=folder.path.name, strategy=job.strategy_name,
                   workload=job.workload_name, nodes=job.nodes, steps=job.steps, seed=job.seed,
-                  net=job.sim.net, config=dict(config_record or {}))
+                  net=job.sim.net, config=dict(config_record or {}),
+                  resumed_at=job.resume_from.step if job.resume_from is not None else None)
     return OpenSinks(job.sinks, run, lambda error: partial_summary(job, [], "failed", error))
 
 

@@ -10,6 +10,7 @@ one per rank) or a factory `(rank, num_nodes, split) -> Dataset` with split "tra
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -17,6 +18,7 @@ import torch
 from ..config import RunConfig, config_to_dict
 from ..workloads.base import Workload, shard_factory
 from .job import build_job
+from .resume import check_resumable, latest_checkpoint
 from .run import RunResult, execute
 
 
@@ -44,11 +46,14 @@ class Trainer:
             clip_grad_norm: float | None = None, accumulate: int = 1,
             precision: str = "fp32", device: str = "cpu", epochs: int | None = None,
             shuffle: bool = True, drop_last: bool = True,
-            time_budget: float | str | None = None) -> RunResult:
+            time_budget: float | str | None = None, checkpoint_every: int | None = None,
+            resume: str | None = None) -> RunResult:
         """Arguments as the RunConfig fields of `exoframe run` (net: a preset name or a YAML
         file; compute: measured, fixed:<time per step> or flops:<device>; sinks: metrics
         sinks writing into the run folder under `out`; target_loss: validate every step and
-        stop once the averaged model's validation loss is at most this)."""
+        stop once the averaged model's validation loss is at most this; checkpoint_every:
+        save every rank's state every N steps in the run folder; resume: a run folder whose
+        latest checkpoint to go on from, with the same arguments and more steps)."""
         config = RunConfig(
             strategy_params=dict(strategy_params or {}), nodes=num_nodes, steps=steps,
             batch_size=self.batch_size, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
@@ -59,9 +64,14 @@ class Trainer:
             schedule=schedule, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
             clip_grad_norm=clip_grad_norm, accumulate=accumulate, precision=precision,
             device=device, epochs=epochs, shuffle=shuffle, drop_last=drop_last,
-            time_budget=time_budget).validate()
+            time_budget=time_budget, checkpoint_every=checkpoint_every).validate()
         workload = Workload(build_model=lambda: self.model, dataset=self.dataset,
                             batch_size=self.batch_size, lr=lr, best_loss=self.best_loss,
                             metrics=self.metrics)
-        return execute(build_job(config, workload, self.model, strategy=strategy), out=out,
-                       config_record=config_to_dict(config), progress=progress)
+        job = build_job(config, workload, self.model, strategy=strategy)
+        if resume is not None:
+            check_resumable(job, latest_checkpoint(Path(resume)), resume)
+        # The model and data came from Python: `exoframe resume` cannot rebuild them.
+        record = {**config_to_dict(config), "workload": "custom"}
+        return execute(job, out=out, config_record=record, progress=progress,
+                       resume_dir=resume)

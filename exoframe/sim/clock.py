@@ -117,6 +117,21 @@ class RankClock:
         self.trace.append(["t", op_id, reply.done])
         return reply.done
 
+    def state_dict(self) -> dict:
+        """Everything a checkpoint needs to continue this clock exactly."""
+        return {"now": self.now, "compute_seconds": self.compute_seconds,
+                "comm_seconds": self.comm_seconds, "idle_seconds": self.idle_seconds,
+                "next_id": self._next_id, "sequence": dict(self._sequence),
+                "polls": self._polls, "trace": self.trace, "compute": self.compute.state_dict()}
+
+    def load_state_dict(self, state: dict):
+        self.now = state["now"]
+        self.compute_seconds = state["compute_seconds"]
+        self.comm_seconds, self.idle_seconds = state["comm_seconds"], state["idle_seconds"]
+        self._next_id, self._sequence = state["next_id"], dict(state["sequence"])
+        self._polls, self.trace = tuple(state["polls"]), list(state["trace"])
+        self.compute.load_state_dict(state["compute"])
+
     def stats(self) -> dict:
         return {"simulated_seconds": self.now, "compute_seconds": self.compute_seconds,
                 "comm_seconds": self.comm_seconds, "idle_seconds": self.idle_seconds}

@@ -247,6 +247,13 @@ class ComputeClock:
         seconds, self._mark = (now - self._mark) * self.factor, now
         return seconds
 
+    def state_dict(self) -> dict:
+        return {"factor": self.factor, "rng": self.slowdown.rng.getstate()}
+
+    def load_state_dict(self, state: dict):
+        self.factor = state["factor"]
+        self.slowdown.rng.setstate(state["rng"])
+
     def restart(self):
         """Forget the CPU time spent since the last mark (bookkeeping, talking to the
         simulator): it is not the model's compute."""

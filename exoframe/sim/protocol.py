@@ -45,3 +45,9 @@ class Waited:
 @dataclass(frozen=True, slots=True)
 class Probed:
     done: bool
+
+
+def frozen(value):
+    """A message field read back from JSON, which turns tuples into lists: keys and ids
+    must be hashable again."""
+    return tuple(frozen(v) for v in value) if isinstance(value, list) else value

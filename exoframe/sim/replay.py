@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .protocol import Op, Probe, Wait, Waited
+from .protocol import Op, Probe, Wait, Waited, frozen
 from .simulator import Simulator
 from .topology import DEFAULT_ALGORITHMS, Topology
 
@@ -181,7 +181,7 @@ def _run_until_blocked(rank: RankReplay, sim: Simulator):
             rank.now = max(rank.now, rank.ready.pop(0))
         elif tag == "o":
             _, op_id, key, kind, nbytes, participants, root, blocking = event
-            sim.receive(rank.rank, Op(rank.now, op_id, _frozen(key), kind, nbytes,
+            sim.receive(rank.rank, Op(rank.now, op_id, frozen(key), kind, nbytes,
                                       tuple(participants), root, blocking))
             if blocking:
                 rank.waiting = event
@@ -218,11 +218,6 @@ def _answer(rank: RankReplay, reply):
             f"rank {rank.rank}: an operation that was {'done' if event[2] else 'not done'} at "
             f"this point of the recorded run is {'done' if reply.done else 'not done'} on this "
             "network: the strategy's behaviour depends on timing; re-run it instead.")
-
-
-def _frozen(value):
-    """JSON turns tuples into lists; operation keys must be hashable again."""
-    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
 def project(traces: list[list], bytes_ratio: float, step_seconds: float,

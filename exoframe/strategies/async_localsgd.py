@@ -43,6 +43,7 @@ class AsyncLocalSGD(Strategy):
     """Workers push updates to a server on rank 0 when their round ends; no barrier."""
 
     timing_dependent = True
+    checkpointable = False  # pushes and pulls stay in flight across steps
 
     @dataclass
     class Params:

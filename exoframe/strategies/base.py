@@ -115,6 +115,9 @@ class Strategy:
     #: gradient computed layer by layer as the backward produces gradients): projections
     #: stream it in buckets during the backward pass, as they do DDP's gradients.
     outer_sync_overlaps_backward: ClassVar[bool] = False
+    #: False when a run with this strategy cannot be checkpointed: its state is more than
+    #: state_dict() holds at any step end with no exchange in flight (engine/checkpoint.py).
+    checkpointable: ClassVar[bool] = True
 
     @dataclass
     class Params:

@@ -1,0 +1,126 @@
+"""Checkpoints of a run, and resuming from the latest.
+
+A checkpoint at step k is a folder <run>/checkpoints/step-<k>, holding
+  rank-<r>.pt     each rank's state at the end of step k: model, strategy (optimizer and
+                  its own state), RNG states, data position, precision's loss scale,
+                  simulated clock with its trace, traffic counters (rank_state.py)
+  launcher.json   what the launcher needs: each rank's simulator inputs up to step k
+                  (exoframe.sim.feed) and the metrics rows of steps 1..k
+It is built under .partial-step-<k> and renamed into place once complete, and only then
+are older checkpoints removed: a crash at any moment leaves the previous one whole.
+
+A rank saves at the first step end, at or after a multiple of --checkpoint-every, with no
+operation in flight (a strategy may keep exchanges open across steps, as streaming DiLoCo
+does; those steps are skipped). The launcher commits once every rank saved that step and
+the rows up to it are written, so a resumed run has every row before its checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ExoframeError
+from ..report import strict_json
+from .run_folder import write_atomic
+
+FOLDER = "checkpoints"
+FORMAT = 1
+_COMMITTED = re.compile(r"step-(\d+)$")
+
+
+@dataclass
+class Checkpoint:
+    """A committed checkpoint, as a resumed run reads it."""
+    path: Path
+    step: int
+    nodes: int
+    strategy: str
+    sim_inputs: list  # per rank, exoframe.sim.feed records
+    rows: list  # the metrics rows of steps 1..step
+
+    def rank_file(self, rank: int) -> Path:
+        return self.path / f"rank-{rank}.pt"
+
+
+class CheckpointFolder:
+    def __init__(self, run_dir):
+        self.path = Path(run_dir) / FOLDER
+
+    def staging(self, step: int) -> Path:
+        return self.path / f".partial-step-{step}"
+
+    def rank_file(self, step: int, rank: int) -> Path:
+        return self.staging(step) / f"rank-{rank}.pt"
+
+    def commit(self, step: int, nodes: int, strategy: str, sim_inputs: list, rows: list):
+        staging = self.staging(step)
+        write_atomic(staging / "launcher.json", strict_json.dumps(
+            {"format": FORMAT, "step": step, "nodes": nodes, "strategy": strategy,
+             "sim_inputs": sim_inputs, "rows": rows}) + "\n")
+        final = self.path / f"step-{step}"
+        os.replace(staging, final)
+        _sync_folder(self.path)
+        for older in self.path.iterdir():
+            match = _COMMITTED.match(older.name)
+            if older != final and (match is None or int(match.group(1)) < step):
+                shutil.rmtree(older, ignore_errors=True)
+
+    def latest(self) -> Checkpoint | None:
+        steps = sorted((int(m.group(1)), p) for p in self._entries()
+                       if (m := _COMMITTED.match(p.name)) and (p / "launcher.json").is_file())
+        if not steps:
+            return None
+        step, path = steps[-1]
+        state = strict_json.load(path / "launcher.json", "checkpoint")
+        if not isinstance(state, dict) or state.get("format") != FORMAT \
+                or state.get("step") != step:
+            raise ExoframeError(f"checkpoint {path}: launcher.json is not one this version of "
+                                "exoframe wrote (format 1); resume it with the version that "
+                                "made it.")
+        return Checkpoint(path, step, state["nodes"], state["strategy"], state["sim_inputs"],
+                          state["rows"])
+
+    def _entries(self):
+        return self.path.iterdir() if self.path.is_dir() else ()
+
+
+class Commits:
+    """The launcher's side: which ranks saved which step; commit a step once complete."""
+
+    def __init__(self, folder: CheckpointFolder, nodes: int, strategy: str):
+        self.folder, self.nodes, self.strategy = folder, nodes, strategy
+        self.saved: dict[int, dict[int, int]] = {}  # step -> rank -> its simulator inputs then
+
+    def rank_saved(self, rank: int, step: int, inputs_so_far: int):
+        self.saved.setdefault(step, {})[rank] = inputs_so_far
+
+    def commit_ready(self, rows_written: int, rows: list, sim_log: list):
+        """rows_written: the rows of steps 1..rows_written are written (rows[:rows_written])."""
+        for step in sorted(self.saved):
+            cuts = self.saved[step]
+            if len(cuts) < self.nodes:
+                continue
+            if step > rows_written:
+                return
+            del self.saved[step]
+            for older in [s for s in self.saved if s < step]:  # ranks that saved elsewhere
+                del self.saved[older]
+            try:
+                self.folder.commit(step, self.nodes, self.strategy,
+                                   [sim_log[r][:cuts[r]] for r in range(self.nodes)],
+                                   rows[:step])
+            except OSError as e:
+                raise ExoframeError(f"the checkpoint at step {step} could not be written in "
+                                    f"{self.folder.path}: {e.strerror or e}. Free some space "
+                                    "or checkpoint less often (--checkpoint-every).") from None
+
+
+def _sync_folder(path: Path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,107 @@
+"""One rank's state in a checkpoint: what it takes for the rank to go on exactly as if it
+had never stopped (see checkpoint.py)."""
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+import torch
+
+from ..errors import ExoframeError
+
+
+class RankCheckpoints:
+    """When a rank saves: at the first step end at or after a multiple of `every` with no
+    operation in flight."""
+
+    def __init__(self, every: int | None, folder):
+        self.every, self.folder = every, folder  # folder: a CheckpointFolder
+        self.due = False
+
+    def save_now(self, step: int, comm) -> bool:
+        if self.every is None:
+            return False
+        self.due = self.due or step % self.every == 0
+        if self.due and comm.in_flight() == 0:
+            self.due = False
+            return True
+        return False
+
+
+def capture(step: int, model, strategy, batches, clock, comm, precision) -> dict:
+    return {
+        "step": step,
+        "model": model.state_dict(),
+        "strategy": strategy.state_dict(),
+        "data": batches.state_dict(),
+        "clock": clock.state_dict(),
+        "traffic": comm.traffic.as_dict(),
+        "loss_scale": precision.scaler.state_dict() if precision.scaler is not None else None,
+        "rng": rng_states(),
+    }
+
+
+def restore(state: dict, model, strategy, batches, clock, comm, precision) -> int:
+    """Put the rank back where `state` was taken; returns the step it ended."""
+    model.load_state_dict(state["model"])
+    strategy.load_state_dict(state["strategy"])
+    batches.load_state_dict(state["data"])
+    clock.load_state_dict(state["clock"])
+    comm.traffic.load_state_dict(state["traffic"])
+    if precision.scaler is not None:
+        precision.scaler.load_state_dict(state["loss_scale"])
+    set_rng_states(state["rng"])
+    return state["step"]
+
+
+def save(path, state: dict):
+    """Written to a temporary file beside `path`, flushed to disk, then renamed over it."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temp = f"{path}.tmp"
+    with open(temp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+
+
+def load(path, device: torch.device) -> dict:
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise ExoframeError(f"checkpoint file {path} is missing: the checkpoint is incomplete. "
+                            "Remove its folder to resume from the one before.") from None
+    except Exception as e:
+        raise ExoframeError(f"checkpoint file {path} cannot be read ({type(e).__name__}: "
+                            f"{str(e)[:200]}); it is corrupt or was written by another "
+                            "version.") from None
+
+
+def rng_states() -> dict:
+    states = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # as plain values: checkpoints load with weights_only
+        name, keys, position, has_gauss, gauss = numpy.random.get_state()
+        states["numpy"] = [name, keys.tolist(), int(position), int(has_gauss), float(gauss)]
+    return states
+
+
+def set_rng_states(states: dict):
+    torch.set_rng_state(states["torch"])
+    random.setstate(_tuples(states["python"]))
+    if "cuda" in states and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    numpy = sys.modules.get("numpy")
+    if "numpy" in states and numpy is not None:
+        name, keys, position, has_gauss, gauss = states["numpy"]
+        numpy.random.set_state((name, numpy.array(keys, dtype=numpy.uint32), position,
+                                has_gauss, gauss))
+
+
+def _tuples(value):
+    """random.setstate wants tuples where a round trip may have made lists."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value

@@ -1,0 +1,96 @@
+"""The simulator's inputs, recorded per rank so that a checkpoint can rebuild its state.
+
+The simulator's state is a function of each rank's sequence of inputs (its messages and the
+clock it reports at each step end), not of how the ranks interleave (see simulator.py). So
+a checkpoint stores each rank's inputs up to the step it was taken at, and a resumed run
+feeds them to a fresh simulator before the restored ranks' own: each rank's recorded inputs
+go in as that rank sent them, the next one only once the simulator has answered the last
+blocking one. Those answers were received by the ranks before the checkpoint; they are
+dropped. A rank's new inputs queue behind its recorded ones.
+
+Inputs are stored as JSON-ready lists: ["o", t, op_id, key, kind, nbytes, participants,
+root, blocking], ["w", t, op_id], ["t", t, op_id] (a Probe), ["s", t] (a step's end).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from .protocol import Op, Probe, Wait, frozen
+from .simulator import Simulator
+
+STEP_END = "s"
+
+
+class Feed:
+    def __init__(self, sim: Simulator, recorded: list[list] | None = None):
+        """recorded: per rank, the inputs a checkpoint stored (as_records), replayed first."""
+        self.sim = sim
+        nodes = sim.topology.size
+        recorded = recorded or [[] for _ in range(nodes)]
+        self.log = [list(inputs) for inputs in recorded]  # every input so far, as records
+        # Inputs not yet given to the simulator, each with whether it is a replayed one.
+        self.queue = [deque((record, True) for record in inputs) for inputs in recorded]
+        self.replay_waits = [False] * nodes  # a replayed input waits for its (dropped) answer
+        for rank in range(nodes):
+            self._pump(rank)
+
+    def message(self, rank: int, message: Op | Wait | Probe):
+        self._put(rank, as_record(message))
+
+    def step_end(self, rank: int, t: float):
+        self._put(rank, [STEP_END, t])
+
+    def replaying(self) -> bool:
+        return any(self.queue) or any(self.replay_waits)
+
+    def advance(self) -> list:
+        """Run the simulator; return the replies for the live ranks."""
+        replies = []
+        while True:
+            fed = False
+            for rank, reply in self.sim.advance():
+                if self.replay_waits[rank]:
+                    self.replay_waits[rank] = False
+                    self._pump(rank)
+                    fed = True
+                else:
+                    replies.append((rank, reply))
+            if not fed:
+                return replies
+
+    def _put(self, rank: int, record: list):
+        self.log[rank].append(record)
+        self.queue[rank].append((record, False))
+        self._pump(rank)
+
+    def _pump(self, rank: int):
+        queue = self.queue[rank]
+        while queue and not self.replay_waits[rank]:
+            record, replayed = queue.popleft()
+            if record[0] == STEP_END:
+                self.sim.note_clock(rank, record[1])
+                continue
+            message = from_record(record)
+            self.sim.receive(rank, message)
+            if replayed and (isinstance(message, (Wait, Probe)) or message.blocking):
+                self.replay_waits[rank] = True
+
+
+def as_record(message: Op | Wait | Probe) -> list:
+    if isinstance(message, Op):
+        return ["o", message.t, message.op_id, message.key, message.kind, message.nbytes,
+                message.participants, message.root, message.blocking]
+    return ["w" if isinstance(message, Wait) else "t", message.t, message.op_id]
+
+
+def from_record(record: list) -> Op | Wait | Probe:
+    tag = record[0]
+    if tag == "o":
+        _, t, op_id, key, kind, nbytes, participants, root, blocking = record
+        return Op(t, frozen(op_id), frozen(key), kind, nbytes, tuple(participants), root,
+                  blocking)
+    if tag == "w":
+        return Wait(record[1], frozen(record[2]))
+    if tag == "t":
+        return Probe(record[1], frozen(record[2]))
+    raise ValueError(f"not a simulator input: {record!r}")

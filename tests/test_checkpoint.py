@@ -1,0 +1,146 @@
+"""Checkpoints and resume: a run killed outright after a checkpoint and resumed gives the
+rows, trace and final weights of the same run never stopped (real processes, real SIGKILL)."""
+import csv
+import json
+import re
+import time
+
+import pytest
+import torch
+
+from exoframe.config import resolve_config
+from exoframe.engine import job_from_config
+from exoframe.engine.checkpoint import CheckpointFolder
+from exoframe.engine.resume import resume
+from exoframe.errors import ExoframeError
+
+HANG_GUARD = 120  # seconds; a guard against hangs, never a speed requirement
+
+# The mlp workload, whose training forward hangs after EXOFRAME_TEST_HANG_AFTER calls: the
+# run is then surely between its checkpoint and its end when the launcher is killed.
+HANGING_WORKLOAD = '''
+import dataclasses
+import os
+import time
+
+import torch
+
+from exoframe.workloads.mlp import mlp
+
+
+class Hangs(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, 0
+
+    def forward(self, batch):
+        if self.training:
+            self.calls += 1
+            limit = os.environ.get("EXOFRAME_TEST_HANG_AFTER")
+            if limit and self.calls > int(limit):
+                time.sleep(3600)
+        return self.inner(batch)
+
+
+def workload(**params):
+    inner = mlp(**params)
+    return dataclasses.replace(inner, build_model=lambda: Hangs(inner.build_model()),
+                               metrics=None)
+'''
+
+RUN = ["--workload", "hanging:workload", "--nodes", "2", "--steps", "12",
+       "--checkpoint-every", "4", "--eval-every", "3", "--compute", "fixed:0.1",
+       "--stragglers", "lognormal:0.3", "--net", "wan-100mbps", "--no-progress",
+       "--sink", "jsonl,csv"]
+
+
+def only_run(folder):
+    (run,) = folder.iterdir()
+    return run
+
+
+def wait_for(condition, what):
+    deadline = time.monotonic() + HANG_GUARD
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def metric_lines(run):
+    path = run / "metrics.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize("strategy, params, checkpoint_step", [
+    ("ddp", [], 4),
+    ("diloco", ["-p", "H=3"], 4),
+    # Fragments are in flight at the end of every even step: the checkpoint waits for step 5.
+    ("streaming-diloco", ["-p", "H=4", "-p", "fragments=2", "-p", "tau=1"], 5),
+])
+def test_killed_and_resumed_run_equals_the_run_never_stopped(cli, strategy, params,
+                                                             checkpoint_step):
+    (cli.cwd / "hanging.py").write_text(HANGING_WORKLOAD)
+    args = [*RUN, "--strategy", strategy, *params]
+    reference = cli("run", *args, "--out", "reference")
+    assert reference.returncode == 0, reference.stderr_text
+
+    proc = cli.popen("run", *args, "--out", "cut", env={"EXOFRAME_TEST_HANG_AFTER": "6"})
+    wait_for(lambda: any((cli.cwd / "cut").glob("*/metrics.jsonl")), "the run folder")
+    run = only_run(cli.cwd / "cut")
+    # Every rank hangs in step 7: rows 5 and 6 are written after the checkpoint.
+    wait_for(lambda: len(metric_lines(run)) == 6, "six rows")
+    assert CheckpointFolder(run).latest().step == checkpoint_step
+    proc.kill()  # SIGKILL: nothing more is written
+    proc.communicate(timeout=HANG_GUARD)
+    wait_for(lambda: not cli.leftovers(), "the ranks to die with the launcher")
+
+    resumed = cli("resume", run)
+    assert resumed.returncode == 0, resumed.stderr_text
+    ref = only_run(cli.cwd / "reference")
+    assert metric_lines(run) == metric_lines(ref)  # byte for byte, rows 1..12 once each
+    assert (run / "metrics.csv").read_text() == (ref / "metrics.csv").read_text()
+    assert (run / "trace.json").read_bytes() == (ref / "trace.json").read_bytes()
+    summaries = [json.loads((r / "summary.json").read_text()) for r in (run, ref)]
+    assert summaries[0]["status"] == "completed"
+    for key in ("simulated_seconds", "final_loss", "final_val_loss", "compute_utilization"):
+        assert summaries[0][key] == summaries[1][key], key
+    weights = [torch.load(r / "model.pt") for r in (run, ref)]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_resume_with_more_steps_trains_on_in_the_same_folder(cli):
+    (cli.cwd / "hanging.py").write_text(HANGING_WORKLOAD)
+    done = cli("run", *RUN, "--strategy", "diloco", "-p", "H=3", "--out", "runs")
+    assert done.returncode == 0, done.stderr_text
+    run = only_run(cli.cwd / "runs")
+    again = cli("resume", run)  # the checkpoint is at the last step: nothing to do
+    assert again.returncode == 2 and "give more steps (--steps M)" in again.stderr_text
+    more = cli("resume", run, "--steps", "16")
+    assert more.returncode == 0, more.stderr_text
+    steps = [json.loads(line)["step"] for line in metric_lines(run)]
+    assert steps == list(range(1, 17))
+    with open(run / "metrics.csv", newline="") as f:
+        assert [int(row["step"]) for row in csv.DictReader(f)] == list(range(1, 17))
+    assert CheckpointFolder(run).latest().step == 16
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-16"]  # older: removed
+    assert "steps: 16" in (run / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"strategy": "async-localsgd"}, "strategy 'async-localsgd' cannot be checkpointed"),
+    ({"target_loss": 0.5}, "a run with target_loss cannot be checkpointed"),
+    ({"checkpoint_every": 0}, "checkpoint_every must be at least 1"),
+])
+def test_runs_that_cannot_be_checkpointed_say_so(overrides, expected):
+    with pytest.raises(ExoframeError, match=re.escape(expected)):
+        job_from_config(resolve_config(None, {"workload": "mlp", "steps": 4,
+                                              "checkpoint_every": 2, **overrides}))
+
+
+def test_resume_of_a_folder_without_checkpoint_says_how_to_make_one(tmp_path):
+    (tmp_path / "config.yaml").write_text("workload: mlp\nsteps: 4\n")
+    with pytest.raises(ExoframeError, match="saved no checkpoint.*--checkpoint-every N"):
+        resume(tmp_path)
+    with pytest.raises(ExoframeError, match="not a run folder"):
+        resume(tmp_path / "nothing")
