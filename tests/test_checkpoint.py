@@ -13,7 +13,12 @@ from exoframe.engine import job_from_config
 from exoframe.engine.checkpoint import CheckpointFolder
 from exoframe.engine.resume import resume
 from exoframe.errors import ExoframeError
+from exoframe.sim import Simulator, Topology
+from exoframe.sim.collectives import BUILTIN
+from exoframe.sim.feed import Feed
+from exoframe.sim.protocol import Op
 
+S = 4e6  # bytes of an all-reduce
 HANG_GUARD = 120  # seconds; a guard against hangs, never a speed requirement
 
 # The mlp workload, whose training forward hangs after EXOFRAME_TEST_HANG_AFTER calls: the
@@ -144,3 +149,57 @@ def test_resume_of_a_folder_without_checkpoint_says_how_to_make_one(tmp_path):
         resume(tmp_path)
     with pytest.raises(ExoframeError, match="not a run folder"):
         resume(tmp_path / "nothing")
+
+
+def test_a_resumed_simulator_drops_the_answers_its_ranks_had_before_the_checkpoint():
+    """Ranks 0 and 2 exchange in step 1; rank 1 ends step 1 early, and the transfer's answer
+    comes only once rank 1 has moved past its checkpoint. Fed the recorded inputs, a fresh
+    simulator answers that transfer to no one (the ranks had the answer) and then gives the
+    live ranks the answers of the run never stopped."""
+    everyone = (0, 1, 2)
+    transfer_end = 1.0 + 0.01  # 1e7 bytes at 1e7 B/s, then the latency
+
+    def rank_1_in_step_2(feed):
+        feed.message(1, Op(0.001, 0, ("c", everyone, 0), "all_reduce", S, everyone, 0, True))
+        return feed.advance()
+
+    def ranks_0_and_2_in_step_2(feed):
+        for rank in (0, 2):
+            feed.message(rank, Op(transfer_end, 1, ("c", everyone, 0), "all_reduce", S,
+                                  everyone, 0, True))
+        return feed.advance()
+
+    topology = Topology.uniform(3, 1e7, 0.01)
+    live = Feed(Simulator(topology, BUILTIN))
+    live.message(0, Op(0.0, 0, ("p", 0, 2, 0), "send", 1e7, (0, 2), 0, True))
+    live.message(2, Op(0.0, 0, ("p", 0, 2, 0), "recv", 1e7, (0, 2), 0, True))
+    live.step_end(1, 0.001)
+    assert live.advance() == []  # rank 1 could still send something earlier
+    transfer = rank_1_in_step_2(live)
+    assert [(r, a.end) for r, a in transfer] == [(0, transfer_end), (2, transfer_end)]
+    for rank in (0, 2):
+        live.step_end(rank, transfer_end)
+    # The checkpoint of step 1: each rank's inputs up to its end of step 1.
+    cut = [live.log[0][:], live.log[1][:1], live.log[2][:]]
+    expected = ranks_0_and_2_in_step_2(live)
+    assert sorted(r for r, _ in expected) == [0, 1, 2]
+
+    resumed = Feed(Simulator(topology, BUILTIN), recorded=json.loads(json.dumps(cut)))
+    assert resumed.replaying()
+    assert rank_1_in_step_2(resumed) == []  # the transfer's answers: dropped
+    assert not resumed.replaying()
+    assert ranks_0_and_2_in_step_2(resumed) == expected
+
+
+def test_a_commit_keeps_the_later_step_ranks_are_saving_and_removes_the_older(tmp_path):
+    folder = CheckpointFolder(tmp_path)
+    for step in (2, 4, 8):
+        folder.staging(step).mkdir(parents=True)
+        (folder.staging(step) / "rank-0.pt").write_bytes(b"state")
+    folder.commit(2, 1, "ddp", [[]], [{"step": 1}, {"step": 2}])
+    folder.commit(4, 1, "ddp", [[["s", 1.0]]], [{"step": s} for s in range(1, 5)])
+    names = sorted(p.name for p in folder.path.iterdir())
+    assert names == [".partial-step-8", "step-4"]
+    latest = folder.latest()
+    assert (latest.step, latest.sim_inputs, len(latest.rows)) == (4, [[["s", 1.0]]], 4)
+    assert latest.rank_file(0).read_bytes() == b"state"

@@ -254,6 +254,19 @@ def test_missing_file():
      "sites.eu.ranks", "rank 1 is listed twice (also under sites.us.ranks)"),
     ("sites: {us: {ranks: [0, 0]}}", "sites.us.ranks", "rank 0 is listed twice"),
     ("sites: {us: {ranks: [-1]}}", "sites.us.ranks", "integers from 0"),
+    ("sites: {us: {}, eu: {}}\nlinks: [{between: [us, eu], bandwidth: inf, bandwidth_trace: [[0, 1gbit]]}]",
+     "links[0].bandwidth", "needs a finite bandwidth"),
+    ("sites: {us: {}, eu: {}}\nlinks: [{between: [us, eu], bandwidth: 1gbit, "
+     "bandwidth_trace: [[1s, 1gbit], [1s, 2gbit]]}]",
+     "links[0].bandwidth_trace[1]", "times must increase"),
+    ("sites: {us: {}, eu: {}}\nlinks: [{between: [us, eu], bandwidth: 1gbit, "
+     "bandwidth_trace: [[1s, 0gbit]]}]", "links[0].bandwidth_trace[0] bandwidth",
+     "must be positive"),
+    ("sites: {us: {}, eu: {}}\nlinks: [{between: [us, eu], bandwidth: 1gbit, "
+     "bandwidth_trace: [1s]}]", "links[0].bandwidth_trace[0]", "expected [time, bandwidth]"),
+    ("sites: {us: {}, eu: {}}\nlinks: [{between: [us, eu], bandwidth: 1gbit, "
+     "bandwidth_trace: nowhere.csv}]", "links[0].bandwidth_trace",
+     "cannot read the trace file nowhere.csv"),
     ("algorithm: rng", "algorithm", "unknown collective algorithm 'rng'. Did you mean 'ring'?"),
     ("algorithm: {allreduce: ring}", "algorithm.allreduce",
      "unknown collective 'allreduce'. Did you mean 'all_reduce'?"),

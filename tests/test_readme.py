@@ -115,6 +115,10 @@ def shrink(argv, cwd: Path):
             args = with_option(args, "--warmup-steps", "1")
         if workload_of(args, cwd) == "gpt":
             args += SMALL_GPT_FLAGS
+    if "--checkpoint-every" in args:  # a checkpoint within the few steps
+        args = with_option(args, "--checkpoint-every", "1")
+    if command == "resume" and "--steps" in args:
+        args = with_option(args, "--steps", str(int(STEPS) + 2))
     if command == "sweep" and "--points" in args:
         args = with_option(args, "--points", "2")
     if command in ("sweep", "report"):
@@ -148,6 +152,14 @@ def check_run(args, stdout, cwd):
     assert 1 <= len(rows) <= int(STEPS), f"{len(rows)} metrics rows for --steps {STEPS}"
 
 
+def check_resume(args, stdout, cwd):
+    run_dir = printed_path(stdout, "run folder", cwd)
+    steps = json.loads((run_dir / "summary.json").read_text())["steps"]
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == list(range(1, steps + 1)), rows
+    assert steps == int(option(args, "--steps") or STEPS), steps
+
+
 def check_sweep(args, stdout, cwd):
     sweep_dir = printed_path(stdout, "sweep folder", cwd)
     rows = json.loads((sweep_dir / "sweep.json").read_text())
@@ -176,7 +188,7 @@ def check_listing(args, stdout, cwd):
         json.loads(stdout)
 
 
-CHECKS = {"run": check_run, "sweep": check_sweep, "replay": check_replay,
+CHECKS = {"run": check_run, "resume": check_resume, "sweep": check_sweep, "replay": check_replay,
           "report": check_report, "new-plugin": check_new_plugin}
 
 

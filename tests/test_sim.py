@@ -221,3 +221,41 @@ def test_the_network_model_imports_nothing_above_it():
                             if a.name.startswith(("exoframe", "torch"))
                             and not a.name.startswith("exoframe.sim")]
     assert outside == []
+
+
+def traced_finish(start, nbytes, bandwidth, trace):
+    """When a lone transfer's last byte leaves, integrating the trace's piecewise-constant
+    bandwidth: a reference computed apart from the flow model."""
+    pieces = [(0.0, bandwidth), *trace, (math.inf, None)]
+    t, left = start, nbytes
+    for (begin, rate), (end, _) in zip(pieces, pieces[1:]):
+        if end <= t:
+            continue
+        if left <= rate * (end - t):
+            return t + left / rate
+        left -= rate * (end - t)
+        t = end
+
+
+@pytest.mark.parametrize("start", [0.0, 2.0, 3.5, 10.0])  # across, into, after the window
+def test_a_bandwidth_trace_window_moves_a_transfer_by_the_closed_form(tmp_path, start):
+    """A link between two sites runs at half its bandwidth from 1 s to 3 s (a CSV trace)."""
+    from exoframe.plugins import Registry
+    from exoframe.sim.netconfig import load_network
+
+    (tmp_path / "window.csv").write_text("time,bandwidth\n1s,4mbit\n3s,8mbit\n")
+    (tmp_path / "net.yaml").write_text(
+        "sites: {a: {ranks: [0]}, b: {ranks: [1]}}\n"
+        "links: [{between: [a, b], bandwidth: 8mbit, latency: 10ms, "
+        "bandwidth_trace: window.csv}]\n")
+    topology = load_network(str(tmp_path / "net.yaml"), Registry("networks")).topology(2)
+    link = topology.inter[(0, 1)]
+    assert link.bandwidth == 1e6 and link.trace == ((1.0, 5e5), (3.0, 1e6))
+    key = ("p", 0, 1, 0)
+    replies, _ = run(topology, [(0, Op(start, 0, key, "send", S, (0, 1), 0, True)),
+                                (1, Op(start, 0, key, "recv", S, (0, 1), 0, True))])
+    expected = traced_finish(start, S, 1e6, [(1.0, 5e5), (3.0, 1e6)]) + 0.01
+    assert close(replies[1].end, expected, rel=1e-12)
+    untraced = start + S / 1e6 + 0.01
+    window_delay = {0.0: 1.0, 2.0: 0.5, 3.5: 0.0, 10.0: 0.0}[start]  # (t2 − t1 overlap) / 2
+    assert math.isclose(replies[1].end - untraced, window_delay, abs_tol=1e-9)

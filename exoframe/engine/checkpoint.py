@@ -29,6 +29,7 @@ from .run_folder import write_atomic
 FOLDER = "checkpoints"
 FORMAT = 1
 _COMMITTED = re.compile(r"step-(\d+)$")
+_ANY = re.compile(r"(?:\.partial-)?step-(\d+)$")  # committed or being built
 
 
 @dataclass
@@ -63,9 +64,9 @@ class CheckpointFolder:
         final = self.path / f"step-{step}"
         os.replace(staging, final)
         _sync_folder(self.path)
-        for older in self.path.iterdir():
-            match = _COMMITTED.match(older.name)
-            if older != final and (match is None or int(match.group(1)) < step):
+        for older in self.path.iterdir():  # ranks may be saving a later step meanwhile
+            match = _ANY.match(older.name)
+            if older != final and match is not None and int(match.group(1)) <= step:
                 shutil.rmtree(older, ignore_errors=True)
 
     def latest(self) -> Checkpoint | None:

@@ -5,6 +5,7 @@ and every error names the file and the field ("net.yaml: sites.us.bandwidth: ...
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 from itertools import combinations
@@ -42,6 +43,9 @@ class LinkConfig:
     bandwidth: Unit = None  # required
     latency: Unit = None  # None: 0
     jitter: Unit = None
+    # The bandwidth over time: [[time, bandwidth], ...] or a CSV file of time,bandwidth
+    # lines (relative to this file's folder); each bandwidth holds from its time on.
+    bandwidth_trace: list | str | None = None
 
 
 @dataclass
@@ -208,10 +212,55 @@ class NetConfig(NetKeys):
                 raise self._error(f"{path}.bandwidth", "missing; give the link's bandwidth in "
                                                        "each direction, e.g. '1gbit'.")
             latency = self._duration(link.latency, f"{path}.latency")
+            if link.bandwidth_trace is not None and \
+                    self._bandwidth(link.bandwidth, f"{path}.bandwidth") == math.inf:
+                raise self._error(f"{path}.bandwidth", "a link with a bandwidth_trace needs a "
+                                                       "finite bandwidth until the trace's "
+                                                       "first time, e.g. '1gbit'.")
             specs[key] = LinkSpec(bandwidth=self._bandwidth(link.bandwidth, f"{path}.bandwidth"),
                                   latency=latency,
-                                  jitter=self._jitter(latency, link.jitter, f"{path}.jitter"))
+                                  jitter=self._jitter(latency, link.jitter, f"{path}.jitter"),
+                                  trace=self._trace(link.bandwidth_trace,
+                                                    f"{path}.bandwidth_trace"))
         return specs
+
+    def _trace(self, value: list | str | None, path: str) -> tuple:
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            value, path = self._trace_file(value, path)
+        trace = []
+        for i, entry in enumerate(value):
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 2):
+                raise self._error(f"{path}[{i}]", f"expected [time, bandwidth] like "
+                                                  f"['10min', '50mbit'], got {shorten(entry)}.")
+            t = self._duration(entry[0], f"{path}[{i}] time")
+            bandwidth = self._bandwidth(entry[1], f"{path}[{i}] bandwidth")
+            if not 0 < bandwidth < math.inf:
+                raise self._error(f"{path}[{i}]", "a traced bandwidth must be more than 0 and "
+                                                  "finite (a link that is down: a tiny one, "
+                                                  "e.g. '1bit').")
+            if trace and t <= trace[-1][0]:
+                raise self._error(f"{path}[{i}]", f"times must increase: {entry[0]} comes "
+                                                  f"after {format_duration(trace[-1][0])}.")
+            trace.append((t, bandwidth))
+        return tuple(trace)
+
+    def _trace_file(self, name: str, path: str) -> tuple[list, str]:
+        """The [time, bandwidth] rows of a CSV file (blank lines, '#' comments and a
+        header line skipped), and the path naming it in messages."""
+        file = Path(name)
+        if not file.is_absolute() and Path(self.where).is_file():
+            file = Path(self.where).parent / file
+        try:
+            lines = file.read_text().splitlines()
+        except OSError as e:
+            raise self._error(path, f"cannot read the trace file {name}: {e.strerror or e}.")
+        rows = [[cell.strip() for cell in line.split(",")] for line in lines
+                if line.strip() and not line.lstrip().startswith("#")]
+        if rows and rows[0][0].lower() in ("time", "t", "seconds"):
+            rows = rows[1:]
+        return [[_number_or_text(cell) for cell in row] for row in rows], f"{path} ({name})"
 
     def _explicit_ranks(self) -> None:
         """Check the ranks sites list: non-negative integers, each in one site once."""
@@ -292,6 +341,14 @@ def _delay_text(spec: LinkSpec) -> str:
         return "no latency"
     jitter = f" ± {format_duration(spec.jitter)}" if spec.jitter else ""
     return f"{format_duration(spec.latency)}{jitter}"
+
+
+def _number_or_text(cell: str):
+    """A CSV cell: 0 as a number (a time of 0 needs no unit), else the text ('600s')."""
+    try:
+        return float(cell) if float(cell) == 0 else cell
+    except ValueError:
+        return cell
 
 
 def _looks_like_path(spec: str) -> bool:

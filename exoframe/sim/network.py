@@ -78,6 +78,10 @@ class FlowNetwork:
         self._floor = math.inf
         self._armed_at = math.inf  # time of the simpy wake-up currently scheduled
         self.flows_started = 0
+        for pair, spec in topology.inter.items():
+            for t, bandwidth in spec.trace:
+                self._at_time(t, self._set_capacity, (self.site_links[pair], bandwidth))
+        self._arm_at(self.next_time())
 
     # -- public ------------------------------------------------------------------------------
     def start_flow(self, src: int, dst: int, nbytes: float, on_delivered, arg=None):
@@ -115,6 +119,19 @@ class FlowNetwork:
 
     def busy(self) -> bool:
         return self.next_time() < math.inf
+
+    # -- bandwidth traces ------------------------------------------------------------------
+    def _at_time(self, t: float, callback, arg):
+        """callback(arg) at time t, among the deliveries (a flow of no bytes, no links)."""
+        heapq.heappush(self._agenda, (t, next(self._seq),
+                                      Flow(-1, (), 0.0, 0.0, callback, arg), None))
+
+    def _set_capacity(self, arg):
+        link, capacity = arg
+        link.capacity = capacity
+        if link.flows:
+            self._changed[link.id] = link
+            self._floor = 0.0  # a link's capacity moved: every rate is recomputed
 
     # -- paths ---------------------------------------------------------------------------------
     def _path(self, src, dst):

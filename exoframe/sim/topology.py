@@ -14,6 +14,9 @@ class LinkSpec:
     bandwidth: float = math.inf  # bytes/s, one direction
     latency: float = 0.0  # s, one way
     jitter: float = 0.0  # s; each message's latency is drawn uniformly in latency ± jitter
+    # (time s, bandwidth bytes/s): from each time on, the link's bandwidth (a trace);
+    # `bandwidth` holds before the first.
+    trace: tuple[tuple[float, float], ...] = ()
 
 
 DEFAULT_ALGORITHMS = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring",
