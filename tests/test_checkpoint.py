@@ -7,7 +7,9 @@ import time
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+from exoframe.cli import cli as exoframe_cli
 from exoframe.config import resolve_config
 from exoframe.engine import job_from_config
 from exoframe.engine.checkpoint import CheckpointFolder
@@ -82,12 +84,15 @@ def metric_lines(run):
     # Fragments are in flight at the end of every even step: the checkpoint waits for step 5.
     ("streaming-diloco", ["-p", "H=4", "-p", "fragments=2", "-p", "tau=1"], 5),
 ])
-def test_killed_and_resumed_run_equals_the_run_never_stopped(cli, strategy, params,
+def test_killed_and_resumed_run_equals_the_run_never_stopped(cli, monkeypatch, strategy, params,
                                                              checkpoint_step):
     (cli.cwd / "hanging.py").write_text(HANGING_WORKLOAD)
+    monkeypatch.chdir(cli.cwd)
+    monkeypatch.syspath_prepend(str(cli.cwd))
     args = [*RUN, "--strategy", strategy, *params]
-    reference = cli("run", *args, "--out", "reference")
-    assert reference.returncode == 0, reference.stderr_text
+    # The run never stopped, and the resume, in this process; the run killed, apart.
+    reference = CliRunner().invoke(exoframe_cli, ["run", *args, "--out", "reference"])
+    assert reference.exit_code == 0, reference.output
 
     proc = cli.popen("run", *args, "--out", "cut", env={"EXOFRAME_TEST_HANG_AFTER": "6"})
     wait_for(lambda: any((cli.cwd / "cut").glob("*/metrics.jsonl")), "the run folder")
@@ -99,8 +104,8 @@ def test_killed_and_resumed_run_equals_the_run_never_stopped(cli, strategy, para
     proc.communicate(timeout=HANG_GUARD)
     wait_for(lambda: not cli.leftovers(), "the ranks to die with the launcher")
 
-    resumed = cli("resume", run)
-    assert resumed.returncode == 0, resumed.stderr_text
+    resumed = CliRunner().invoke(exoframe_cli, ["resume", str(run)])
+    assert resumed.exit_code == 0, resumed.output
     ref = only_run(cli.cwd / "reference")
     assert metric_lines(run) == metric_lines(ref)  # byte for byte, rows 1..12 once each
     assert (run / "metrics.csv").read_text() == (ref / "metrics.csv").read_text()
@@ -112,24 +117,6 @@ def test_killed_and_resumed_run_equals_the_run_never_stopped(cli, strategy, para
     weights = [torch.load(r / "model.pt") for r in (run, ref)]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-
-
-def test_resume_with_more_steps_trains_on_in_the_same_folder(cli):
-    (cli.cwd / "hanging.py").write_text(HANGING_WORKLOAD)
-    done = cli("run", *RUN, "--strategy", "diloco", "-p", "H=3", "--out", "runs")
-    assert done.returncode == 0, done.stderr_text
-    run = only_run(cli.cwd / "runs")
-    again = cli("resume", run)  # the checkpoint is at the last step: nothing to do
-    assert again.returncode == 2 and "give more steps (--steps M)" in again.stderr_text
-    more = cli("resume", run, "--steps", "16")
-    assert more.returncode == 0, more.stderr_text
-    steps = [json.loads(line)["step"] for line in metric_lines(run)]
-    assert steps == list(range(1, 17))
-    with open(run / "metrics.csv", newline="") as f:
-        assert [int(row["step"]) for row in csv.DictReader(f)] == list(range(1, 17))
-    assert CheckpointFolder(run).latest().step == 16
-    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-16"]  # older: removed
-    assert "steps: 16" in (run / "config.yaml").read_text()
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -203,3 +190,30 @@ def test_a_commit_keeps_the_later_step_ranks_are_saving_and_removes_the_older(tm
     latest = folder.latest()
     assert (latest.step, latest.sim_inputs, len(latest.rows)) == (4, [[["s", 1.0]]], 4)
     assert latest.rank_file(0).read_bytes() == b"state"
+
+
+def test_the_python_api_checkpoints_and_resumes_with_more_steps(tmp_path):
+    from exoframe import Trainer
+    from exoframe.testing import tiny_data, tiny_model
+
+    run = dict(strategy="diloco", num_nodes=2, strategy_params={"H": 2}, compute="fixed:10ms",
+               checkpoint_every=2, sinks=("jsonl", "csv"))
+    first = Trainer(tiny_model(), tiny_data(), batch_size=4).fit(steps=4, out=str(tmp_path),
+                                                                 **run)
+    with pytest.raises(ExoframeError, match="give more steps"):  # it is at its last step
+        Trainer(tiny_model(), tiny_data(), batch_size=4).fit(steps=4, resume=first.run_dir,
+                                                             **run)
+    again = Trainer(tiny_model(), tiny_data(), batch_size=4).fit(
+        steps=6, resume=str(first.run_dir), **run)
+    assert again.run_dir == first.run_dir
+    assert [row["step"] for row in again.metrics] == list(range(1, 7))
+    assert again.metrics[:4] == first.metrics
+    steps = [json.loads(line)["step"] for line in metric_lines(first.run_dir)]
+    assert steps == list(range(1, 7))
+    with open(first.run_dir / "metrics.csv", newline="") as f:
+        assert [int(row["step"]) for row in csv.DictReader(f)] == list(range(1, 7))
+    assert again.summary["simulated_seconds"] > first.summary["simulated_seconds"]
+    assert [p.name for p in (first.run_dir / "checkpoints").iterdir()] == ["step-6"]
+    assert "steps: 6" in (first.run_dir / "config.yaml").read_text()
+    with pytest.raises(ExoframeError, match="resume it there: Trainer.fit"):
+        resume(first.run_dir)

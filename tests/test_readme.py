@@ -115,8 +115,8 @@ def shrink(argv, cwd: Path):
             args = with_option(args, "--warmup-steps", "1")
         if workload_of(args, cwd) == "gpt":
             args += SMALL_GPT_FLAGS
-    if "--checkpoint-every" in args:  # a checkpoint within the few steps
-        args = with_option(args, "--checkpoint-every", "1")
+    if "--checkpoint-every" in args:  # a checkpoint before the last step, to resume from
+        args = with_option(args, "--checkpoint-every", str(int(STEPS) - 1))
     if command == "resume" and "--steps" in args:
         args = with_option(args, "--steps", str(int(STEPS) + 2))
     if command == "sweep" and "--points" in args:

@@ -14,7 +14,6 @@ from ..errors import ExoframeError
 from ..sim.clock import RankClock
 from ..sim.compute import ComputeClock
 from . import devices, rank_state
-from .checkpoint import CheckpointFolder
 from .data import Batches
 from .job import Job
 from .loop import Precision, forward_backward, set_lr
@@ -89,8 +88,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
     if job.resume_from is not None:
         first = rank_state.restore(rank_state.load(job.resume_from.rank_file(rank), device),
                                    *pieces) + 1
-    checkpoints = rank_state.RankCheckpoints(job.checkpoint_every,
-                                             CheckpointFolder(job.run_dir or "."))
+    checkpoints = rank_state.RankCheckpoints(job.checkpoint_every, job.run_dir)
 
     model.train()
     clock.skip()

@@ -9,14 +9,16 @@ import sys
 import torch
 
 from ..errors import ExoframeError
+from .checkpoint import CheckpointFolder
 
 
 class RankCheckpoints:
     """When a rank saves: at the first step end at or after a multiple of `every` with no
     operation in flight."""
 
-    def __init__(self, every: int | None, folder):
-        self.every, self.folder = every, folder  # folder: a CheckpointFolder
+    def __init__(self, every: int | None, run_dir: str | None):
+        self.every = every
+        self.folder = CheckpointFolder(run_dir) if every is not None else None
         self.due = False
 
     def save_now(self, step: int, comm) -> bool:
