@@ -112,6 +112,7 @@ def test_killed_and_resumed_run_equals_the_run_never_stopped(cli, monkeypatch, s
     assert (run / "trace.json").read_bytes() == (ref / "trace.json").read_bytes()
     summaries = [json.loads((r / "summary.json").read_text()) for r in (run, ref)]
     assert summaries[0]["status"] == "completed"
+    assert summaries[0]["resumed_from_step"] == checkpoint_step
     for key in ("simulated_seconds", "final_loss", "final_val_loss", "compute_utilization"):
         assert summaries[0][key] == summaries[1][key], key
     weights = [torch.load(r / "model.pt") for r in (run, ref)]

@@ -79,6 +79,8 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
             rank_state.save(folder.path / "model.pt", job.model.state_dict())
         trace = build_trace(job, [r.pop("trace") for r in result.rank_results], result.steps)
         summary = {"status": "completed", **build_summary(job, rows, result)}
+        if job.resume_from is not None:  # the steps up to it ran in an earlier process
+            summary["resumed_from_step"] = job.resume_from.step
         if folder:
             folder.write_trace(trace)
             folder.write_summary(summary)
