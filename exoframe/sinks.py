@@ -20,7 +20,7 @@ from __future__ import annotations
 import csv
 import errno
 import inspect
-import itertools
+import io
 import numbers
 import os
 from typing import Optional
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ExoframeError, did_you_mean, shorten
+from .files import write_atomic
 from .hookspecs import hookimpl
 from .report.strict_json import dumps, finite
 
@@ -44,9 +45,10 @@ class RunInfo:
     seed: int
     net: str
     config: dict = field(default_factory=dict)  # the run's config, as in config.yaml
-    # A resumed run: the step of its checkpoint. Rows after it may have been written before
-    # the run stopped; they come again, the same, and file sinks keep one copy.
+    # A resumed run: the step of its checkpoint and the rows up to it. Rows after it may
+    # have been written before the run stopped; they come again, the same.
     resumed_at: Optional[int] = None
+    resumed_rows: tuple = ()
 
     # Sinks written for plugin API 1 took the run folder itself: Path(run) and run / "x"
     # still work.
@@ -201,13 +203,13 @@ class JsonlSink:
 
     def __init__(self, run: RunInfo):
         self.path = Path(run.dir) / "metrics.jsonl"
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
-        if run.resumed_at is not None:  # one truncation: no moment without the kept rows
-            os.ftruncate(self._fd, _lines_length(self.path, run.resumed_at))
+        if run.resumed_at is not None:  # the checkpoint's rows, whatever the file holds
+            write_atomic(self.path, "".join(_line(row) for row in run.resumed_rows))
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
         self._size = os.fstat(self._fd).st_size
 
     def write(self, row: dict):
-        data = (dumps(check_row(row)) + "\n").encode()
+        data = _line(row).encode()
         try:
             written = 0
             while written < len(data):
@@ -221,10 +223,8 @@ class JsonlSink:
         os.close(self._fd)
 
 
-def _lines_length(path: Path, count: int) -> int:
-    """Bytes in the first `count` lines of a file."""
-    with open(path, "rb") as f:
-        return sum(len(line) for line in itertools.islice(f, count))
+def _line(row: dict) -> str:
+    return dumps(check_row(row)) + "\n"
 
 
 class CsvSink:
@@ -234,15 +234,11 @@ class CsvSink:
         self.path = Path(run.dir) / "metrics.csv"
         self.columns: list[str] = []
         self.rows: list[dict] = []
-        if run.resumed_at is not None and self.path.is_file():  # keep the rows up to it
-            with open(self.path, newline="") as f:
-                reader = csv.DictReader(f)
-                self.rows = list(itertools.islice(reader, run.resumed_at))
-                self.columns = list(reader.fieldnames or [])
-        self._file = open(self.path, "w", newline="")
-        if self.rows:
-            self._writer().writeheader()
-            self._writer().writerows(self.rows)
+        if run.resumed_at is not None:  # the checkpoint's rows, whatever the file holds
+            self.rows = [check_row(row) for row in run.resumed_rows]
+            self.columns = list(dict.fromkeys(key for row in self.rows for key in row))
+            write_atomic(self.path, self._text(self.rows))
+        self._file = open(self.path, "a" if self.rows else "w", newline="")
 
     def write(self, row: dict):
         row = check_row(row)
@@ -260,8 +256,14 @@ class CsvSink:
             self._writer().writerow(row)
         self._file.flush()
 
-    def _writer(self):
-        return csv.DictWriter(self._file, fieldnames=self.columns, restval="")
+    def _writer(self, file=None):
+        return csv.DictWriter(file or self._file, fieldnames=self.columns, restval="")
+
+    def _text(self, rows) -> str:
+        buffer = io.StringIO(newline="")
+        self._writer(buffer).writeheader()
+        self._writer(buffer).writerows(rows)
+        return buffer.getvalue()
 
     def close(self):
         self._file.close()

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from exoframe.cli import cli as exoframe_cli
 from exoframe.config import resolve_config
 from exoframe.engine import job_from_config
-from exoframe.engine.checkpoint import CheckpointFolder
-from exoframe.engine.resume import resume
+from exoframe.engine.checkpoint import Checkpoint, CheckpointFolder, identity
+from exoframe.engine.resume import check_resumable, resume
 from exoframe.errors import ExoframeError
 from exoframe.sim import Simulator, Topology
 from exoframe.sim.collectives import BUILTIN
@@ -124,6 +124,8 @@ def test_killed_and_resumed_run_equals_the_run_never_stopped(cli, monkeypatch, s
     ({"strategy": "async-localsgd"}, "strategy 'async-localsgd' cannot be checkpointed"),
     ({"target_loss": 0.5}, "a run with target_loss cannot be checkpointed"),
     ({"checkpoint_every": 0}, "checkpoint_every must be at least 1"),
+    ({"strategy": "streaming-diloco", "strategy_params": {"H": 50, "fragments": 4, "tau": 13}},
+     "with tau=13 some fragment is always in flight"),
 ])
 def test_runs_that_cannot_be_checkpointed_say_so(overrides, expected):
     with pytest.raises(ExoframeError, match=re.escape(expected)):
@@ -184,8 +186,8 @@ def test_a_commit_keeps_the_later_step_ranks_are_saving_and_removes_the_older(tm
     for step in (2, 4, 8):
         folder.staging(step).mkdir(parents=True)
         (folder.staging(step) / "rank-0.pt").write_bytes(b"state")
-    folder.commit(2, 1, "ddp", [[]], [{"step": 1}, {"step": 2}])
-    folder.commit(4, 1, "ddp", [[["s", 1.0]]], [{"step": s} for s in range(1, 5)])
+    folder.commit(2, {"nodes": 1}, [[]], [{"step": 1}, {"step": 2}])
+    folder.commit(4, {"nodes": 1}, [[["s", 1.0]]], [{"step": s} for s in range(1, 5)])
     names = sorted(p.name for p in folder.path.iterdir())
     assert names == [".partial-step-8", "step-4"]
     latest = folder.latest()
@@ -218,3 +220,23 @@ def test_the_python_api_checkpoints_and_resumes_with_more_steps(tmp_path):
     assert "steps: 6" in (first.run_dir / "config.yaml").read_text()
     with pytest.raises(ExoframeError, match="resume it there: Trainer.fit"):
         resume(first.run_dir)
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"nodes": 3}, "resumes only the run that made it"),
+    ({"net": "wan-100mbps"}, "network, stragglers or seed differ"),
+    ({"seed": 1}, "network, stragglers or seed differ"),
+    ({"steps": 12, "schedule": "cosine"}, "'cosine' learning-rate schedule runs over 8 steps"),
+])
+def test_a_checkpoint_resumes_only_the_run_that_made_it(tmp_path, change, expected):
+    base = {"workload": "mlp", "strategy": "diloco", "steps": 8, "checkpoint_every": 4}
+    made = job_from_config(resolve_config(None, {**base, **{k: v for k, v in change.items()
+                                                             if k == "schedule"}}))
+    checkpoint = Checkpoint(tmp_path, 4, identity(made), [[], []], [])
+    later = job_from_config(resolve_config(None, {**base, "steps": 12, **change}))
+    with pytest.raises(ExoframeError, match=re.escape(expected)):
+        check_resumable(later, checkpoint, tmp_path)
+    same = job_from_config(resolve_config(None, {**base, "steps": 12}))
+    if "schedule" not in change:  # a constant schedule may train on
+        check_resumable(same, checkpoint, tmp_path)
+        assert same.resume_from is checkpoint

@@ -16,6 +16,7 @@ the rows up to it are written, so a resumed run has every row before its checkpo
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from ..errors import ExoframeError
 from ..report import strict_json
-from .run_folder import write_atomic
+from ..files import write_atomic
 
 FOLDER = "checkpoints"
 FORMAT = 1
@@ -37,8 +38,7 @@ class Checkpoint:
     """A committed checkpoint, as a resumed run reads it."""
     path: Path
     step: int
-    nodes: int
-    strategy: str
+    run: dict  # the run that made it: see identity()
     sim_inputs: list  # per rank, exoframe.sim.feed records
     rows: list  # the metrics rows of steps 1..step
 
@@ -56,11 +56,12 @@ class CheckpointFolder:
     def rank_file(self, step: int, rank: int) -> Path:
         return self.staging(step) / f"rank-{rank}.pt"
 
-    def commit(self, step: int, nodes: int, strategy: str, sim_inputs: list, rows: list):
+    def commit(self, step: int, run: dict, sim_inputs: list, rows: list):
         staging = self.staging(step)
         write_atomic(staging / "launcher.json", strict_json.dumps(
-            {"format": FORMAT, "step": step, "nodes": nodes, "strategy": strategy,
-             "sim_inputs": sim_inputs, "rows": rows}) + "\n")
+            {"format": FORMAT, "step": step, "run": run, "sim_inputs": sim_inputs,
+             "rows": rows}) + "\n")
+        _sync_folder(staging)  # the ranks' files and launcher.json are on disk
         final = self.path / f"step-{step}"
         os.replace(staging, final)
         _sync_folder(self.path)
@@ -81,18 +82,28 @@ class CheckpointFolder:
             raise ExoframeError(f"checkpoint {path}: launcher.json is not one this version of "
                                 "exoframe wrote (format 1); resume it with the version that "
                                 "made it.")
-        return Checkpoint(path, step, state["nodes"], state["strategy"], state["sim_inputs"],
-                          state["rows"])
+        return Checkpoint(path, step, state["run"], state["sim_inputs"], state["rows"])
 
     def _entries(self):
         return self.path.iterdir() if self.path.is_dir() else ()
 
 
+def identity(job) -> dict:
+    """What a checkpoint must be resumed with: the same ranks, strategy, schedule length,
+    and simulated network, stragglers and seed (a digest: the simulator's inputs are
+    replayed through it)."""
+    sim = job.sim
+    setup = repr((sim.topology, sorted(sim.algorithms), sim.stragglers, job.seed))
+    return {"nodes": job.nodes, "strategy": job.strategy_name, "steps": job.steps,
+            "schedule": job.schedule, "net": sim.net,
+            "setup": hashlib.sha256(setup.encode()).hexdigest()[:16]}
+
+
 class Commits:
     """The launcher's side: which ranks saved which step; commit a step once complete."""
 
-    def __init__(self, folder: CheckpointFolder, nodes: int, strategy: str):
-        self.folder, self.nodes, self.strategy = folder, nodes, strategy
+    def __init__(self, folder: CheckpointFolder, job):
+        self.folder, self.nodes, self.run = folder, job.nodes, identity(job)
         self.saved: dict[int, dict[int, int]] = {}  # step -> rank -> its simulator inputs then
 
     def rank_saved(self, rank: int, step: int, inputs_so_far: int):
@@ -110,7 +121,7 @@ class Commits:
             for older in [s for s in self.saved if s < step]:  # ranks that saved elsewhere
                 del self.saved[older]
             try:
-                self.folder.commit(step, self.nodes, self.strategy,
+                self.folder.commit(step, self.run,
                                    [sim_log[r][:cuts[r]] for r in range(self.nodes)],
                                    rows[:step])
             except OSError as e:

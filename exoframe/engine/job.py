@@ -143,10 +143,12 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         time_budget=None if config.time_budget is None else budget_seconds(config.time_budget),
         metrics=workload.metrics, tokens_per_sample=workload.tokens_per_sample,
         best_loss=workload.best_loss, sinks=tuple(sink_spec(item, pm.sinks) for item in config.sinks),
-        checkpoint_every=checked_checkpoints(config, strategy_cls, strategy_name))
+        checkpoint_every=checked_checkpoints(config, strategy_cls, strategy_name,
+                                             strategy_params))
 
 
-def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: str):
+def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: str,
+                        strategy_params):
     """config.checkpoint_every, where the run can be checkpointed."""
     every = config.checkpoint_every
     if every is None:
@@ -155,6 +157,10 @@ def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: st
         raise ExoframeError(f"checkpoint_every: strategy '{strategy_name}' cannot be "
                             "checkpointed (its exchanges stay in flight across steps and what "
                             "it does depends on their timing); drop checkpoint_every.")
+    problem = strategy_cls.checkpoint_problem(strategy_params)
+    if problem:
+        raise ExoframeError(f"checkpoint_every: strategy '{strategy_name}' cannot be "
+                            f"checkpointed: {problem}.")
     for field, value in (("target_loss", config.target_loss),
                          ("time_budget", config.time_budget)):
         if value is not None:

@@ -42,11 +42,12 @@ class Monitor:
         self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
         self.rows = StepRows(job.nodes)
         resumed = job.resume_from  # a Checkpoint: its simulator inputs first, its rows kept
-        self.feed = Feed(self.sim, resumed.sim_inputs if resumed else None)
+        self.feed = Feed(self.sim, resumed.sim_inputs if resumed else None,
+                         record=job.checkpoint_every is not None)
         self.emitted = list(resumed.rows) if resumed else []  # every row, in step order
         self.rows.next_step = len(self.emitted) + 1
-        self.commits = Commits(CheckpointFolder(job.run_dir), job.nodes,
-                               job.strategy_name) if job.checkpoint_every else None
+        self.commits = Commits(CheckpointFolder(job.run_dir), job) \
+            if job.checkpoint_every else None
         early = job.target_loss is not None or job.time_budget is not None
         self.verdicts = StopVerdicts(job.target_loss, job.time_budget) if early else None
         self.results = [None] * job.nodes
@@ -82,7 +83,7 @@ class Monitor:
             self.commits.rank_saved(message.rank, message.step, len(self.feed.log[message.rank]))
         elif isinstance(message, RankDone):
             self.results[message.rank] = message.result
-            self.sim.rank_done(message.rank)
+            self.feed.rank_done(message.rank)
         elif isinstance(message, ChildFailed):
             self.errors.append(message)
 

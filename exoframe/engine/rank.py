@@ -88,7 +88,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
     if job.resume_from is not None:
         first = rank_state.restore(rank_state.load(job.resume_from.rank_file(rank), device),
                                    *pieces) + 1
-    checkpoints = rank_state.RankCheckpoints(job.checkpoint_every, job.run_dir)
+    checkpoints = rank_state.RankCheckpoints(job.checkpoint_every, job.run_dir, rank)
 
     model.train()
     clock.skip()

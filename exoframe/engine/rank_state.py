@@ -16,18 +16,27 @@ class RankCheckpoints:
     """When a rank saves: at the first step end at or after a multiple of `every` with no
     operation in flight."""
 
-    def __init__(self, every: int | None, run_dir: str | None):
-        self.every = every
+    def __init__(self, every: int | None, run_dir: str | None, rank: int = 0):
+        self.every, self.rank = every, rank
         self.folder = CheckpointFolder(run_dir) if every is not None else None
-        self.due = False
+        self.due_since = None  # the step a checkpoint became due, while it waits
+        self.warned = False
 
     def save_now(self, step: int, comm) -> bool:
         if self.every is None:
             return False
-        self.due = self.due or step % self.every == 0
-        if self.due and comm.in_flight() == 0:
-            self.due = False
+        if self.due_since is None and step % self.every == 0:
+            self.due_since = step
+        if self.due_since is None:
+            return False
+        if comm.in_flight() == 0:
+            self.due_since = None
             return True
+        if step - self.due_since >= self.every and not self.warned and self.rank == 0:
+            self.warned = True
+            print(f"warning: the checkpoint due at step {self.due_since} still waits at step "
+                  f"{step}: an exchange is in flight at every step end (the strategy's "
+                  "overlap); it is saved at the first step end with none.", file=sys.stderr)
         return False
 
 
@@ -48,13 +57,24 @@ def restore(state: dict, model, strategy, batches, clock, comm, precision) -> in
     """Put the rank back where `state` was taken; returns the step it ended."""
     model.load_state_dict(state["model"])
     strategy.load_state_dict(state["strategy"])
-    batches.load_state_dict(state["data"])
+    # Loaded onto the rank's device: RNG states and the data order belong on the CPU.
+    batches.load_state_dict(_on_cpu(state["data"]))
     clock.load_state_dict(state["clock"])
     comm.traffic.load_state_dict(state["traffic"])
     if precision.scaler is not None:
         precision.scaler.load_state_dict(state["loss_scale"])
-    set_rng_states(state["rng"])
+    set_rng_states(_on_cpu(state["rng"]))
     return state["step"]
+
+
+def _on_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(v) for v in value)
+    return value
 
 
 def save(path, state: dict):
@@ -73,8 +93,9 @@ def load(path, device: torch.device) -> dict:
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except FileNotFoundError:
-        raise ExoframeError(f"checkpoint file {path} is missing: the checkpoint is incomplete. "
-                            "Remove its folder to resume from the one before.") from None
+        raise ExoframeError(f"checkpoint file {path} is missing: the checkpoint is incomplete "
+                            "(a machine crash before it reached the disk?); the run cannot "
+                            "be resumed from it.") from None
     except Exception as e:
         raise ExoframeError(f"checkpoint file {path} cannot be read ({type(e).__name__}: "
                             f"{str(e)[:200]}); it is corrupt or was written by another "

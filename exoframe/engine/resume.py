@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import config_to_dict, load_yaml, resolve_config
 from ..errors import ExoframeError
-from .checkpoint import Checkpoint, CheckpointFolder
+from .checkpoint import Checkpoint, CheckpointFolder, identity
 from .job import job_from_config
 from .run import RunResult, execute
 
@@ -47,9 +47,21 @@ def check_resumable(job, checkpoint, run_dir):
         raise ExoframeError(f"{run_dir}: its checkpoint is at step {checkpoint.step} and the "
                             f"run asks for {job.steps} steps; give more steps (--steps M) to "
                             "train on.")
-    if (checkpoint.nodes, checkpoint.strategy) != (job.nodes, job.strategy_name):
+    made, now = checkpoint.run, identity(job)
+    if (made["nodes"], made["strategy"]) != (now["nodes"], now["strategy"]):
         raise ExoframeError(
-            f"{run_dir}: its checkpoint is of '{checkpoint.strategy}' on {checkpoint.nodes} "
-            f"nodes, but config.yaml now says '{job.strategy_name}' on {job.nodes}; a "
-            "checkpoint resumes only the run that made it.")
+            f"{run_dir}: its checkpoint is of '{made['strategy']}' on {made['nodes']} nodes, "
+            f"but the run now asks for '{now['strategy']}' on {now['nodes']}; a checkpoint "
+            "resumes only the run that made it.")
+    if made["setup"] != now["setup"]:
+        raise ExoframeError(
+            f"{run_dir}: its network, stragglers or seed differ from those the checkpoint was "
+            f"made with (network '{made['net']}', now '{now['net']}'); resume from the folder "
+            "the run was started in, with the same network file.")
+    if made["steps"] != now["steps"] and made["schedule"] != "constant":
+        raise ExoframeError(
+            f"{run_dir}: its '{made['schedule']}' learning-rate schedule runs over "
+            f"{made['steps']} steps; training on to {now['steps']} would change the rate of "
+            "the steps to come (a schedule is set by the run's length). Extend runs with a "
+            "constant schedule, or start a longer run.")
     job.resume_from = checkpoint

@@ -131,7 +131,8 @@ def open_sinks(job: Job, folder: RunFolder | None, config_record: dict | None) -
     run = RunInfo(dir=folder.path, name=folder.path.name, strategy=job.strategy_name,
                   workload=job.workload_name, nodes=job.nodes, steps=job.steps, seed=job.seed,
                   net=job.sim.net, config=dict(config_record or {}),
-                  resumed_at=job.resume_from.step if job.resume_from is not None else None)
+                  resumed_at=job.resume_from.step if job.resume_from is not None else None,
+                  resumed_rows=tuple(job.resume_from.rows) if job.resume_from is not None else ())
     return OpenSinks(job.sinks, run, lambda error: partial_summary(job, [], "failed", error))
 
 

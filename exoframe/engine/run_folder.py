@@ -6,13 +6,12 @@ crash or a kill never leaves a truncated file; JSON is strict: NaN and ±inf bec
 """
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
+from ..files import write_atomic
 from ..report.strict_json import dumps
 
 
@@ -43,26 +42,3 @@ class RunFolder:
 
     def write_summary(self, summary: dict):
         write_atomic(self.path / "summary.json", dumps(summary, indent=2) + "\n")
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-UMASK = _umask()
-
-
-def write_atomic(path: Path, text: str):
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o666 & ~UMASK)  # as open() would make it, not mkstemp's 0600
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise

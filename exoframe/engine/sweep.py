@@ -60,6 +60,11 @@ def grid_networks(base: str, bandwidths: list[float], folder: Path, pm) -> list[
     """Copies of network `base` with its bottleneck set to each bandwidth, written as YAML
     files in `folder`: the inter-site links if it has sites, else every node's NIC."""
     network = load_network(base, pm.networks)
+    traced = [i for i, link in enumerate(network.links) if link.bandwidth_trace is not None]
+    if traced:
+        raise ExoframeError(f"{network.where or network.name}: links[{traced[0]}] follows a "
+                            "bandwidth_trace, which a bandwidth sweep cannot scale; compare "
+                            "networks by name instead (--net a.yaml,b.yaml).")
     folder.mkdir(parents=True, exist_ok=True)
     keys = {f.name: getattr(network, f.name) for f in dataclasses.fields(network)
             if f.name not in ("name", "where")}

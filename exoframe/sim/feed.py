@@ -18,16 +18,18 @@ from collections import deque
 from .protocol import Op, Probe, Wait, frozen
 from .simulator import Simulator
 
-STEP_END = "s"
+STEP_END, DONE = "s", "d"
 
 
 class Feed:
-    def __init__(self, sim: Simulator, recorded: list[list] | None = None):
-        """recorded: per rank, the inputs a checkpoint stored (as_records), replayed first."""
+    def __init__(self, sim: Simulator, recorded: list[list] | None = None, record: bool = True):
+        """recorded: per rank, the inputs a checkpoint stored (as_records), replayed first.
+        record: keep every input in `log` (for checkpoints)."""
         self.sim = sim
         nodes = sim.topology.size
         recorded = recorded or [[] for _ in range(nodes)]
-        self.log = [list(inputs) for inputs in recorded]  # every input so far, as records
+        self.record = record
+        self.log = [list(inputs) if record else [] for inputs in recorded]  # every input
         # Inputs not yet given to the simulator, each with whether it is a replayed one.
         self.queue = [deque((record, True) for record in inputs) for inputs in recorded]
         self.replay_waits = [False] * nodes  # a replayed input waits for its (dropped) answer
@@ -39,6 +41,11 @@ class Feed:
 
     def step_end(self, rank: int, t: float):
         self._put(rank, [STEP_END, t])
+
+    def rank_done(self, rank: int):
+        """The rank sends nothing more (after its inputs still queued)."""
+        self.queue[rank].append(([DONE], False))
+        self._pump(rank)
 
     def replaying(self) -> bool:
         return any(self.queue) or any(self.replay_waits)
@@ -59,7 +66,8 @@ class Feed:
                 return replies
 
     def _put(self, rank: int, record: list):
-        self.log[rank].append(record)
+        if self.record:
+            self.log[rank].append(record)
         self.queue[rank].append((record, False))
         self._pump(rank)
 
@@ -69,6 +77,9 @@ class Feed:
             record, replayed = queue.popleft()
             if record[0] == STEP_END:
                 self.sim.note_clock(rank, record[1])
+                continue
+            if record[0] == DONE:
+                self.sim.rank_done(rank)
                 continue
             message = from_record(record)
             self.sim.receive(rank, message)

@@ -182,6 +182,12 @@ class Strategy:
         pass
 
     # -- checkpoints -------------------------------------------------------------------------
+    @classmethod
+    def checkpoint_problem(cls, params) -> str | None:
+        """Why a run with these parameters could never be checkpointed (an exchange in
+        flight at every step end), or None."""
+        return None
+
     def state_dict(self) -> dict:
         return {"step_num": self.step_num, "optimizer": self.optimizer.state_dict(),
                 "extra": self.extra_state()}

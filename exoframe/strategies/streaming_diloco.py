@@ -138,6 +138,16 @@ class StreamingDiLoCo(Strategy):
         unflatten_into(flat, params)
         self._metrics[f"outer_grad_norm_{f}"] = outer_grad.norm().item()
 
+    @classmethod
+    def checkpoint_problem(cls, params):
+        offsets = sorted({((f + 1) * params.H // params.fragments) % params.H
+                          for f in range(params.fragments)})
+        gaps = [b - a for a, b in zip(offsets, offsets[1:] + [offsets[0] + params.H])]
+        if params.tau >= max(gaps):  # a fragment is in flight at every step end
+            return (f"with tau={params.tau} some fragment is always in flight (its syncs are "
+                    f"at most {max(gaps)} steps apart); take tau below {max(gaps)}")
+        return None
+
     def metrics(self):
         metrics, self._metrics = self._metrics, {}
         return metrics
