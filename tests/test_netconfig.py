@@ -265,6 +265,9 @@ def test_missing_file():
     ("sites: {us: {}, eu: {}}\nlinks: [{between: [us, eu], bandwidth: 1gbit, "
      "bandwidth_trace: [1s]}]", "links[0].bandwidth_trace[0]", "expected [time, bandwidth]"),
     ("sites: {us: {}, eu: {}}\nlinks: [{between: [us, eu], bandwidth: 1gbit, "
+     "bandwidth_trace: [[null, 1gbit]]}]", "links[0].bandwidth_trace[0]",
+     "expected [time, bandwidth]"),
+    ("sites: {us: {}, eu: {}}\nlinks: [{between: [us, eu], bandwidth: 1gbit, "
      "bandwidth_trace: nowhere.csv}]", "links[0].bandwidth_trace",
      "cannot read the trace file nowhere.csv"),
     ("algorithm: rng", "algorithm", "unknown collective algorithm 'rng'. Did you mean 'ring'?"),

@@ -231,7 +231,7 @@ class NetConfig(NetKeys):
             value, path = self._trace_file(value, path)
         trace = []
         for i, entry in enumerate(value):
-            if not (isinstance(entry, (list, tuple)) and len(entry) == 2):
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 2) or None in entry:
                 raise self._error(f"{path}[{i}]", f"expected [time, bandwidth] like "
                                                   f"['10min', '50mbit'], got {shorten(entry)}.")
             t = self._duration(entry[0], f"{path}[{i}] time")
