@@ -2,13 +2,14 @@
 had never stopped (see checkpoint.py)."""
 from __future__ import annotations
 
-import os
 import random
 import sys
+from pathlib import Path
 
 import torch
 
 from ..errors import ExoframeError
+from ..files import replacing
 from .checkpoint import CheckpointFolder
 
 
@@ -77,16 +78,11 @@ def _on_cpu(value):
     return value
 
 
-def save(path, state: dict):
-    """Written to a temporary file beside `path`, flushed to disk, then renamed over it."""
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    temp = f"{path}.tmp"
-    with open(temp, "wb") as f:
+def save(path: Path, state: dict):
+    """Written whole or not at all (exoframe.files.replacing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(path, "wb") as f:
         torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
 
 
 def load(path, device: torch.device) -> dict:
@@ -115,7 +111,7 @@ def rng_states() -> dict:
 
 def set_rng_states(states: dict):
     torch.set_rng_state(states["torch"])
-    random.setstate(_tuples(states["python"]))
+    random.setstate(states["python"])
     if "cuda" in states and torch.cuda.is_initialized():
         torch.cuda.set_rng_state_all(states["cuda"])
     numpy = sys.modules.get("numpy")
@@ -124,7 +120,3 @@ def set_rng_states(states: dict):
         numpy.random.set_state((name, numpy.array(keys, dtype=numpy.uint32), position,
                                 has_gauss, gauss))
 
-
-def _tuples(value):
-    """random.setstate wants tuples where a round trip may have made lists."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value

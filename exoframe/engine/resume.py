@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import config_to_dict, load_yaml, resolve_config
+from ..config import config_to_dict, resolve_config
 from ..errors import ExoframeError
 from .checkpoint import Checkpoint, CheckpointFolder, identity
 from .job import job_from_config
@@ -19,11 +19,11 @@ def resume(run_dir, steps: int | None = None, progress="off",
            progress_every: float = 30.0) -> RunResult:
     run_dir = Path(run_dir)
     checkpoint = latest_checkpoint(run_dir)
-    if load_yaml(run_dir / "config.yaml").get("workload") == "custom":
-        raise ExoframeError(f"{run_dir}: its workload was given in Python; resume it there: "
-                            "Trainer.fit(..., resume=RUN_DIR).")
     overrides = {"steps": steps, "epochs": None} if steps is not None else {}
     config = resolve_config(run_dir / "config.yaml", overrides)
+    if config.workload == "custom":
+        raise ExoframeError(f"{run_dir}: its workload was given in Python; resume it there: "
+                            "Trainer.fit(..., resume=RUN_DIR).")
     job = job_from_config(config)
     check_resumable(job, checkpoint, run_dir)
     return execute(job, config_record=config_to_dict(config), progress=progress,
