@@ -69,6 +69,9 @@ class RunConfig:
     net: str = "ideal"  # a preset name (exoframe nets) or a YAML file
     compute: str = "measured"  # measured | fixed:<time per step> | flops:<device>[:<efficiency>]
     stragglers: str = ""  # e.g. "3:4" (rank 3 is 4x slower), "lognormal:0.3", both: "3:4,lognormal:0.3"
+    # Simulated node failures (exoframe/sim/faults.py): "1@90s:60s" (node 1 fails at 90 s,
+    # down 60 s), "rate:4:5min" (4 per hour over the cluster, each down 5 min), comma-separated.
+    faults: typing.Union[str, list] = ""
     # Metrics sinks (exoframe plugins), each "name" or "name:key=value,..." or {name: {key: value}}
     sinks: list = field(default_factory=lambda: ["jsonl"])
     # Real seconds without a message from any rank before the watchdog stops the run and
@@ -134,6 +137,9 @@ class RunConfig:
             raise ExoframeError(f"sinks must be a list of sinks, got {shorten(self.sinks)}.")
         for item in self.sinks:
             parse_sink(item)
+        from .sim.faults import parse_faults
+
+        parse_faults(self.faults).check_ranks(self.nodes)
         return self
 
 

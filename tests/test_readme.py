@@ -166,6 +166,8 @@ def check_sweep(args, stdout, cwd):
     assert rows, "an empty sweep.json"
     if option(args, "--strategy"):
         assert {r["strategy"] for r in rows} == set(option(args, "--strategy").split(",")), rows
+    if "--faults" in args:  # one setting of simulated failures per --faults
+        assert len({r["faults"] for r in rows}) == args.count("--faults"), rows
 
 
 def check_replay(args, stdout, cwd):

@@ -60,6 +60,9 @@ from .options import progress_mode, progress_options, sink_items, check_out_fold
               "or flops:<device>[:<efficiency>] (flops:h100). [measured]")
 @click.option("--stragglers", help="Slow ranks, comma-separated: RANK:FACTOR (3:4), "
               "lognormal:SIGMA, exponential:MEAN, bernoulli:P:FACTOR. [none]")
+@click.option("--faults", help="Simulated node failures, comma-separated: NODE@TIME:DOWN "
+              "(1@90s:60s: node 1 fails at 90 s simulated, back 60 s later) or "
+              "rate:PER_HOUR:DOWN (rate:4:5min: 4 failures an hour over the cluster). [none]")
 @click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Strategy parameter, repeatable (e.g. -p H=50).")
 @click.option("-w", "--workload-param", "workload_params", multiple=True, metavar="KEY=VALUE",

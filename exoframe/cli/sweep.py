@@ -32,6 +32,9 @@ from .options import (split_names, progress_mode, progress_options, projection_f
 @click.option("--workload", help="Workload. [gpt]")
 @click.option("--compute", help="Compute model (see `exoframe run --help`). [measured]")
 @click.option("--stragglers", help="Slow ranks (see `exoframe run --help`).")
+@click.option("--faults", "faults", multiple=True, metavar="SPEC",
+              help="Simulated failures, repeatable: each is a point of the sweep (see "
+              "`exoframe run --help`; 'none' for a run without). [the config's faults]")
 @click.option("-p", "--param", "params", multiple=True, metavar="[STRATEGY.]KEY=VALUE",
               help="Strategy parameter, repeatable; unscoped keys go to every swept strategy "
                    "that has them (e.g. -p diloco.H=50), as do the config's strategy_params, "
@@ -44,9 +47,9 @@ from .options import (split_names, progress_mode, progress_options, projection_f
 @click.option("--out", help="Parent folder of sweep folders. [the config's out, else sweeps]")
 @click.option("--plots/--no-plots", default=True, help="Write PNG plots (needs matplotlib).")
 @progress_options
-def sweep(config_file, strategies, nets, bandwidth, points, seeds, params, workload_params,
-          target_loss, project_params, step_time, payload_bits, bucket_mb, out, plots, progress,
-          progress_every, **flags):
+def sweep(config_file, strategies, nets, bandwidth, points, seeds, faults, params,
+          workload_params, target_loss, project_params, step_time, payload_bits, bucket_mb, out,
+          plots, progress, progress_every, **flags):
     """Strategies × networks: simulated wall-clock, compute utilization and bytes, as a
     table, sweep.csv, sweep.json and plots.
 
@@ -81,7 +84,7 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, params, workl
     folder, rows = run_sweep(base, strategy_names, net_list, seed_list, out or defaults["out"],
                              parse_assignments(params, "--param"), target_loss, projection,
                              plots, progress_mode(progress, progress_every), grid,
-                             progress_every)
+                             progress_every, list(faults) or None)
     click.echo(table(rows))
     click.echo(f"  sweep folder: {folder}")
 

@@ -5,13 +5,19 @@ torch.distributed; the same operation (kind, payload, participants) is reported 
 network simulator through the rank's clock, which decides when it completes in simulated
 time. Real operations are always started asynchronously, before the rank waits for the
 simulator: a rank never sits in a real exchange that the simulator does not know about.
+
+Under simulated failures (faults.py) the operations run among the live members the last
+quorum named (`live`): a down rank still makes every real collective, adding zeros, but
+is no participant in the simulated one; a mean divides by the live count.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
+from ..errors import ExoframeError
 from ..sim.clock import SoloClock
+from .flat import flatten_bytes, unflatten_bytes_into
 from .traffic import TrafficStats
 
 # torch renamed the flat-buffer collectives; older releases (>= 2.1) have only the old names.
@@ -20,6 +26,7 @@ _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.redu
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                "min": dist.ReduceOp.MIN}
+_NEUTRAL = {"sum": 0.0, "mean": 0.0, "max": -float("inf"), "min": float("inf")}
 
 
 class Handle:
@@ -53,10 +60,12 @@ class Handle:
 
 
 class Communicator:
-    def __init__(self, rank: int, world_size: int, clock=None, group=None, p2p_group=None):
+    def __init__(self, rank: int, world_size: int, clock=None, group=None, p2p_group=None,
+                 faults=None):
         """clock: the rank's exoframe.sim.clock.RankClock (the engine makes it); without
         one, a Communicator serves a single process (world size 1). p2p_group: the group for
-        send and recv when it is not `group` (gloo beside NCCL, see engine/rank.py)."""
+        send and recv when it is not `group` (gloo beside NCCL, see engine/rank.py).
+        faults: the rank's comm.faults.RankFaults under simulated failures, else None."""
         self.rank = rank
         self.world_size = world_size
         self.clock = clock if clock is not None else SoloClock()
@@ -64,6 +73,9 @@ class Communicator:
         self.ranks = tuple(range(world_size)) if group is None else \
             tuple(dist.get_process_group_ranks(group))
         self.traffic = TrafficStats()
+        self.faults = faults
+        self.live = self.ranks  # the members whose contributions count (see quorum())
+        self.joining = ()  # ranks back from a failure, healed at the end of this sync
         self._pending: set[Handle] = set()
         # gloo exchanges host memory: a tensor on a GPU travels through a host copy (ranks
         # may share one GPU, which NCCL refuses); NCCL exchanges GPU memory directly.
@@ -79,14 +91,19 @@ class Communicator:
                    wire_bytes: int | None = None):
         """In place. op: sum, mean, max or min."""
         reduce_op = _reduce_op(op)
+        self._mask(tensor, op)
         host = self._host(tensor)
-        finish = (lambda: tensor.div_(self.world_size)) if op == "mean" else None
+        members = len(self.live)
+        finish = (lambda: tensor.div_(members)) if op == "mean" else None
         return self._submit("all_reduce", _wire(tensor, wire_bytes), async_op, tensor,
                             _back(host, tensor, finish),
                             lambda: dist.all_reduce(host, reduce_op, self.group, True))
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False,
                   wire_bytes: int | None = None):
+        if src not in self.live:
+            raise ExoframeError(f"broadcast from rank {src}, which is down (simulated "
+                                "failure): broadcast from a live rank, e.g. comm.leader.")
         host = self._host(tensor)
         return self._submit("broadcast", _wire(tensor, wire_bytes), async_op, tensor,
                             _back(host, tensor),
@@ -98,6 +115,7 @@ class Communicator:
         """output (world_size * input.numel(), flat) receives every rank's input, in rank
         order. wire_bytes: of the whole gathered output."""
         _check_numel(output, input.numel() * self.world_size, "all_gather output")
+        self._check_everyone("all_gather")
         host_out, host_in = self._host(output), self._host(input)
         return self._submit("all_gather", _wire(output, wire_bytes), async_op, output,
                             _back(host_out, output),
@@ -108,6 +126,7 @@ class Communicator:
         """output receives this rank's 1/world_size chunk of the reduction of every input.
         wire_bytes: of the whole input."""
         _check_numel(output, input.numel() // self.world_size, "reduce_scatter output")
+        self._check_everyone("reduce_scatter")
         reduce_op = _reduce_op(op)
         host_out, host_in = self._host(output), self._host(input)
         finish = (lambda: output.div_(self.world_size)) if op == "mean" else None
@@ -131,6 +150,54 @@ class Communicator:
                             _back(host, tensor), lambda: dist.irecv(host, src, self.p2p_group),
                             peers=(src, self.rank))
 
+    # -- membership under simulated failures -------------------------------------------------
+    @property
+    def leader(self) -> int:
+        """The lowest live rank (rank 0 without failures)."""
+        return self.live[0]
+
+    def quorum(self):
+        """Start of a synchronization: agree on who takes part (Strategy.sync())."""
+        if self.faults is not None:
+            reply = self.faults.quorum(self.clock)
+            self.live, self.joining = reply.live, reply.joining
+
+    def heal(self, tensors):
+        """End of a synchronization: every joining rank receives `tensors` (the live state
+        of model, optimizer and strategy) from the leader, in place; the leader sends
+        without waiting."""
+        if self.faults is None:
+            return
+        joining, self.joining = self.joining, ()
+        self.faults.synced(self.clock)
+        if not joining:
+            return
+        source = self.leader
+        self.live = tuple(sorted((*self.live, *joining)))
+        tensors = list(tensors)
+        flat = flatten_bytes(tensors)
+        for rank in joining:
+            if self.rank == source:
+                self.send(flat, rank, async_op=True)
+            elif self.rank == rank:
+                comm_before = self.clock.comm_seconds
+                self.recv(flat, source)
+                unflatten_bytes_into(flat, tensors)
+                self.faults.back(self.clock, source, flat.numel(),
+                                 self.clock.comm_seconds - comm_before)
+
+    def _mask(self, tensor: torch.Tensor, op: str):
+        """A down rank's contribution to a reduction: its neutral element."""
+        if self.rank not in self.live:
+            with torch.no_grad():
+                tensor.fill_(_NEUTRAL.get(op, 0.0))
+
+    def _check_everyone(self, kind: str):
+        if len(self.live) < self.world_size:
+            raise ExoframeError(f"{kind} while ranks {sorted(set(self.ranks) - set(self.live))} "
+                                "are down (simulated failure): under faults a strategy "
+                                "exchanges with all_reduce, broadcast, send and recv.")
+
     def in_flight(self) -> int:
         """Operations started and not yet waited for."""
         return len(self._pending)
@@ -150,8 +217,16 @@ class Communicator:
 
     # -- the choke point -----------------------------------------------------------------
     def _submit(self, kind, nbytes, async_op, result, finish, start, root=0, peers=None):
-        participants = peers if peers is not None else self.ranks
-        work = start() if len(participants) > 1 else None
+        if peers is not None and not set(peers) <= set(self.live):
+            raise ExoframeError(f"{kind} between ranks {peers[0]} and {peers[1]}, one of which "
+                                "is down (simulated failure).")
+        real = peers if peers is not None else self.ranks
+        work = start() if len(real) > 1 else None
+        participants = peers if peers is not None else self.live
+        if self.rank not in participants:  # down: in the real exchange, not the simulated one
+            handle = Handle(self, None, work, result, finish)
+            handle._complete()
+            return handle if async_op else result
         submitted = self.clock.submit(kind, nbytes, participants, root, blocking=not async_op)
         self.traffic.add(kind, submitted.bytes_sent, submitted.bytes_received)
         handle = Handle(self, submitted.op_id, work, result, finish)

@@ -15,6 +15,7 @@ from ..config import RunConfig, budget_seconds
 from ..errors import ExoframeError, shorten
 from ..plugins import PluginManager, get_plugin_manager
 from ..sim import SimSetup, resolve_sim
+from ..sim.faults import FaultSpec, parse_faults
 from ..sinks import sink_spec
 from ..strategies.base import OptimizerSpec, Strategy
 from ..workloads.base import DatasetFactory, Workload, call_with_params
@@ -62,6 +63,7 @@ class Job:
     checkpoint_every: Optional[int] = None
     run_dir: Optional[str] = None  # set by engine/run.py: the run folder, for checkpoints
     resume_from: Optional[object] = None  # an engine.checkpoint.Checkpoint
+    faults: FaultSpec = FaultSpec()  # simulated node failures (comm/faults.py)
 
     def asks_to_stop(self, step: int) -> bool:
         """Whether a rank asks the launcher, at the end of `step`, whether to stop there."""
@@ -144,7 +146,8 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         metrics=workload.metrics, tokens_per_sample=workload.tokens_per_sample,
         best_loss=workload.best_loss, sinks=tuple(sink_spec(item, pm.sinks) for item in config.sinks),
         checkpoint_every=checked_checkpoints(config, strategy_cls, strategy_name,
-                                             strategy_params))
+                                             strategy_params),
+        faults=parse_faults(config.faults))
 
 
 def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: str,
@@ -162,8 +165,8 @@ def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: st
         raise ExoframeError(f"checkpoint_every: strategy '{strategy_name}' cannot be "
                             f"checkpointed: {problem}.")
     for field, value in (("target_loss", config.target_loss),
-                         ("time_budget", config.time_budget)):
-        if value is not None:
+                         ("time_budget", config.time_budget), ("faults", config.faults)):
+        if value not in (None, "", []):
             raise ExoframeError(f"checkpoint_every: a run with {field} cannot be checkpointed "
                                 f"yet; drop one of them.")
     return every

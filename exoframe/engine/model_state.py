@@ -38,10 +38,11 @@ def snapshot(model: torch.nn.Module, rank: int) -> ModelState:
     return ModelState(flat, exact)
 
 
-def average(snapshots: list[ModelState]) -> ModelState:
-    """The mean of the ranks' snapshots (summed in rank order: deterministic)."""
+def average(snapshots: list[ModelState], exact: Optional[list] = None) -> ModelState:
+    """The mean of the ranks' snapshots (summed in rank order: deterministic); the exact
+    buffers are rank 0's (`exact`, where rank 0's snapshot is not among them)."""
     flat = np.sum(np.stack([s.averaged for s in snapshots]), axis=0) / len(snapshots)
-    return ModelState(flat, snapshots[0].exact)
+    return ModelState(flat, snapshots[0].exact if exact is None else exact)
 
 
 def load(model: torch.nn.Module, state: ModelState):

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm import Communicator
+from ..comm.faults import RankFaults
 from ..errors import ExoframeError
 from ..sim.clock import RankClock
 from ..sim.compute import ComputeClock
@@ -79,7 +80,9 @@ def train(rank: int, job: Job, batches: Batches, conn):
     torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
     model = job.model.to(device)
     clock = make_clock(rank, job, conn, device)
-    comm = Communicator(rank, job.nodes, clock, p2p_group=p2p_group)
+    faults = RankFaults(rank, job.faults.plan(job.nodes, job.seed), job.strategy_name,
+                        job.strategy_cls.survives_failures) if job.faults.active else None
+    comm = Communicator(rank, job.nodes, clock, p2p_group=p2p_group, faults=faults)
     strategy = job.strategy_cls(model, comm, job.optimizer, job.strategy_params, seed=job.seed,
                                 total_steps=job.steps)
     precision = Precision(job.precision, device)
@@ -93,13 +96,18 @@ def train(rank: int, job: Job, batches: Batches, conn):
     model.train()
     clock.skip()
     for step in range(first, job.steps + 1):
+        # A failed node computes nothing; it still steps, so its collectives stay matched.
+        down = faults is not None and faults.at_step_start(step, clock)
         clock.start_step()
         lr = set_lr(strategy, lr_at(step, job.optimizer.lr, job.schedule, job.steps,
                                     job.warmup_steps, job.min_lr_ratio))
-        loss = forward_backward(model, batches, job.accumulate, precision, device, step).item()
-        check_finite(loss, step, rank, job.on_nonfinite)
-        grad_norm = precision.unscale_and_clip(strategy.optimizer, model.parameters(),
-                                               job.clip_grad_norm)
+        loss = grad_norm = None
+        if not down:
+            loss = forward_backward(model, batches, job.accumulate, precision, device,
+                                    step).item()
+            check_finite(loss, step, rank, job.on_nonfinite)
+            grad_norm = precision.unscale_and_clip(strategy.optimizer, model.parameters(),
+                                                   job.clip_grad_norm)
         strategy.step_num = step
         strategy.step()
         precision.update()
@@ -109,6 +117,8 @@ def train(rank: int, job: Job, batches: Batches, conn):
                   "sim_time": clock.now, **precision.metrics(), **strategy.metrics()}
         if job.clip_grad_norm is not None:
             record["grad_norm"] = grad_norm  # before clipping
+        if faults is not None:
+            record["nodes_down"] = int(down)
         evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
         state = snapshot(model, rank) if evaluate else None
         conn.send(StepDone(rank, step, record, state))
@@ -132,5 +142,6 @@ def train(rank: int, job: Job, batches: Batches, conn):
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "samples": batches.samples,
         **clock.stats(),
+        "failures": faults.records if faults is not None else [],
         "trace": clock.trace,
     }))

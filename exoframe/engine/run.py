@@ -178,6 +178,7 @@ def build_trace(job: Job, rank_traces: list, steps: int) -> dict:
         "seed": job.seed,
         "net": job.sim.net,
         "compute_model": job.sim.compute.describe(),
+        "faults": job.faults.describe(),
         "model_parameters": sum(p.numel() for p in job.model.parameters()),
         "ranks": rank_traces,
     }

@@ -9,7 +9,9 @@ class StepRows:
 
     A row is ready once every rank reported the step and, at evaluation steps, once the
     evaluator validated the ranks' averaged model. Values are averaged over ranks, except
-    the simulated time, where a step ends when its last rank ends it.
+    the simulated time, where a step ends when its last rank ends it, and `nodes_down`
+    (simulated failures), a count. A down rank has no loss, and its weights are left out of
+    the averaged model while any rank is up.
     """
 
     def __init__(self, nodes: int):
@@ -33,7 +35,9 @@ class StepRows:
         if step not in self.states:
             return None
         self.awaiting_val.add(step)
-        return average(self.states.pop(step))
+        states = self.states.pop(step)
+        live = [s for s, r in zip(states, records) if not r.get("nodes_down")]
+        return average(live or states, exact=states[0].exact)
 
     def hold(self, step: int):
         """Keep `step`'s row until its states (add_state) come and are validated."""
@@ -68,6 +72,7 @@ class StepRows:
         for key in dict.fromkeys(k for r in records for k in r):  # every key, in first-seen order
             values = [r[key] for r in records if r.get(key) is not None]
             if values:
-                row[key] = max(values) if key == "sim_time" else sum(values) / len(values)
+                row[key] = (max(values) if key == "sim_time" else sum(values)
+                            if key == "nodes_down" else sum(values) / len(values))
         row["bytes_sent_per_node"] = row.pop("bytes_sent")
         return row

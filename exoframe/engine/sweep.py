@@ -1,8 +1,10 @@
-"""`exoframe sweep`: strategies × networks (× seeds), trained once and replayed.
+"""`exoframe sweep`: strategies × networks (× seeds × simulated failures), trained once and
+replayed.
 
 A strategy whose behaviour does not depend on timing trains once, on the first network,
 and its trace is replayed through every other network (same clocks as a re-run, at a
-fraction of the cost). A timing-dependent strategy trains once per network. Everything
+fraction of the cost). A timing-dependent strategy, or any run with simulated failures
+(who takes part in each exchange depends on the timing), trains once per network. Everything
 lands in one sweep folder: runs/ (run folders with their replays), nets/ (networks made
 from a bandwidth grid), sweep.csv, sweep.json and the plots.
 """
@@ -19,6 +21,7 @@ from ..errors import ExoframeError
 from ..plugins import get_plugin_manager
 from ..report.sweep import collect_rows, write_outputs
 from ..sim import resolve_sim
+from ..sim.faults import parse_faults
 from ..sim.netconfig import load_network
 from ..sim.units import format_bandwidth, parse_bandwidth
 from .job import job_from_config
@@ -152,13 +155,18 @@ def _bandwidth_texts(bandwidths: list[float]) -> list[str]:
 def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[int],
           out: str, assignments: dict | None = None, target_loss: float | None = None,
           projection: Projection | None = None, plots: bool = True, progress="off",
-          grid: list[float] | None = None, progress_every: float = 30.0) -> tuple[Path, list[dict]]:
+          grid: list[float] | None = None, progress_every: float = 30.0,
+          faults: list[str] | None = None) -> tuple[Path, list[dict]]:
     """Returns the sweep folder and its rows (see exoframe.report.sweep). Every run is `base`
-    with the strategy, seed and network swept; its strategy parameters are base's that the
-    strategy has plus `assignments` (-p values, see strategy_params). With `grid` (bandwidths
-    in bytes/s), `nets` is the one base network the grid is applied to."""
-    if not strategies or not nets or not seeds:
+    with the strategy, seed, network and faults swept; its strategy parameters are base's
+    that the strategy has plus `assignments` (-p values, see strategy_params). With `grid`
+    (bandwidths in bytes/s), `nets` is the one base network the grid is applied to. faults:
+    fault specs ("" or "none": no failures; None: base's)."""
+    faults = [base.faults] if faults is None else ["" if f == "none" else f for f in faults]
+    if not strategies or not nets or not seeds or not faults:
         raise ExoframeError("sweep: give at least one strategy, one network and one seed.")
+    for spec in faults:
+        parse_faults(spec).check_ranks(base.nodes)
     if grid is not None and len(nets) != 1:
         raise ExoframeError("--bandwidth applies a grid to one base network; give one --net.")
     pm = get_plugin_manager()
@@ -171,26 +179,30 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
         nets = grid_networks(nets[0], grid, folder / "nets", pm)
     runs_dir = folder / "runs"
     setups = {net: resolve_sim(net, base.compute, base.stragglers, base.nodes, pm) for net in nets}
-    plan = []  # (strategy, seed, train on these nets, replay on those)
-    for strategy in strategies:
-        timing_dependent = pm.strategies.get(strategy).obj.timing_dependent
+    plan = []  # (strategy, seed, faults, train on these nets, replay on those)
+    for strategy, spec in ((s, f) for s in strategies for f in faults):
+        # Under simulated failures, who takes part in each exchange depends on the timing.
+        timing_dependent = (pm.strategies.get(strategy).obj.timing_dependent
+                            or parse_faults(spec).active)
         if timing_dependent and projection is not None:
-            raise ExoframeError(f"sweep: '{strategy}' is timing-dependent; a projection replays "
-                                "traces, so it cannot project it. Leave it out of the sweep.")
+            raise ExoframeError(f"sweep: '{strategy}' is timing-dependent (or the runs have "
+                                "faults); a projection replays traces, so it cannot project "
+                                "it. Leave it out of the sweep.")
         for seed in seeds:
             trained = nets if timing_dependent else nets[:1]
             replayed = [] if timing_dependent else nets[1:] if projection is None else nets
-            plan.append((strategy, seed, trained, replayed))
-    total = sum(len(trained) * base.steps + len(replayed) for _, _, trained, replayed in plan)
+            plan.append((strategy, seed, spec, trained, replayed))
+    total = sum(len(trained) * base.steps + len(replayed) for *_, trained, replayed in plan)
     bar = progress_display(progress, total, "sweep", progress_every)
     run_dirs = []
     try:
-        for strategy, seed, trained, replayed in plan:
+        for strategy, seed, spec, trained, replayed in plan:
             for net in trained:
-                bar.describe(f"sweep: {strategy} seed {seed} on {setups[net].net}")
+                bar.describe(f"sweep: {strategy} seed {seed} on {setups[net].net}"
+                             + (f" with faults {spec}" if spec else ""))
                 config = dataclasses.replace(
                     base, strategy=strategy, seed=seed, net=net, out=str(runs_dir),
-                    strategy_params=params[strategy], target_loss=target_loss)
+                    strategy_params=params[strategy], target_loss=target_loss, faults=spec)
                 result = execute(job_from_config(config, pm, setups[net]), out=config.out,
                                  config_record=dataclasses.asdict(config),
                                  on_row=lambda row: bar.update(1, row))

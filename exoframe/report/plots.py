@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..errors import ExoframeError
-from .sweep import by_setup
+from .sweep import by_setup, setup_label
 
 COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf"]  # tab10
@@ -62,7 +62,7 @@ def plot_sweep(rows: list[dict], folder: Path, target_loss: float | None = None)
         _loss_vs_time(plt, group, path, f"{strategy}: training loss versus simulated time",
                       _net_label, "network", target_loss)
         written.append(path)
-    for group in _by(rows, lambda r: (r["net"], r["projection"])).values():
+    for group in _by(rows, lambda r: (r["net"], r.get("faults"), r["projection"])).values():
         label = _net_label(group[0])
         path = folder / _file_name("compare", label, names)
         _loss_vs_time(plt, group, path, f"{label}: training loss of each strategy",
@@ -90,6 +90,7 @@ def _loss_vs_time(plt, rows, path, title, label_of, legend_title, target_loss):
         ax.plot(times, mean, label=label_of(group[0]), linewidth=1.4, **style)
         if len(group) > 1:
             ax.fill_between(times, low, high, color=style["color"], alpha=0.15, linewidth=0)
+        _failure_marks(ax, group, style["color"])
     _reference_lines(ax, rows, target_loss)
     ax.set_xscale("log")
     ax.set_xlabel("simulated wall-clock (s, log scale)")
@@ -97,6 +98,22 @@ def _loss_vs_time(plt, rows, path, title, label_of, legend_title, target_loss):
     ax.set_title(title + _seeds_note([len(g) for g in setups]))
     ax.grid(True, which="both", alpha=0.3)
     _save(plt, fig, ax, path, legend_title)
+
+
+def _failure_marks(ax, group, colour):
+    """An x on each run's curve where a node failed (simulated failures)."""
+    for row in group:
+        failed = [t for t in row.get("failed_at", []) if row["sim_times"]
+                  and row["sim_times"][0] <= t <= row["sim_times"][-1]]
+        if failed:
+            losses = _smoothed([math.nan if x is None else x for x in row["losses"]])
+            ax.plot(failed, [_at(row["sim_times"], losses, t) for t in failed], "x",
+                    color=colour, markersize=7, markeredgewidth=1.5)
+
+
+def _at(times, values, t):
+    """values at the first time at or after t."""
+    return next((v for s, v in zip(times, values) if s >= t), values[-1])
 
 
 def _reference_lines(ax, rows, target_loss):
@@ -188,11 +205,12 @@ def _smoothed(losses, window: int = 10):
 
 
 def _net_label(row) -> str:
-    """The network's name (a YAML file's stem), and the projection if any."""
+    """The network's name (a YAML file's stem), its simulated failures and the projection,
+    where there are any."""
     net = row["net"]
     if net.endswith((".yaml", ".yml")):
         net = Path(net).stem
-    return net + (f" [{row['projection']}]" if row["projection"] else "")
+    return setup_label({**row, "net": net})
 
 
 def _file_name(prefix: str, name: str, taken: set) -> str:

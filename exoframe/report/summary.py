@@ -17,6 +17,8 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "compute_seconds": r["compute_seconds"],
         "comm_seconds": r["comm_seconds"],
         "idle_seconds": r["idle_seconds"],
+        "down_seconds": r["down_seconds"],
+        "steps_down": sum(f["steps_down"] for f in r["failures"]),
         "bytes_sent": r["bytes_sent"],
         "bytes_received": r["bytes_received"],
         "compute_utilization": _ratio(r["compute_seconds"], r["simulated_seconds"]),
@@ -44,6 +46,7 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "bottleneck_bandwidth": job.sim.topology.bottleneck(),
         "compute_model": job.sim.compute.describe(),
         "stragglers": job.sim.stragglers.describe(),
+        **failure_summary(job, ranks),
         "simulated_seconds": simulated,
         # Over the whole run: the ranks' compute / (ranks × simulated time to finish).
         "compute_utilization": _ratio(sum(r["compute_seconds"] for r in ranks),
@@ -67,6 +70,22 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "seconds_per_step": (launch_result.elapsed_seconds - launch_result.startup_seconds)
         / max(1, steps - 1),
         "peak_rss_mb_per_rank": [round(r["peak_rss_mb"], 1) for r in ranks],
+    }
+
+
+def failure_summary(job, ranks: list[dict]) -> dict:
+    """Simulated failures: each one (when, how long, what it cost), and the totals. Lost
+    steps are a node's steps that count for nothing: those it trained since its last
+    synchronization before failing, and those it spent down."""
+    failures = sorted((f for r in ranks for f in r["failures"]),
+                      key=lambda f: (f["failed_at"], f["rank"]))
+    return {
+        "faults": job.faults.describe(),
+        "failures": failures,
+        "lost_steps": sum(f["steps_lost"] + f["steps_down"] for f in failures),
+        "lost_compute_seconds": sum(f["compute_lost_seconds"] for f in failures),
+        "down_seconds": sum(r["down_seconds"] for r in ranks),
+        "recovery_seconds": sum(f["recovery_seconds"] for f in failures),
     }
 
 
@@ -124,12 +143,22 @@ def summary_table(summary: dict) -> str:
                                  f"(compute model {summary['compute_model']})"),
         ("compute utilization", "-" if summary["compute_utilization"] is None
          else f"{100 * summary['compute_utilization']:.1f}%"),
+        *_failure_rows(summary),
         *_target_rows(summary),
         ("elapsed (real)", f"{summary['elapsed_seconds']:.1f} s "
                            f"(start-up {summary['startup_seconds']:.1f} s)"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def _failure_rows(summary: dict) -> list:
+    failures = summary.get("failures")
+    if not failures:
+        return []
+    return [("failures", f"{len(failures)} ({summary['faults']}): {summary['lost_steps']} node-"
+                         f"steps lost, {format_seconds(summary['down_seconds'])} down, "
+                         f"{format_seconds(summary['recovery_seconds'])} recovering")]
 
 
 def _target_rows(summary: dict) -> list:

@@ -3,8 +3,8 @@
 Each run folder gives one row for the network it trained on (summary.json, metrics.jsonl)
 and one per replay through another network (replays/*.json). Rows carry each step's
 simulated time next to the run's losses, so loss can be drawn against simulated time.
-Rows of the same strategy, network and projection (the seeds) are summarized as a mean and
-a standard deviation per metric.
+Rows of the same strategy, network, simulated failures and projection (the seeds) are
+summarized as a mean and a standard deviation per metric.
 """
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ from ..errors import ExoframeError
 from . import strict_json
 from .summary import format_bytes, format_seconds
 
-COLUMNS = ["strategy", "seed", "net", "bottleneck_bandwidth", "projection", "simulated_seconds",
-           "time_to_target", "compute_utilization", "bytes_sent_per_node", "final_loss",
-           "final_val_loss", "source", "run_dir"]
-# Summarized over the seeds of each (strategy, net, projection): <metric>_mean, <metric>_std.
+COLUMNS = ["strategy", "seed", "net", "bottleneck_bandwidth", "faults", "projection",
+           "simulated_seconds", "time_to_target", "compute_utilization", "bytes_sent_per_node",
+           "final_loss", "final_val_loss", "failures", "lost_steps", "source", "run_dir"]
+# Summarized over the seeds of each (strategy, net, faults, projection): <metric>_mean,
+# <metric>_std.
 METRICS = ["simulated_seconds", "time_to_target", "compute_utilization", "bytes_sent_per_node",
-           "final_loss", "final_val_loss"]
-SUMMARY_COLUMNS = ["strategy", "net", "bottleneck_bandwidth", "projection", "seeds",
+           "final_loss", "final_val_loss", "failures", "lost_steps"]
+SUMMARY_COLUMNS = ["strategy", "net", "bottleneck_bandwidth", "faults", "projection", "seeds",
                    "seeds_at_target", *(f"{m}_{s}" for m in METRICS for s in ("mean", "std"))]
 
 
@@ -56,7 +57,11 @@ def _rows_of(run_dir: Path) -> list[dict]:
             "final_loss": summary["final_loss"], "final_val_loss": summary["final_val_loss"],
             "best_achievable_loss": summary.get("best_achievable_loss"),
             "run_dir": str(run_dir), "losses": [m["loss"] for m in metrics],
-            "val_losses": [m.get("val_loss") for m in metrics]}
+            "val_losses": [m.get("val_loss") for m in metrics],
+            "faults": summary.get("faults", "none"),
+            "failures": len(summary.get("failures", [])),
+            "failed_at": [f["failed_at"] for f in summary.get("failures", [])],
+            "lost_steps": summary.get("lost_steps", 0)}
     rows = [{**base, "net": summary["net"],
              "bottleneck_bandwidth": summary.get("bottleneck_bandwidth"),
              "projection": None, "simulated_seconds": summary["simulated_seconds"],
@@ -91,28 +96,30 @@ def time_to_target(row: dict, target: float | None) -> float | None:
 
 
 def by_setup(rows: list[dict]) -> dict:
-    """Rows grouped by (strategy, net, projection), in table order: the seeds of one setup."""
+    """Rows grouped by (strategy, net, faults, projection), in table order: the seeds of
+    one setup."""
     groups = {}
     for row in sorted(rows, key=_order):
-        groups.setdefault((row["strategy"], row["net"], row["projection"]), []).append(row)
+        key = (row["strategy"], row["net"], row.get("faults", "none"), row["projection"])
+        groups.setdefault(key, []).append(row)
     return dict(sorted(groups.items(), key=lambda item: _order({**item[1][0], "seed": 0})))
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """One row per (strategy, net, projection): `seeds` (how many rows it has), and each
+    """One row per (strategy, net, faults, projection): `seeds` (how many rows it has), and each
     metric's mean and sample standard deviation over the rows where it is known (the std
     is None below two values). `seeds_at_target` counts the rows that reached the target
     loss (None without a target); the time-to-target statistics are over those rows."""
     summaries = []
-    for (strategy, net, projection), group in by_setup(rows).items():
+    for (strategy, net, faults, projection), group in by_setup(rows).items():
         targeted = any(r.get("target_loss") is not None for r in group)
         summary = {"strategy": strategy, "net": net,
-                   "bottleneck_bandwidth": group[0]["bottleneck_bandwidth"],
+                   "bottleneck_bandwidth": group[0]["bottleneck_bandwidth"], "faults": faults,
                    "projection": projection, "seeds": len(group),
                    "seeds_at_target": sum(r["time_to_target"] is not None for r in group)
                    if targeted else None}
         for key in METRICS:
-            values = [r[key] for r in group if r[key] is not None]
+            values = [r.get(key) for r in group if r.get(key) is not None]
             summary[f"{key}_mean"] = statistics.mean(values) if values else None
             summary[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else None
         summaries.append(summary)
@@ -127,19 +134,28 @@ def table(rows: list[dict]) -> str:
     """One line per row; with several seeds of a setup, one line per setup instead, each
     metric as mean ± standard deviation over its seeds."""
     summaries = summarize(rows)
+    failures = any(r.get("faults", "none") != "none" for r in rows)
+    extra = ["failures (node-steps lost)"] if failures else []
     if any(s["seeds"] > 1 for s in summaries):
-        return _aligned([*HEADERS[:2], "seeds", *HEADERS[2:]],
-                        [_summary_line(s) for s in summaries])
-    return _aligned(HEADERS, [[
+        return _aligned([*HEADERS[:2], "seeds", *HEADERS[2:], *extra],
+                        [_summary_line(s) + (_failure_cell(s, "_mean") if failures else [])
+                         for s in summaries])
+    return _aligned([*HEADERS, *extra], [[
         r["strategy"] + (f" s{r['seed']}" if r.get("seed") else ""),
-        r["net"] + (f" [{r['projection']}]" if r["projection"] else ""),
+        setup_label(r),
         format_seconds(r["simulated_seconds"]),
         "-" if r["time_to_target"] is None else format_seconds(r["time_to_target"]),
         "-" if r["compute_utilization"] is None else f"{100 * r['compute_utilization']:.1f}%",
         format_bytes(r["bytes_sent_per_node"]),
         # a projection's times are for another model: the trained model's loss is not
-        "-" if r["final_val_loss"] is None or r["projection"] else f"{r['final_val_loss']:.4f}"]
+        "-" if r["final_val_loss"] is None or r["projection"] else f"{r['final_val_loss']:.4f}",
+        *(_failure_cell(r) if failures else [])]
         for r in sorted(rows, key=_order)])
+
+
+def _failure_cell(row: dict, suffix: str = "") -> list[str]:
+    count, lost = row.get(f"failures{suffix}"), row.get(f"lost_steps{suffix}")
+    return ["-" if count is None else f"{count:g} ({lost:g})"]
 
 
 def _summary_line(s: dict) -> list[str]:
@@ -154,11 +170,18 @@ def _summary_line(s: dict) -> list[str]:
     to_target = cell("time_to_target", format_seconds, _duration)
     if to_target != "-" and s["seeds_at_target"] < s["seeds"]:
         to_target += f" ({s['seeds_at_target']}/{s['seeds']} seeds)"
-    return [s["strategy"], s["net"] + (f" [{s['projection']}]" if s["projection"] else ""),
+    return [s["strategy"], setup_label(s),
             str(s["seeds"]), cell("simulated_seconds", format_seconds, _duration), to_target,
             cell("compute_utilization", lambda u: f"{100 * u:.1f}%"),
             cell("bytes_sent_per_node", format_bytes),
             "-" if s["projection"] else cell("final_val_loss", lambda x: f"{x:.4f}")]
+
+
+def setup_label(row: dict) -> str:
+    """The network, then its simulated failures and the projection, where there are any."""
+    faults = row.get("faults", "none")
+    return (row["net"] + (f" (faults {faults})" if faults != "none" else "")
+            + (f" [{row['projection']}]" if row["projection"] else ""))
 
 
 def _duration(s: float) -> str:
@@ -206,4 +229,12 @@ def write_outputs(rows: list[dict], folder, plots: bool = True,
 def _order(row):
     bandwidth = row["bottleneck_bandwidth"]
     return (row["strategy"], row.get("seed") or 0,
-            -(bandwidth if bandwidth is not None else math.inf), row["net"])
+            -(bandwidth if bandwidth is not None else math.inf), row["net"],
+            _failure_rate(row.get("faults", "none")))
+
+
+def _failure_rate(faults: str) -> tuple:
+    """Fault settings in order: none, then by their random rate (a term rate:F:D), then by
+    name."""
+    rate = next((float(t.split(":")[1]) for t in faults.split(",") if t.startswith("rate:")), 0.0)
+    return (faults != "none", rate, faults)

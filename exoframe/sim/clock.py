@@ -1,8 +1,9 @@
 """A rank's simulated clock, and its side of the conversation with the simulator.
 
 The clock advances by compute (from the compute model) and by waiting for operations (as
-the simulator answers). Its time is split three ways, which always add up to `now`:
-compute, exposed communication (`comm`), and `idle` (waiting for peers to join).
+the simulator answers). Its time is split four ways, which always add up to `now`:
+compute, exposed communication (`comm`), `idle` (waiting for peers to join) and `down`
+(a simulated failure: the node does nothing until it is back, see exoframe/comm/faults.py).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from .inputs import ExoframeError
 from .collectives import Plans
 from .compute import ComputeClock
-from .protocol import Op, Probe, Probed, Wait, Waited
+from .protocol import Op, Probe, Probed, Quorum, Quorumed, Wait, Waited
 from .topology import Topology
 
 # is_completed() asked this many times at one simulated instant: the rank spins without
@@ -40,12 +41,16 @@ class RankClock:
         self.plans = Plans(topology_algorithms, algorithms, topology)
         self.now = 0.0
         self.compute_seconds = self.comm_seconds = self.idle_seconds = 0.0
+        self.down_seconds = 0.0
+        self.down = False  # a failed node: nothing it computes is charged
+        self._quorums = 0
         self._next_id = 0
         self._sequence: dict = {}  # per group / per (src, dst) pair: operations so far
         self._polls = (None, 0)  # (simulated time, questions asked at it)
         # What this rank did, for replaying it through other networks (exoframe.sim.replay):
         # ["c", seconds] compute, ["o", op_id, key, kind, bytes, participants, root,
-        # blocking], ["w", op_id] wait, ["t", op_id, answer] question, ["s", step] step end.
+        # blocking], ["w", op_id] wait, ["t", op_id, answer] question, ["s", step] step end,
+        # ["q", seq, down_until, end, live, joining] quorum.
         self.trace: list = []
 
     # -- compute -----------------------------------------------------------------------------
@@ -64,7 +69,7 @@ class RankClock:
         self.trace.append(["s", step])
 
     def _add_compute(self, seconds: float):
-        if seconds:
+        if seconds and not self.down:
             self.now += seconds
             self.compute_seconds += seconds
             if self.trace and self.trace[-1][0] == "c":
@@ -117,10 +122,28 @@ class RankClock:
         self.trace.append(["t", op_id, reply.done])
         return reply.done
 
+    def quorum(self, down_until: float | None) -> Quorumed:
+        """Join the membership quorum of a synchronization (simulated failures): down_until
+        is None on a live rank, else when this rank is back. The wait counts as idle on a
+        live rank and as down time on a failed one."""
+        self.charge()
+        seq, self._quorums = self._quorums, self._quorums + 1
+        self._send(Quorum(self.now, seq, down_until))
+        reply = self._receive()
+        assert isinstance(reply, Quorumed) and reply.end >= self.now, (reply, self.now)
+        if down_until is None:
+            self.idle_seconds += reply.end - self.now
+        else:
+            self.down_seconds += reply.end - self.now
+        self.now = reply.end
+        self.trace.append(["q", seq, down_until, reply.end, reply.live, reply.joining])
+        return reply
+
     def state_dict(self) -> dict:
         """Everything a checkpoint needs to continue this clock exactly."""
         return {"now": self.now, "compute_seconds": self.compute_seconds,
                 "comm_seconds": self.comm_seconds, "idle_seconds": self.idle_seconds,
+                "down_seconds": self.down_seconds, "down": self.down, "quorums": self._quorums,
                 "next_id": self._next_id, "sequence": dict(self._sequence),
                 "polls": self._polls, "trace": self.trace, "compute": self.compute.state_dict()}
 
@@ -128,13 +151,16 @@ class RankClock:
         self.now = state["now"]
         self.compute_seconds = state["compute_seconds"]
         self.comm_seconds, self.idle_seconds = state["comm_seconds"], state["idle_seconds"]
+        self.down_seconds, self.down = state["down_seconds"], state["down"]
+        self._quorums = state["quorums"]
         self._next_id, self._sequence = state["next_id"], dict(state["sequence"])
         self._polls, self.trace = tuple(state["polls"]), list(state["trace"])
         self.compute.load_state_dict(state["compute"])
 
     def stats(self) -> dict:
         return {"simulated_seconds": self.now, "compute_seconds": self.compute_seconds,
-                "comm_seconds": self.comm_seconds, "idle_seconds": self.idle_seconds}
+                "comm_seconds": self.comm_seconds, "idle_seconds": self.idle_seconds,
+                "down_seconds": self.down_seconds}
 
     # -- plumbing ----------------------------------------------------------------------------
     def _next_in(self, group) -> int:

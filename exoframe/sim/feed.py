@@ -9,13 +9,14 @@ blocking one. Those answers were received by the ranks before the checkpoint; th
 dropped. A rank's new inputs queue behind its recorded ones.
 
 Inputs are stored as JSON-ready lists: ["o", t, op_id, key, kind, nbytes, participants,
-root, blocking], ["w", t, op_id], ["t", t, op_id] (a Probe), ["s", t] (a step's end).
+root, blocking], ["w", t, op_id], ["t", t, op_id] (a Probe), ["q", t, seq, down_until]
+(a Quorum), ["s", t] (a step's end).
 """
 from __future__ import annotations
 
 from collections import deque
 
-from .protocol import Op, Probe, Wait, frozen
+from .protocol import Op, Probe, Quorum, Wait, frozen
 from .simulator import Simulator
 
 STEP_END, DONE = "s", "d"
@@ -36,7 +37,7 @@ class Feed:
         for rank in range(nodes):
             self._pump(rank)
 
-    def message(self, rank: int, message: Op | Wait | Probe):
+    def message(self, rank: int, message: Op | Wait | Probe | Quorum):
         self._put(rank, as_record(message))
 
     def step_end(self, rank: int, t: float):
@@ -83,19 +84,23 @@ class Feed:
                 continue
             message = from_record(record)
             self.sim.receive(rank, message)
-            if replayed and (isinstance(message, (Wait, Probe)) or message.blocking):
+            if replayed and (isinstance(message, (Wait, Probe, Quorum)) or message.blocking):
                 self.replay_waits[rank] = True
 
 
-def as_record(message: Op | Wait | Probe) -> list:
+def as_record(message: Op | Wait | Probe | Quorum) -> list:
+    if isinstance(message, Quorum):
+        return ["q", message.t, message.seq, message.down_until]
     if isinstance(message, Op):
         return ["o", message.t, message.op_id, message.key, message.kind, message.nbytes,
                 message.participants, message.root, message.blocking]
     return ["w" if isinstance(message, Wait) else "t", message.t, message.op_id]
 
 
-def from_record(record: list) -> Op | Wait | Probe:
+def from_record(record: list) -> Op | Wait | Probe | Quorum:
     tag = record[0]
+    if tag == "q":
+        return Quorum(*record[1:])
     if tag == "o":
         _, t, op_id, key, kind, nbytes, participants, root, blocking = record
         return Op(t, frozen(op_id), frozen(key), kind, nbytes, tuple(participants), root,

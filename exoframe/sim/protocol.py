@@ -3,7 +3,8 @@
 A rank tells the simulator, at its simulated time `t`, that it starts an operation (Op),
 waits for one (Wait) or asks whether one is done (Probe, as MPI_Test). A blocking Op and a Wait are
 answered with Waited (when it ended, and how much of the wait was idle, peers not yet
-there, versus communication); a Probe with Probed. Live ranks send these over their pipe
+there, versus communication); a Probe with Probed. Under simulated failures every rank
+joins a Quorum at each synchronization, answered with Quorumed: who takes part. Live ranks send these over their pipe
 (engine/monitor.py), replays feed them straight to the simulator (sim/replay.py).
 """
 from __future__ import annotations
@@ -36,6 +37,14 @@ class Probe:
 
 
 @dataclass(frozen=True, slots=True)
+class Quorum:
+    """At the start of a synchronization, every rank (down or not) says whether it is up."""
+    t: float
+    seq: int  # the rank's count of quorums: the same on every rank
+    down_until: float | None  # None: the rank is up; else when it is back from its failure
+
+
+@dataclass(frozen=True, slots=True)
 class Waited:
     end: float
     idle: float
@@ -45,6 +54,13 @@ class Waited:
 @dataclass(frozen=True, slots=True)
 class Probed:
     done: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Quorumed:
+    end: float  # when the last live member joined (a rank that joined later: its own time)
+    live: tuple  # the ranks whose contributions count in this synchronization
+    joining: tuple  # ranks back from a failure: they take a live rank's state after it
 
 
 def frozen(value):

@@ -50,6 +50,10 @@ def check_trace(trace) -> None:
     raises ReplayError naming the first bad field."""
     if not isinstance(trace, dict):
         raise ReplayError("expected a JSON object")
+    if trace.get("faults", "none") != "none":
+        raise ReplayError(f"the run had simulated failures ({trace['faults']}): which nodes "
+                          "take part in each exchange depends on its timing, so its trace "
+                          "cannot be replayed through another network; run it on that network")
     types = {"strategy": (str, "a string"), "timing_dependent": (bool, "true or false"),
              "bucketed_gradients": (bool, "true or false"), "nodes": (int, "an integer"),
              "steps": (int, "an integer"), "seed": (int, "an integer"),

@@ -10,8 +10,9 @@ earlier than its last reported clock; a rank that waits for the simulator sends 
 until it is answered. Results therefore do not depend on how the OS schedules ranks.
 
 Messages are those of protocol.py, `t` being the rank's clock: Op, Wait -> Waited,
-Probe -> Probed; a blocking Op is answered like Wait. `note_clock(rank, t)` and
-`rank_done(rank)` come from the engine's step records.
+Probe -> Probed; a blocking Op is answered like Wait; Quorum -> Quorumed once every rank has
+joined (every rank waits for the answer, so none can send anything earlier).
+`note_clock(rank, t)` and `rank_done(rank)` come from the engine's step records.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import simpy
 
 from .collectives import Plans
 from .network import Environment, FlowNetwork
-from .protocol import Op, Probe, Probed, Wait, Waited
+from .protocol import Op, Probe, Probed, Quorum, Quorumed, Wait, Waited
 from .topology import Topology
 
 MESSAGE, NETWORK, QUESTION = 0, 1, 2
@@ -76,6 +77,7 @@ class Simulator:
         self.waiters = {}  # (Operation, index) -> (rank, t, op_id)
         self.early_waits = {}  # (rank, op_id) -> t, for waits that overtook their submission
         self.replies = []  # (rank, reply) to be sent by the caller
+        self.quorums = {}  # seq -> {rank: Quorum}, until every rank has joined
         self._earliest = None
 
     # -- input -------------------------------------------------------------------------------
@@ -97,6 +99,9 @@ class Simulator:
         elif isinstance(message, Probe):
             self.blocked[rank] = True
             heapq.heappush(self.inbox, (t, QUESTION, rank, next(self._seq), message))
+        elif isinstance(message, Quorum):
+            self.blocked[rank] = True
+            self._join_quorum(rank, message)
         else:
             raise SimulationError(f"unknown message {message!r} from rank {rank}")
 
@@ -244,6 +249,30 @@ class Simulator:
             del self.handles[(rank, op_id)]  # the rank's handle now knows; it will not ask again
         self._wake(rank, t, Probed(done))
 
+    def _join_quorum(self, rank: int, message: Quorum):
+        """Membership at a synchronization. The live members meet at the latest of their
+        times; a node whose failure is over by then comes back (it takes a live member's
+        state after the synchronization). With no live member, the cluster waits for the
+        first node back, which goes on with its own state."""
+        joined = self.quorums.setdefault(message.seq, {})
+        joined[rank] = message
+        if len(joined) < self.topology.size:
+            return
+        del self.quorums[message.seq]
+        up = [r for r, q in joined.items() if q.down_until is None]
+        if up:
+            meet = max(joined[r].t for r in up)
+            back = [r for r, q in joined.items() if q.down_until is not None
+                    and q.down_until <= meet]
+            live, joining = tuple(sorted(up)), tuple(sorted(back))
+        else:
+            meet = min(max(q.t, q.down_until) for q in joined.values())
+            live = tuple(sorted(r for r, q in joined.items() if max(q.t, q.down_until) <= meet))
+            joining = ()
+        for r in sorted(joined):
+            end = max(joined[r].t, meet)
+            self._wake(r, end, Quorumed(end, live, joining))
+
     def _wake(self, rank, t, reply):
         self._earliest = None
         self.blocked[rank] = False
@@ -257,6 +286,11 @@ class Simulator:
             return None
         if any(not (b or f) for b, f in zip(self.blocked, self.finished)):
             return None
+        for joined in self.quorums.values():
+            missing = [r for r in range(self.topology.size) if r not in joined]
+            return (f"deadlock: rank(s) {', '.join(map(str, sorted(joined)))} wait in a "
+                    f"membership quorum that rank(s) {', '.join(map(str, missing))} never "
+                    "joined: every rank must synchronize at the same steps")
         for (op, index), (rank, _, _) in sorted(self.waiters.items(), key=lambda w: w[1][0]):
             missing = [op.participants[i] for i, j in enumerate(op.joined_at) if j is None]
             return (f"deadlock: rank {rank} waits for {op.describe()}, which rank(s) "

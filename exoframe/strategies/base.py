@@ -28,6 +28,7 @@ local, and evaluation and the final model average them like every strategy's.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import numbers
@@ -118,6 +119,9 @@ class Strategy:
     #: False when a run with this strategy cannot be checkpointed: its state is more than
     #: state_dict() holds at any step end with no exchange in flight (engine/checkpoint.py).
     checkpointable: ClassVar[bool] = True
+    #: True when the strategy goes on through simulated node failures: every exchange it
+    #: makes is inside `with self.sync():` (see exoframe/comm/faults.py).
+    survives_failures: ClassVar[bool] = False
 
     @dataclass
     class Params:
@@ -197,6 +201,24 @@ class Strategy:
         self.optimizer.load_state_dict(state["optimizer"])
         self.load_extra_state(state["extra"])
 
+    # -- failures ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def sync(self):
+        """Around a synchronization every rank makes at the same step. Without simulated
+        failures it does nothing. With them, the ranks first agree on who is live (a quorum:
+        collectives run among the live members, a mean divides by their number), and once
+        the synchronization is done, nodes back from a failure receive the live state
+        (recovery_tensors) from the lowest live rank."""
+        self.comm.quorum()
+        yield
+        self.comm.heal(self.recovery_tensors())
+
+    def recovery_tensors(self) -> list[torch.Tensor]:
+        """What a node back from a failure takes from a live one, written in place: the
+        model's parameters and buffers and the optimizer's state. Override to add state of
+        your own (DiLoCo adds its global weights and outer optimizer)."""
+        return [*self.model.state_dict().values(), *optimizer_tensors(self.optimizer)]
+
     # -- helpers -------------------------------------------------------------------------------
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -244,14 +266,15 @@ class Strategy:
         self.comm.all_reduce(joined, op="mean")
         return self.take_buffers(joined, flat.numel())
 
-    def broadcast_buffers(self, src: int = 0):
-        """Every buffer (floating-point or not) from rank `src`, as one broadcast of their
-        bytes; nothing is sent when the model has no buffers."""
+    def broadcast_buffers(self, src: int | None = None):
+        """Every buffer (floating-point or not) from rank `src` (None: the lowest live rank,
+        rank 0 without failures), as one broadcast of their bytes; nothing is sent when the
+        model has no buffers."""
         buffers = list(self.model.buffers())
         if not buffers:
             return
         flat = flatten_bytes(buffers)
-        self.comm.broadcast(flat, src)
+        self.comm.broadcast(flat, self.comm.leader if src is None else src)
         unflatten_bytes_into(flat, buffers)
 
 
@@ -273,6 +296,16 @@ def _checked_metrics(metrics):
                     "from metrics(), e.g. float(x).")
         return values
     return checked
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The tensors of an optimizer's state (moments, step counts), in parameter order."""
+    tensors = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            tensors.extend(state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor))
+    return tensors
 
 
 def float_buffers(model: torch.nn.Module) -> list[torch.Tensor]:

@@ -15,15 +15,17 @@ class DDP(Strategy):
     """Data parallel: all-reduce (mean) of gradients every step."""
 
     gradient_all_reduce_after_backward = True
+    survives_failures = True
 
     @dataclass
     class Params:
         pass
 
     def step(self):
-        self.average_gradients()
-        # After the gradient all-reduce, so that a projection still sees that all-reduce
-        # right after the step's compute and splits it into buckets.
-        self.broadcast_buffers()
-        self.optimizer.step()
-        self.optimizer.zero_grad()
+        with self.sync():
+            self.average_gradients()
+            # After the gradient all-reduce, so that a projection still sees that all-reduce
+            # right after the step's compute and splits it into buckets.
+            self.broadcast_buffers()
+            self.optimizer.step()
+            self.optimizer.zero_grad()

@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 import torch
 
 from ..comm import flatten, unflatten_into
-from .base import Strategy, check_fraction, check_positive, outer_optimizer_spec
+from .base import (Strategy, check_fraction, check_positive, optimizer_tensors,
+                   outer_optimizer_spec)
 
 
 class DiLoCo(Strategy):
     """Inner optimizer for H steps, then one all-reduce of the outer gradient and an outer Nesterov step."""
 
     outer_sync_overlaps_backward = True
+    survives_failures = True
 
     @dataclass
     class Params:
@@ -46,7 +48,8 @@ class DiLoCo(Strategy):
         self.optimizer.step()
         self.optimizer.zero_grad()
         if self.step_num % self.params.H == 0:
-            self.outer_step()
+            with self.sync():
+                self.outer_step()
 
     def outer_step(self):
         params = self.trainable_parameters()
@@ -57,6 +60,10 @@ class DiLoCo(Strategy):
         self.outer_optimizer.step()
         self.outer_optimizer.zero_grad()
         unflatten_into(self.global_params.detach(), params)
+
+    def recovery_tensors(self):
+        return [*super().recovery_tensors(), self.global_params.detach(),
+                *optimizer_tensors(self.outer_optimizer)]
 
     def metrics(self):
         metrics, self._metrics = self._metrics, {}

@@ -13,6 +13,8 @@ from .base import Strategy, check_positive
 class LocalSGD(Strategy):
     """H local steps, then average parameters."""
 
+    survives_failures = True
+
     @dataclass
     class Params:
         H: int = 10
@@ -24,4 +26,5 @@ class LocalSGD(Strategy):
         self.optimizer.step()
         self.optimizer.zero_grad()
         if self.step_num % self.params.H == 0:
-            self.average_parameters()
+            with self.sync():
+                self.average_parameters()
