@@ -162,6 +162,7 @@ def test_a_diloco_node_fails_and_rejoins_with_the_state_timed_by_the_network(dil
     assert failure["rejoined_at"] >= failure["back_at"]
     rank2 = summary["per_rank"][2]
     assert rank2["down_seconds"] > 0.25 * T and rank2["steps_down"] == len(down)
+    assert rank2["steps_trained"] == STEPS - summary["lost_steps"]
     total = sum(rank2[k] for k in ("compute_seconds", "comm_seconds", "idle_seconds",
                                    "down_seconds"))
     assert total == pytest.approx(rank2["simulated_seconds"], rel=1e-12)
@@ -204,3 +205,41 @@ def test_a_sweep_takes_failure_settings_as_an_axis(tmp_path):
     assert (by_faults["none"]["failures"], by_faults["1@3s:4s"]["failures"]) == (0, 1)
     assert by_faults["1@3s:4s"]["lost_steps"] > 0
     assert "wan-100mbps (faults 1@3s:4s)" in table(rows)
+
+
+def test_a_sync_of_several_exchanges_goes_on_while_the_leader_is_down(tmp_path):
+    """DDP on a model with buffers makes two collectives per sync (gradients, then the
+    buffers from the lowest live rank): a down rank takes part in both for real, outside
+    the simulated network, and must not hold it back."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import TensorDataset
+
+    import exoframe
+
+    class WithBatchNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8),
+                                           torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+        def forward(self, batch):
+            x, y = batch
+            return F.mse_loss(self.net(x).squeeze(1), y)
+
+    def shard(rank, nodes, split):
+        g = torch.Generator().manual_seed(7 + rank + (100 if split == "val" else 0))
+        x = torch.randn(64, 6, generator=g)
+        return TensorDataset(x, x[:, 0])
+
+    torch.manual_seed(0)
+    result = exoframe.Trainer(WithBatchNorm(), shard, batch_size=16).fit(
+        "ddp", num_nodes=3, steps=12, optimizer="sgd", lr=0.1, eval_every=6,
+        compute="fixed:1", net="wan-100mbps", faults="0@2s:3s", out=str(tmp_path),
+        hang_timeout=60)
+    (failure,) = result.summary["failures"]
+    assert (failure["rank"], failure["recovered_from"]) == (0, 1)
+    assert failure["rejoined_at"] >= failure["back_at"] == 5.0
+    # model, BatchNorm's statistics and its int64 counter, SGD without state: all fetched
+    assert failure["recovery_bytes"] == sum(t.numel() * t.element_size()
+                                            for t in result.model.state_dict().values())

@@ -76,6 +76,8 @@ class Communicator:
         self.faults = faults
         self.live = self.ranks  # the members whose contributions count (see quorum())
         self.joining = ()  # ranks back from a failure, healed at the end of this sync
+        self._state, self._healing = [], []  # recovery: tensors, the leader's sends
+        self._incoming = self._incoming_handle = None  # a joining rank's receive
         self._pending: set[Handle] = set()
         # gloo exchanges host memory: a tensor on a GPU travels through a host copy (ranks
         # may share one GPU, which NCCL refuses); NCCL exchanges GPU memory directly.
@@ -156,16 +158,32 @@ class Communicator:
         """The lowest live rank (rank 0 without failures)."""
         return self.live[0]
 
-    def quorum(self):
-        """Start of a synchronization: agree on who takes part (Strategy.sync())."""
-        if self.faults is not None:
-            reply = self.faults.quorum(self.clock)
-            self.live, self.joining = reply.live, reply.joining
+    def quorum(self, recovery_tensors=None):
+        """Start of a synchronization (Strategy.sync()): wait for the state this rank sent
+        at the last one, agree on who takes part, and post a joining rank's receive of the
+        state. recovery_tensors(): the tensors a joining rank takes from the leader; the
+        list is fixed here, on every rank, their values sent once the synchronization is
+        done (heal)."""
+        if self.faults is None:
+            return
+        for handle in self._healing:
+            handle.wait()
+        self._healing = []
+        if self._pending:
+            raise ExoframeError(f"rank {self.rank} has {len(self._pending)} exchange(s) in flight "
+                                "at a synchronization: under faults every exchange must be "
+                                "waited for before the next Strategy.sync().")
+        reply = self.faults.quorum(self.clock)
+        self.live, self.joining = reply.live, reply.joining
+        self._state = list(recovery_tensors()) if self.joining and recovery_tensors else []
+        if self.rank in self.joining:
+            self._incoming = torch.empty(sum(t.numel() * t.element_size() for t in self._state),
+                                         dtype=torch.uint8)
+            self._incoming_handle = self.recv(self._incoming, self.leader, async_op=True)
 
-    def heal(self, tensors):
-        """End of a synchronization: every joining rank receives `tensors` (the live state
-        of model, optimizer and strategy) from the leader, in place; the leader sends
-        without waiting."""
+    def heal(self):
+        """End of a synchronization: the leader sends the state (its values now) to every
+        joining rank, without waiting; a joining rank waits for it and takes it in place."""
         if self.faults is None:
             return
         joining, self.joining = self.joining, ()
@@ -174,23 +192,27 @@ class Communicator:
             return
         source = self.leader
         self.live = tuple(sorted((*self.live, *joining)))
-        tensors = list(tensors)
-        flat = flatten_bytes(tensors)
-        for rank in joining:
-            if self.rank == source:
-                self.send(flat, rank, async_op=True)
-            elif self.rank == rank:
-                comm_before = self.clock.comm_seconds
-                self.recv(flat, source)
-                unflatten_bytes_into(flat, tensors)
-                self.faults.back(self.clock, source, flat.numel(),
-                                 self.clock.comm_seconds - comm_before)
+        state, self._state = self._state, []
+        if self.rank == source:
+            flat = flatten_bytes([t.detach().cpu() for t in state])
+            self._healing = [self.send(flat, rank, async_op=True) for rank in joining]
+        elif self.rank in joining:
+            comm_before = self.clock.comm_seconds
+            self._incoming_handle.wait()
+            unflatten_bytes_into(self._incoming, state)
+            self.faults.back(self.clock, source, self._incoming.numel(),
+                             self.clock.comm_seconds - comm_before)
+            self._incoming = self._incoming_handle = None
 
     def _mask(self, tensor: torch.Tensor, op: str):
         """A down rank's contribution to a reduction: its neutral element."""
         if self.rank not in self.live:
+            neutral = _NEUTRAL[op]
+            if not tensor.is_floating_point() and neutral:
+                info = torch.iinfo(tensor.dtype)
+                neutral = info.min if neutral < 0 else info.max
             with torch.no_grad():
-                tensor.fill_(_NEUTRAL.get(op, 0.0))
+                tensor.fill_(neutral)
 
     def _check_everyone(self, kind: str):
         if len(self.live) < self.world_size:
@@ -217,7 +239,7 @@ class Communicator:
 
     # -- the choke point -----------------------------------------------------------------
     def _submit(self, kind, nbytes, async_op, result, finish, start, root=0, peers=None):
-        if peers is not None and not set(peers) <= set(self.live):
+        if peers is not None and not set(peers) <= {*self.live, *self.joining}:
             raise ExoframeError(f"{kind} between ranks {peers[0]} and {peers[1]}, one of which "
                                 "is down (simulated failure).")
         real = peers if peers is not None else self.ranks

@@ -79,6 +79,7 @@ class RankFaults:
     def back(self, clock, source: int | None, nbytes: int, seconds: float):
         """The rank is live again, with `source`'s state (None: its own)."""
         self.down_until = None
+        self.after = max(self.after, clock.now)  # what fell while it was still away is absorbed
         clock.down = False
         self.records[-1].update(rejoined_at=clock.now, recovered_from=source,
                                 recovery_bytes=nbytes, recovery_seconds=seconds)

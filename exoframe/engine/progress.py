@@ -31,7 +31,8 @@ def default_mode(every: float) -> str:
 
 
 def _facts(row: dict) -> dict:
-    facts = {"loss": f"{row['loss']:.4f}"}
+    # no loss: every node was down that step (simulated failures)
+    facts = {"loss": "-" if row.get("loss") is None else f"{row['loss']:.4f}"}
     if row.get("val_loss") is not None:
         facts["val"] = f"{row['val_loss']:.4f}"
     if row.get("sim_time") is not None:

@@ -110,7 +110,8 @@ def train(rank: int, job: Job, batches: Batches, conn):
                                                    job.clip_grad_norm)
         strategy.step_num = step
         strategy.step()
-        precision.update()
+        if not down:  # a down rank unscaled nothing
+            precision.update()
         clock.charge()
         clock.end_step(step)
         record = {"loss": loss, "lr": lr, "bytes_sent": comm.traffic.bytes_sent,

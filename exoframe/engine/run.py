@@ -158,7 +158,7 @@ def partial_summary(job: Job, rows: list, status: str, error: str) -> dict:
         "num_nodes": job.nodes,
         "steps": job.steps,
         "steps_completed": len(rows),
-        "final_loss": rows[-1]["loss"] if rows else None,
+        "final_loss": rows[-1].get("loss") if rows else None,
         "final_val_loss": val_rows[-1]["val_loss"] if val_rows else None,
         "seed": job.seed,
         "net": job.sim.net,

@@ -20,6 +20,7 @@ class StepRows:
         self.states: dict[int, list] = {}
         self.rows: dict[int, dict] = {}
         self.awaiting_val: set[int] = set()
+        self.down: dict[int, list] = {}  # step -> which ranks were down, once all reported
         self.next_step = 1
 
     def add(self, rank: int, step: int, record: dict, state):
@@ -32,12 +33,11 @@ class StepRows:
             return None
         del self.records[step]
         self.rows[step] = self._row(step, records)
+        self.down[step] = [bool(r.get("nodes_down")) for r in records]
         if step not in self.states:
             return None
-        self.awaiting_val.add(step)
-        states = self.states.pop(step)
-        live = [s for s, r in zip(states, records) if not r.get("nodes_down")]
-        return average(live or states, exact=states[0].exact)
+        self.awaiting_val.add(step)  # its states came (with the records or apart, add_state)
+        return self._averaged(step)
 
     def hold(self, step: int):
         """Keep `step`'s row until its states (add_state) come and are validated."""
@@ -46,11 +46,18 @@ class StepRows:
     def add_state(self, rank: int, step: int, state):
         """A state sent apart from its record (a rank told to stop after a step that was
         not an evaluation step). Returns the averaged state once every rank's is in."""
-        states = self.states.setdefault(step, [None] * self.nodes)
-        states[rank] = state
-        if any(s is None for s in states):
+        self.states.setdefault(step, [None] * self.nodes)[rank] = state
+        return self._averaged(step)
+
+    def _averaged(self, step: int):
+        """The average of `step`'s states over the ranks that were up, once every rank's
+        state and record are in (states may come before the last record)."""
+        states = self.states.get(step)
+        if step not in self.down or any(s is None for s in states):
             return None
-        return average(self.states.pop(step))
+        del self.states[step]
+        live = [s for s, down in zip(states, self.down[step]) if not down]
+        return average(live or states, exact=states[0].exact)
 
     def add_val(self, step: int, val_loss, metrics: dict):
         self.awaiting_val.discard(step)
@@ -63,6 +70,7 @@ class StepRows:
         validation has not come (when the run stops: they are kept without val_loss)."""
         while self.next_step in self.rows and (unvalidated
                                                or self.next_step not in self.awaiting_val):
+            self.down.pop(self.next_step, None)
             yield self.rows.pop(self.next_step)
             self.next_step += 1
 

@@ -19,6 +19,8 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "idle_seconds": r["idle_seconds"],
         "down_seconds": r["down_seconds"],
         "steps_down": sum(f["steps_down"] for f in r["failures"]),
+        # steps whose work counts: neither spent down nor lost with a failure
+        "steps_trained": steps - sum(f["steps_down"] + f["steps_lost"] for f in r["failures"]),
         "bytes_sent": r["bytes_sent"],
         "bytes_received": r["bytes_received"],
         "compute_utilization": _ratio(r["compute_seconds"], r["simulated_seconds"]),

@@ -56,7 +56,7 @@ def _rows_of(run_dir: Path) -> list[dict]:
     base = {"strategy": summary["strategy"], "seed": summary.get("seed"),
             "final_loss": summary["final_loss"], "final_val_loss": summary["final_val_loss"],
             "best_achievable_loss": summary.get("best_achievable_loss"),
-            "run_dir": str(run_dir), "losses": [m["loss"] for m in metrics],
+            "run_dir": str(run_dir), "losses": [m.get("loss") for m in metrics],
             "val_losses": [m.get("val_loss") for m in metrics],
             "faults": summary.get("faults", "none"),
             "failures": len(summary.get("failures", [])),

@@ -151,8 +151,9 @@ class RankClock:
         self.now = state["now"]
         self.compute_seconds = state["compute_seconds"]
         self.comm_seconds, self.idle_seconds = state["comm_seconds"], state["idle_seconds"]
-        self.down_seconds, self.down = state["down_seconds"], state["down"]
-        self._quorums = state["quorums"]
+        # (absent from checkpoints written before simulated failures existed)
+        self.down_seconds, self.down = state.get("down_seconds", 0.0), state.get("down", False)
+        self._quorums = state.get("quorums", 0)
         self._next_id, self._sequence = state["next_id"], dict(state["sequence"])
         self._polls, self.trace = tuple(state["polls"]), list(state["trace"])
         self.compute.load_state_dict(state["compute"])

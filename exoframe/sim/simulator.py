@@ -12,6 +12,12 @@ until it is answered. Results therefore do not depend on how the OS schedules ra
 Messages are those of protocol.py, `t` being the rank's clock: Op, Wait -> Waited,
 Probe -> Probed; a blocking Op is answered like Wait; Quorum -> Quorumed once every rank has
 joined (every rank waits for the answer, so none can send anything earlier).
+
+Simulated failures: a rank the quorum leaves out (down) is outside until its next Quorum.
+It takes no part in any simulated operation, only in the real ones, so it sends nothing
+that must be ordered and holds no event back: it counts as neither running nor blocked. A
+joining rank is outside too, once its one receive of the state (right after the quorum) is
+in, until that receive is answered.
 `note_clock(rank, t)` and `rank_done(rank)` come from the engine's step records.
 """
 from __future__ import annotations
@@ -78,12 +84,17 @@ class Simulator:
         self.early_waits = {}  # (rank, op_id) -> t, for waits that overtook their submission
         self.replies = []  # (rank, reply) to be sent by the caller
         self.quorums = {}  # seq -> {rank: Quorum}, until every rank has joined
+        self.outside: set[int] = set()  # down ranks between quorums (see the docstring)
+        self.recovering: set[int] = set()  # joining ranks whose receive is still to come
         self._earliest = None
 
     # -- input -------------------------------------------------------------------------------
     def receive(self, rank: int, message: Op | Wait | Probe):
         self._earliest = None
         t = message.t
+        if isinstance(message, Op) and rank in self.recovering:
+            self.recovering.discard(rank)
+            self.outside.add(rank)
         if isinstance(message, Op):
             if message.blocking:
                 self.blocked[rank] = True
@@ -101,6 +112,7 @@ class Simulator:
             heapq.heappush(self.inbox, (t, QUESTION, rank, next(self._seq), message))
         elif isinstance(message, Quorum):
             self.blocked[rank] = True
+            self.outside.discard(rank)
             self._join_quorum(rank, message)
         else:
             raise SimulationError(f"unknown message {message!r} from rank {rank}")
@@ -147,7 +159,7 @@ class Simulator:
         rank's bound or state changes."""
         if self._earliest is None:
             running = [(b, r) for r, b in enumerate(self.bound)
-                       if not (self.blocked[r] or self.finished[r])]
+                       if not (self.blocked[r] or self.finished[r] or r in self.outside)]
             self._earliest = heapq.nsmallest(2, running)
         return self._earliest
 
@@ -272,9 +284,14 @@ class Simulator:
         for r in sorted(joined):
             end = max(joined[r].t, meet)
             self._wake(r, end, Quorumed(end, live, joining))
+            if r in joining:
+                self.recovering.add(r)
+            elif r not in live:
+                self.outside.add(r)
 
     def _wake(self, rank, t, reply):
         self._earliest = None
+        self.outside.discard(rank)
         self.blocked[rank] = False
         self.bound[rank] = max(self.bound[rank], t)
         self.replies.append((rank, reply))

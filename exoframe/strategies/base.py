@@ -209,14 +209,16 @@ class Strategy:
         collectives run among the live members, a mean divides by their number), and once
         the synchronization is done, nodes back from a failure receive the live state
         (recovery_tensors) from the lowest live rank."""
-        self.comm.quorum()
+        self.comm.quorum(self.recovery_tensors)
         yield
-        self.comm.heal(self.recovery_tensors())
+        self.comm.heal()
 
     def recovery_tensors(self) -> list[torch.Tensor]:
         """What a node back from a failure takes from a live one, written in place: the
         model's parameters and buffers and the optimizer's state. Override to add state of
-        your own (DiLoCo adds its global weights and outer optimizer)."""
+        your own (DiLoCo adds its global weights and outer optimizer). The list is taken at
+        the start of the synchronization; state the synchronization itself creates (an
+        optimizer's lazily made buffers) is made alike on every rank by it."""
         return [*self.model.state_dict().values(), *optimizer_tensors(self.optimizer)]
 
     # -- helpers -------------------------------------------------------------------------------
