@@ -85,6 +85,8 @@ def metric_lines(run):
     ("diloco", ["-p", "H=3"], 4),
     # Fragments are in flight at the end of every even step: the checkpoint waits for step 5.
     ("streaming-diloco", ["-p", "H=4", "-p", "fragments=2", "-p", "tau=1"], 5),
+    # Node 1 fails at step 4 (down at the checkpoint and when killed) and rejoins at step 9.
+    ("diloco", ["-p", "H=3", "--faults", "1@0.25s:0.5s"], 4),
 ])
 def test_killed_and_resumed_run_equals_the_run_never_stopped(cli, monkeypatch, strategy, params,
                                                              checkpoint_step):
@@ -226,8 +228,9 @@ def test_the_python_api_checkpoints_and_resumes_with_more_steps(tmp_path):
 
 @pytest.mark.parametrize("change, expected", [
     ({"nodes": 3}, "resumes only the run that made it"),
-    ({"net": "wan-100mbps"}, "network, stragglers or seed differ"),
-    ({"seed": 1}, "network, stragglers or seed differ"),
+    ({"net": "wan-100mbps"}, "network, stragglers, faults or seed differ"),
+    ({"seed": 1}, "network, stragglers, faults or seed differ"),
+    ({"faults": "1@1s:1s"}, "network, stragglers, faults or seed differ"),
     ({"steps": 12, "schedule": "cosine"}, "'cosine' learning-rate schedule runs over 8 steps"),
 ])
 def test_a_checkpoint_resumes_only_the_run_that_made_it(tmp_path, change, expected):

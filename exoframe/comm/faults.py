@@ -76,6 +76,16 @@ class RankFaults:
         if not self.down:
             self._last_sync = (self.step, clock.compute_seconds)
 
+    def state_dict(self) -> dict:
+        """For checkpoints (the plan is rebuilt from the seed: the same draws)."""
+        return {"down_until": self.down_until, "after": self.after, "step": self.step,
+                "records": [dict(r) for r in self.records], "last_sync": list(self._last_sync)}
+
+    def load_state_dict(self, state: dict):
+        self.down_until, self.after = state["down_until"], state["after"]
+        self.step, self.records = state["step"], [dict(r) for r in state["records"]]
+        self._last_sync = tuple(state["last_sync"])
+
     def back(self, clock, source: int | None, nbytes: int, seconds: float):
         """The rank is live again, with `source`'s state (None: its own)."""
         self.down_until = None

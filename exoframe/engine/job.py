@@ -165,8 +165,7 @@ def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: st
         raise ExoframeError(f"checkpoint_every: strategy '{strategy_name}' cannot be "
                             f"checkpointed: {problem}.")
     for field, value in (("target_loss", config.target_loss),
-                         ("time_budget", config.time_budget),
-                         ("faults", parse_faults(config.faults).active or None)):
+                         ("time_budget", config.time_budget)):
         if value is not None:
             raise ExoframeError(f"checkpoint_every: a run with {field} cannot be checkpointed "
                                 f"yet; drop one of them.")

@@ -51,6 +51,9 @@ def capture(step: int, model, strategy, batches, clock, comm, precision) -> dict
         "traffic": comm.traffic.as_dict(),
         "loss_scale": precision.scaler.state_dict() if precision.scaler is not None else None,
         "rng": rng_states(),
+        # simulated failures: who is down, and who was live at the last sync
+        "faults": comm.faults.state_dict() if comm.faults is not None else None,
+        "live": list(comm.live),
     }
 
 
@@ -65,6 +68,9 @@ def restore(state: dict, model, strategy, batches, clock, comm, precision) -> in
     if precision.scaler is not None:
         precision.scaler.load_state_dict(state["loss_scale"])
     set_rng_states(_on_cpu(state["rng"]))
+    if comm.faults is not None:
+        comm.faults.load_state_dict(state["faults"])
+        comm.live = tuple(state["live"])
     return state["step"]
 
 

@@ -55,8 +55,8 @@ def check_resumable(job, checkpoint, run_dir):
             "resumes only the run that made it.")
     if made["setup"] != now["setup"]:
         raise ExoframeError(
-            f"{run_dir}: its network, stragglers or seed differ from those the checkpoint was "
-            f"made with (network '{made['net']}', now '{now['net']}'); resume from the folder "
+            f"{run_dir}: its network, stragglers, faults or seed differ from those the "
+            f"checkpoint was made with (network '{made['net']}', now '{now['net']}'); resume from the folder "
             "the run was started in, with the same network file.")
     if made["steps"] != now["steps"] and made["schedule"] != "constant":
         raise ExoframeError(
