@@ -294,7 +294,7 @@ def test_bad_values_fail_at_load_not_later(write):
 
 @pytest.mark.parametrize("text, problem", [
     ("sites: 3", "field 'sites' must be dict, got 3"),
-    ("latency: [1]", "field 'latency' must be str | float | None, got [1]"),
+    ("latency: [1]", "field 'latency' must be str or float or None, got [1]"),
     ("links: {between: [a, b]}", "field 'links' must be list"),
     ("bandwdith: 1gbit", "unknown field 'bandwdith'. Did you mean 'bandwidth'?"),
     ("sites: {us: {latency: [1]}}", "sites.us: field 'latency' must be"),

@@ -46,6 +46,11 @@ def shorten(value, limit: int = MAX_SHOWN) -> str:
 
 
 def _type_name(tp) -> str:
+    """'float', 'str or list', 'float or str or None' (typing's names would say 'Union')."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arm) for arm in typing.get_args(tp))
+    if tp is type(None):
+        return "None"
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
