@@ -177,9 +177,12 @@ class Communicator:
         self.live, self.joining = reply.live, reply.joining
         self._state = list(recovery_tensors()) if self.joining and recovery_tensors else []
         if self.rank in self.joining:
-            self._incoming = torch.empty(sum(t.numel() * t.element_size() for t in self._state),
-                                         dtype=torch.uint8)
-            self._incoming_handle = self.recv(self._incoming, self.leader, async_op=True)
+            host = self._incoming = torch.empty(
+                sum(t.numel() * t.element_size() for t in self._state), dtype=torch.uint8)
+            self._incoming_handle = self._submit(
+                "recv", host.numel(), True, host, None,
+                lambda: dist.irecv(host, self.leader, self.p2p_group),
+                peers=(self.leader, self.rank), recovery=True)
 
     def heal(self):
         """End of a synchronization: the leader sends the state (its values now) to every
@@ -221,8 +224,19 @@ class Communicator:
                                 "exchanges with all_reduce, broadcast, send and recv.")
 
     def in_flight(self) -> int:
-        """Operations started and not yet waited for."""
-        return len(self._pending)
+        """Operations started and not yet waited for, but for the leader's sends of the
+        state to joining ranks: they have it already (heal), so a checkpoint keeps only the
+        sends' ids (healing_state) for the leader to wait for at its next sync."""
+        return len(self._pending - set(self._healing))
+
+    def healing_state(self) -> list[int]:
+        return [handle._op_id for handle in self._healing]
+
+    def load_healing_state(self, op_ids: list[int]):
+        """The leader's recovery sends a checkpoint kept: waited for in simulated time only
+        (the real transfer was done before it)."""
+        self._healing = [Handle(self, op_id, None) for op_id in op_ids]
+        self._pending.update(self._healing)
 
     def wait_all(self):
         """Wait for every operation still in flight (the end of training)."""
@@ -238,8 +252,11 @@ class Communicator:
         return tensor.detach().to("cpu")
 
     # -- the choke point -----------------------------------------------------------------
-    def _submit(self, kind, nbytes, async_op, result, finish, start, root=0, peers=None):
-        if peers is not None and not set(peers) <= {*self.live, *self.joining}:
+    def _submit(self, kind, nbytes, async_op, result, finish, start, root=0, peers=None,
+                recovery=False):
+        """recovery: a joining rank's receive of the state (quorum), the one exchange with
+        a rank not yet live."""
+        if peers is not None and not recovery and not set(peers) <= set(self.live):
             raise ExoframeError(f"{kind} between ranks {peers[0]} and {peers[1]}, one of which "
                                 "is down (simulated failure).")
         real = peers if peers is not None else self.ranks

@@ -93,8 +93,9 @@ def identity(job) -> dict:
     and simulated network, stragglers and seed (a digest: the simulator's inputs are
     replayed through it)."""
     sim = job.sim
-    setup = repr((sim.topology, sorted(sim.algorithms), sim.stragglers, job.seed,
-                  job.faults.describe()))
+    # faults only when there are: checkpoints made before they existed keep their identity
+    faults = (job.faults.describe(),) if job.faults.active else ()
+    setup = repr((sim.topology, sorted(sim.algorithms), sim.stragglers, job.seed, *faults))
     return {"nodes": job.nodes, "strategy": job.strategy_name, "steps": job.steps,
             "schedule": job.schedule, "net": sim.net,
             "setup": hashlib.sha256(setup.encode()).hexdigest()[:16]}

@@ -54,6 +54,7 @@ def capture(step: int, model, strategy, batches, clock, comm, precision) -> dict
         # simulated failures: who is down, and who was live at the last sync
         "faults": comm.faults.state_dict() if comm.faults is not None else None,
         "live": list(comm.live),
+        "healing": comm.healing_state(),
     }
 
 
@@ -71,6 +72,7 @@ def restore(state: dict, model, strategy, batches, clock, comm, precision) -> in
     if comm.faults is not None:
         comm.faults.load_state_dict(state["faults"])
         comm.live = tuple(state["live"])
+        comm.load_healing_state(state["healing"])
     return state["step"]
 
 

@@ -56,8 +56,8 @@ def check_resumable(job, checkpoint, run_dir):
     if made["setup"] != now["setup"]:
         raise ExoframeError(
             f"{run_dir}: its network, stragglers, faults or seed differ from those the "
-            f"checkpoint was made with (network '{made['net']}', now '{now['net']}'); resume from the folder "
-            "the run was started in, with the same network file.")
+            f"checkpoint was made with (network '{made['net']}', now '{now['net']}'); resume "
+            "from the folder the run was started in, with the same network file.")
     if made["steps"] != now["steps"] and made["schedule"] != "constant":
         raise ExoframeError(
             f"{run_dir}: its '{made['schedule']}' learning-rate schedule runs over "
