@@ -3,6 +3,7 @@ rows, trace and final weights of the same run never stopped (real processes, rea
 import csv
 import json
 import re
+import signal
 import time
 
 import pytest
@@ -23,8 +24,9 @@ from exoframe.sim.protocol import Op
 S = 4e6  # bytes of an all-reduce
 HANG_GUARD = 120  # seconds; a guard against hangs, never a speed requirement
 
-# The mlp workload, whose training forward hangs after EXOFRAME_TEST_HANG_AFTER calls: the
-# run is then surely between its checkpoint and its end when the launcher is killed.
+# The mlp workload, whose training forward hangs after EXOFRAME_TEST_HANG_AFTER calls (the
+# run is then surely between its checkpoint and its end when the launcher is killed), and
+# sleeps EXOFRAME_TEST_SLOW seconds in each (a run still going when it is signalled).
 HANGING_WORKLOAD = '''
 import dataclasses
 import os
@@ -46,6 +48,7 @@ class Hangs(torch.nn.Module):
             limit = os.environ.get("EXOFRAME_TEST_HANG_AFTER")
             if limit and self.calls > int(limit):
                 time.sleep(3600)
+            time.sleep(float(os.environ.get("EXOFRAME_TEST_SLOW", 0)))
         return self.inner(batch)
 
 
@@ -124,6 +127,39 @@ def test_killed_and_resumed_run_equals_the_run_never_stopped(cli, monkeypatch, s
         assert summaries[0][key] == summaries[1][key], key
     weights = [torch.load(r / "model.pt") for r in (run, ref)]
     assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+@pytest.mark.parametrize("strategy, params", [("ddp", []), ("diloco", ["-p", "H=3"])])
+def test_a_stop_signal_checkpoints_first_and_the_resume_equals_the_run_never_stopped(
+        cli, monkeypatch, strategy, params):
+    (cli.cwd / "hanging.py").write_text(HANGING_WORKLOAD)
+    monkeypatch.chdir(cli.cwd)
+    monkeypatch.syspath_prepend(str(cli.cwd))
+    args = [*RUN, "--strategy", strategy, *params]
+    args[args.index("--checkpoint-every") + 1] = "100"  # no periodic checkpoint in 12 steps
+    reference = CliRunner().invoke(exoframe_cli, ["run", *args, "--out", "reference"])
+    assert reference.exit_code == 0, reference.output
+
+    proc = cli.popen("run", *args, "--out", "cut", env={"EXOFRAME_TEST_SLOW": "0.3"})
+    wait_for(lambda: any((cli.cwd / "cut").glob("*/metrics.jsonl")), "the run folder")
+    run = only_run(cli.cwd / "cut")
+    wait_for(lambda: len(metric_lines(run)) >= 3, "three rows")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=HANG_GUARD)
+    assert proc.returncode != 0
+    wait_for(lambda: not cli.leftovers(), "the ranks to stop with the launcher")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted", summary
+    step = CheckpointFolder(run).latest().step
+    assert 3 < step < 12 and f"checkpoint at step {step}" in err
+
+    resumed = CliRunner().invoke(exoframe_cli, ["resume", str(run)])
+    assert resumed.exit_code == 0, resumed.output
+    ref = only_run(cli.cwd / "reference")
+    assert metric_lines(run) == metric_lines(ref)
+    assert (run / "trace.json").read_bytes() == (ref / "trace.json").read_bytes()
+    weights = [torch.load(r / "model.pt") for r in (run, ref)]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 

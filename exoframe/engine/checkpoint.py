@@ -107,6 +107,7 @@ class Commits:
     def __init__(self, folder: CheckpointFolder, job):
         self.folder, self.nodes, self.run = folder, job.nodes, identity(job)
         self.saved: dict[int, dict[int, int]] = {}  # step -> rank -> its simulator inputs then
+        self.committed = 0  # the latest step committed by this run
 
     def rank_saved(self, rank: int, step: int, inputs_so_far: int):
         self.saved.setdefault(step, {})[rank] = inputs_so_far
@@ -126,6 +127,7 @@ class Commits:
                 self.folder.commit(step, self.run,
                                    [sim_log[r][:cuts[r]] for r in range(self.nodes)],
                                    rows[:step])
+                self.committed = step
             except OSError as e:
                 raise ExoframeError(f"the checkpoint at step {step} could not be written in "
                                     f"{self.folder.path}: {e.strerror or e}. Free some space "

@@ -7,7 +7,8 @@ private temporary folder (no port: no other process can reach or disturb it), an
 binds to loopback. While the run goes, monitor.py runs the simulator, which answers the
 ranks over their pipes, and watches every pipe and process; on a failure, a stall (see
 watchdog.py), Ctrl-C, SIGTERM or SIGHUP every child is killed (processes.py), so that no
-process is left behind.
+process is left behind. In a run that checkpoints, a stop signal first has every rank save
+(monitor.py).
 """
 from __future__ import annotations
 

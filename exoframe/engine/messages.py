@@ -1,8 +1,9 @@
 """What the launcher and its children (ranks, evaluator) say over their pipes: typed messages.
 
 Launcher -> rank: Rendezvous once, the simulator's replies (exoframe.sim.protocol), and
-StopAnswer to an AskStop. Rank -> launcher: SimRequest (a rank clock's message for the
-simulator), StepDone, StepState, AskStop, Checkpointed, RankDone. Launcher -> evaluator: Evaluate, then
+StopAnswer to an AskStop, CheckpointNow (at any time: a stop signal came). Rank -> launcher:
+SimRequest (a rank clock's message for the simulator), StepDone, StepState, AskStop,
+Checkpointed, CheckpointLate, RankDone. Launcher -> evaluator: Evaluate, then
 EvaluatorStop; evaluator -> launcher: Validated. Any child -> launcher: ChildFailed. Model
 states travel as engine.model_state.ModelState.
 """
@@ -59,6 +60,20 @@ class Checkpointed:
 
 
 @dataclass(frozen=True)
+class CheckpointNow:
+    """Save at the first step end at or after `step` with no exchange in flight (the run
+    was asked to stop: it stops once that checkpoint is committed)."""
+    step: int
+
+
+@dataclass(frozen=True)
+class CheckpointLate:
+    """The rank had already ended `step`, past the one a CheckpointNow asked for."""
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True)
 class RankDone:
     rank: int
     result: dict  # traffic, bytes, clock stats, peak memory, trace
@@ -92,13 +107,28 @@ class ChildFailed:
 
 
 class PipeSimPort:
-    """A rank clock's way to the simulator over the rank's pipe (see sim/clock.py)."""
+    """A rank clock's way to the simulator over the rank's pipe (see sim/clock.py). A
+    CheckpointNow may come while the rank waits for the simulator: it is kept for the
+    rank's next step end (checkpoint_requests)."""
 
     def __init__(self, conn, rank: int):
         self.conn, self.rank = conn, rank
+        self.kept: list[CheckpointNow] = []
 
     def send(self, message):
         self.conn.send(SimRequest(self.rank, message))
 
     def recv(self):
-        return self.conn.recv()
+        while True:
+            message = self.conn.recv()
+            if not isinstance(message, CheckpointNow):
+                return message
+            self.kept.append(message)
+
+    def checkpoint_requests(self) -> list[int]:
+        """The steps asked for since the last call. At a step end the rank waits for no
+        answer: whatever is in the pipe was sent unasked."""
+        while self.conn.poll():
+            self.kept.append(self.conn.recv())
+        steps, self.kept = [m.step for m in self.kept], []
+        return steps

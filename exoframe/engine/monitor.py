@@ -1,10 +1,18 @@
 """The launcher's loop while a run goes: read every child's messages, run the network
 simulator for the ranks, emit rows in step order, send stop verdicts, and raise on the first
-failure or a stall (see watchdog.py)."""
+failure or a stall (see watchdog.py).
+
+A stop signal (Ctrl-C, SIGTERM, SIGHUP) in a run that checkpoints asks every rank to save at
+the step after the furthest one any rank has reported (CheckpointNow); a rank that has
+already ended a later one says so (CheckpointLate) and the launcher asks again for a later
+step, so that all save at the same one. The run stops once that checkpoint is committed;
+a second signal stops it at once."""
 from __future__ import annotations
 
 import multiprocessing as mp
 import multiprocessing.connection
+import signal
+import threading
 import time
 
 from ..errors import ExoframeError
@@ -12,9 +20,10 @@ from ..sim import SimulationError, Simulator
 from ..sim.feed import Feed
 from .checkpoint import CheckpointFolder, Commits
 from .job import Job
-from .messages import (AskStop, Checkpointed, ChildFailed, Evaluate, RankDone, SimRequest,
-                       StepDone, StepState, StopAnswer, Validated)
-from .processes import child_name, stack_file
+from .messages import (AskStop, CheckpointLate, CheckpointNow, Checkpointed, ChildFailed,
+                       Evaluate, RankDone, SimRequest, StepDone, StepState, StopAnswer,
+                       Validated)
+from .processes import STOP_SIGNALS, RunInterrupted, child_name, interrupted, stack_file
 from .step_rows import StepRows
 from .target import StopVerdicts
 from .watchdog import describe_stall, dump_stacks
@@ -54,12 +63,16 @@ class Monitor:
         self.final_state = None  # the latest step's averaged model: the last step's at the end
         self.errors = []
         self.first_step_at = None
+        self.reported = [0] * job.nodes  # each rank's latest step end
+        self.stop_signal = None  # the KeyboardInterrupt of a stop signal, while it checkpoints
+        self.checkpoint_wanted = None  # the step every rank is asked to save at
 
     def handle(self, message):
         if isinstance(message, SimRequest):
             self.feed.message(message.rank, message.message)
         elif isinstance(message, StepDone):
             rank, step = message.rank, message.step
+            self.reported[rank] = max(self.reported[rank], step)
             if self.first_step_at is None:
                 self.first_step_at = time.perf_counter()
             self.feed.step_end(rank, message.record["sim_time"])
@@ -81,6 +94,8 @@ class Monitor:
             self.send_verdicts(self.verdicts.ask(message.rank, message.step))
         elif isinstance(message, Checkpointed):
             self.commits.rank_saved(message.rank, message.step, len(self.feed.log[message.rank]))
+        elif isinstance(message, CheckpointLate):
+            self.ask_checkpoint(message.step + 1)
         elif isinstance(message, RankDone):
             self.results[message.rank] = message.result
             self.feed.rank_done(message.rank)
@@ -163,6 +178,34 @@ class Monitor:
         stop = self.verdicts.stop_step if self.verdicts is not None else None
         return self.job.steps if stop is None else min(stop, self.job.steps)
 
+    def _on_stop_signal(self, signum, frame):
+        """In a run that checkpoints: the first stop signal asks for a checkpoint (acted on
+        in the loop, between messages); a second one stops at once."""
+        name = signal.Signals(signum).name
+        stop = KeyboardInterrupt() if signum == signal.SIGINT else KeyboardInterrupt(name)
+        if self.stop_signal is not None:
+            raise stop
+        self.stop_signal = stop
+
+    def ask_checkpoint(self, step: int):
+        if self.checkpoint_wanted is not None and step <= self.checkpoint_wanted:
+            return
+        if step > self.last_step():
+            raise self.stop_signal
+        self.checkpoint_wanted = step
+        for conn in self.conns[:self.job.nodes]:
+            try:
+                conn.send(CheckpointNow(step))
+            except OSError:
+                pass  # the rank died; its sentinel says so
+
+    def checkpointed_stop(self):
+        """Once the checkpoint asked for at a stop signal is committed, stop."""
+        if self.checkpoint_wanted is not None and self.commits.committed >= self.checkpoint_wanted:
+            error = interrupted(self.stop_signal)
+            raise RunInterrupted(f"{error} The run saved a checkpoint at step "
+                                 f"{self.commits.committed}: `exoframe resume` goes on from it.")
+
     def raise_first_error(self):
         if self.errors:  # the earliest failure is the cause; later ones are its echoes
             first = min(self.errors, key=lambda m: m.at)
@@ -175,28 +218,43 @@ class Monitor:
         open_conns = {conn: i for i, conn in enumerate(self.conns)}
         sentinels = {p.sentinel: i for i, p in enumerate(self.processes)}
         self.last_progress = time.monotonic()
-        while not self.finished():
-            ready = mp.connection.wait([*open_conns, *sentinels],
-                                       timeout=min(5.0, self.watchdog / 2))
-            if not ready and time.monotonic() - self.last_progress > self.watchdog:
-                line, stuck = describe_stall(self, self.watchdog)
-                stacks = dump_stacks([(child_name(self.who[i]), self.processes[i].pid,
-                                       stack_file(self.folder, self.who[i])) for i in stuck])
-                raise RankFailed("watchdog", line, stacks, False)
-            for obj in ready:
-                if obj in open_conns:
+        checkpoints = self.commits is not None and \
+            threading.current_thread() is threading.main_thread()
+        previous = {signum: signal.signal(signum, self._on_stop_signal)
+                    for signum in STOP_SIGNALS} if checkpoints else {}
+        try:
+            while not self.finished():
+                self._pass(open_conns, sentinels)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _pass(self, open_conns, sentinels):
+        """Wait for messages or exits, handle them, run the simulator."""
+        if self.stop_signal is not None and self.checkpoint_wanted is None:
+            self.ask_checkpoint(max(self.reported) + 1)
+        self.checkpointed_stop()
+        ready = mp.connection.wait([*open_conns, *sentinels],
+                                   timeout=min(5.0, self.watchdog / 2))
+        if not ready and time.monotonic() - self.last_progress > self.watchdog:
+            line, stuck = describe_stall(self, self.watchdog)
+            stacks = dump_stacks([(child_name(self.who[i]), self.processes[i].pid,
+                                   stack_file(self.folder, self.who[i])) for i in stuck])
+            raise RankFailed("watchdog", line, stacks, False)
+        for obj in ready:
+            if obj in open_conns:
+                alive = self.read(obj)
+                while alive and obj.poll():  # drain: one simulator pass per batch
                     alive = self.read(obj)
-                    while alive and obj.poll():  # drain: one simulator pass per batch
-                        alive = self.read(obj)
-                    if not alive:
-                        del open_conns[obj]
-            self.raise_first_error()
-            self.simulate()
-            self.emit()
-            self.release_stalled_verdicts()
-            for obj in ready:
-                if obj in sentinels:
-                    self._check_exit(sentinels.pop(obj), open_conns)
+                if not alive:
+                    del open_conns[obj]
+        self.raise_first_error()
+        self.simulate()
+        self.emit()
+        self.release_stalled_verdicts()
+        for obj in ready:
+            if obj in sentinels:
+                self._check_exit(sentinels.pop(obj), open_conns)
 
     def _check_exit(self, i, open_conns):
         """Child i exited: drain what it said, then fail unless it had finished."""

@@ -18,7 +18,8 @@ from . import devices, rank_state
 from .data import Batches
 from .job import Job
 from .loop import Precision, forward_backward, set_lr
-from .messages import AskStop, Checkpointed, PipeSimPort, RankDone, StepDone, StepState
+from .messages import (AskStop, CheckpointLate, Checkpointed, PipeSimPort, RankDone, StepDone,
+                       StepState)
 from .model_state import snapshot
 from .schedule import lr_at
 
@@ -46,11 +47,11 @@ def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
             "fix the model, or train on anyway with --on-nonfinite continue.")
 
 
-def make_clock(rank: int, job: Job, conn, device: torch.device) -> RankClock:
+def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device) -> RankClock:
     sim = job.sim
     timer = devices.gpu_timer(device) if device.type == "cuda" else time.thread_time
     compute = ComputeClock(sim.compute, sim.stragglers.for_rank(rank, job.seed), timer)
-    return RankClock(rank, PipeSimPort(conn, rank), compute, sim.topology.algorithms,
+    return RankClock(rank, port, compute, sim.topology.algorithms,
                      sim.algorithms, topology=sim.topology)
 
 
@@ -79,7 +80,8 @@ def train(rank: int, job: Job, batches: Batches, conn):
                            device)
     torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
     model = job.model.to(device)
-    clock = make_clock(rank, job, conn, device)
+    port = PipeSimPort(conn, rank)
+    clock = make_clock(rank, job, port, device)
     faults = RankFaults(rank, job.faults.plan(job.nodes, job.seed), job.strategy_name,
                         job.strategy_cls.survives_failures) if job.faults.active else None
     comm = Communicator(rank, job.nodes, clock, p2p_group=p2p_group, faults=faults)
@@ -126,6 +128,9 @@ def train(rank: int, job: Job, batches: Batches, conn):
         stop = job.asks_to_stop(step) and stop_after(conn, rank, step)
         if stop and state is None:  # the final model and its validation need this step's
             conn.send(StepState(rank, step, snapshot(model, rank)))
+        for wanted in port.checkpoint_requests():  # the run was asked to stop
+            if not checkpoints.request(wanted, step):
+                conn.send(CheckpointLate(rank, step))
         if checkpoints.save_now(step, comm):
             rank_state.save(checkpoints.folder.rank_file(step, rank),
                             rank_state.capture(step, *pieces))

@@ -14,24 +14,36 @@ from .checkpoint import CheckpointFolder
 
 
 class RankCheckpoints:
-    """When a rank saves: at the first step end at or after a multiple of `every` with no
-    operation in flight."""
+    """When a rank saves: at the first step end at or after a multiple of `every`, or
+    after a step the launcher asked for (request), with no operation in flight."""
 
     def __init__(self, every: int | None, run_dir: str | None, rank: int = 0):
         self.every, self.rank = every, rank
         self.folder = CheckpointFolder(run_dir) if every is not None else None
         self.due_since = None  # the step a checkpoint became due, while it waits
+        self.requested = None  # a step the launcher asked for, until saved at or after it
         self.warned = False
+
+    def request(self, step: int, now: int) -> bool:
+        """Save at or after `step`; False when this rank has ended a later step already
+        (`now`): the ranks would save at different steps."""
+        if now > step:
+            return False
+        self.requested = step if self.requested is None else max(self.requested, step)
+        return True
 
     def save_now(self, step: int, comm) -> bool:
         if self.every is None:
             return False
-        if self.due_since is None and step % self.every == 0:
+        asked = self.requested is not None and step >= self.requested
+        if self.due_since is None and (step % self.every == 0 or asked):
             self.due_since = step
         if self.due_since is None:
             return False
         if comm.in_flight() == 0:
             self.due_since = None
+            if asked:
+                self.requested = None
             return True
         if step - self.due_since >= self.every and not self.warned and self.rank == 0:
             self.warned = True
