@@ -55,11 +55,11 @@ def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device) -> 
                      sim.algorithms, topology=sim.topology)
 
 
-def stop_after(conn, rank: int, step: int) -> bool:
+def stop_after(port: PipeSimPort, rank: int, step: int) -> bool:
     """Whether to stop after `step`, as the launcher answers once it has validated step
     `step` − LAG: the same answer for every rank (see engine/target.py)."""
-    conn.send(AskStop(rank, step))
-    return conn.recv().stop
+    port.conn.send(AskStop(rank, step))
+    return port.recv().stop
 
 
 def train(rank: int, job: Job, batches: Batches, conn):
@@ -125,7 +125,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
         evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
         state = snapshot(model, rank) if evaluate else None
         conn.send(StepDone(rank, step, record, state))
-        stop = job.asks_to_stop(step) and stop_after(conn, rank, step)
+        stop = job.asks_to_stop(step) and stop_after(port, rank, step)
         if stop and state is None:  # the final model and its validation need this step's
             conn.send(StepState(rank, step, snapshot(model, rank)))
         for wanted in port.checkpoint_requests():  # the run was asked to stop
