@@ -17,6 +17,15 @@ def _umask() -> int:
 UMASK = _umask()
 
 
+def sync_folder(path: Path):
+    """Flush a folder's entries (files renamed into it, or it renamed) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: Path, text: str):
     with replacing(path, "w") as f:
         f.write(text)

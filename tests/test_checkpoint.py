@@ -258,6 +258,7 @@ def test_the_python_api_checkpoints_and_resumes_with_more_steps(tmp_path):
     assert steps == list(range(1, 7))
     with open(first.run_dir / "metrics.csv", newline="") as f:
         assert [int(row["step"]) for row in csv.DictReader(f)] == list(range(1, 7))
+    # the simulated clock (not real time) goes on from the checkpoint's
     assert again.summary["simulated_seconds"] > first.summary["simulated_seconds"]
     assert [p.name for p in (first.run_dir / "checkpoints").iterdir()] == ["step-6"]
     assert "steps: 6" in (first.run_dir / "config.yaml").read_text()

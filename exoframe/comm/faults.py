@@ -93,4 +93,4 @@ class RankFaults:
         clock.down = False
         self.records[-1].update(rejoined_at=clock.now, recovered_from=source,
                                 recovery_bytes=nbytes, recovery_seconds=seconds)
-        self._last_sync = (self.step, clock.compute_seconds)
+        self.synced(clock)

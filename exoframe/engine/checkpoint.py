@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import ExoframeError
 from ..report import strict_json
-from ..files import write_atomic
+from ..files import sync_folder, write_atomic
 
 FOLDER = "checkpoints"
 FORMAT = 1
@@ -61,10 +61,10 @@ class CheckpointFolder:
         write_atomic(staging / "launcher.json", strict_json.dumps(
             {"format": FORMAT, "step": step, "run": run, "sim_inputs": sim_inputs,
              "rows": rows}) + "\n")
-        _sync_folder(staging)  # the ranks' files and launcher.json are on disk
+        sync_folder(staging)  # the ranks' files and launcher.json are on disk
         final = self.path / f"step-{step}"
         os.replace(staging, final)
-        _sync_folder(self.path)
+        sync_folder(self.path)
         for older in self.path.iterdir():  # ranks may be saving a later step meanwhile
             match = _ANY.match(older.name)
             if older != final and match is not None and int(match.group(1)) <= step:
@@ -133,10 +133,3 @@ class Commits:
                                     f"{self.folder.path}: {e.strerror or e}. Free some space "
                                     "or checkpoint less often (--checkpoint-every).") from None
 
-
-def _sync_folder(path: Path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -253,9 +253,12 @@ class NetConfig(NetKeys):
         if not file.is_absolute() and Path(self.where).is_file():
             file = Path(self.where).parent / file
         try:
-            lines = file.read_text().splitlines()
+            lines = file.read_text(encoding="utf-8").splitlines()
         except OSError as e:
             raise self._error(path, f"cannot read the trace file {name}: {e.strerror or e}.")
+        except UnicodeDecodeError:
+            raise self._error(path, f"the trace file {name} is not a UTF-8 text file; give "
+                                    "a CSV of time,bandwidth lines.") from None
         rows = [[cell.strip() for cell in line.split(",")] for line in lines
                 if line.strip() and not line.lstrip().startswith("#")]
         if rows and rows[0][0].lower() in ("time", "t", "seconds"):

@@ -89,13 +89,13 @@ class Simulator:
         self._earliest = None
 
     # -- input -------------------------------------------------------------------------------
-    def receive(self, rank: int, message: Op | Wait | Probe):
+    def receive(self, rank: int, message: Op | Wait | Probe | Quorum):
         self._earliest = None
         t = message.t
-        if isinstance(message, Op) and rank in self.recovering:
-            self.recovering.discard(rank)
-            self.outside.add(rank)
         if isinstance(message, Op):
+            if rank in self.recovering:  # its receive of the state: outside from now on
+                self.recovering.discard(rank)
+                self.outside.add(rank)
             if message.blocking:
                 self.blocked[rank] = True
             else:
