@@ -259,3 +259,46 @@ def test_a_bandwidth_trace_window_moves_a_transfer_by_the_closed_form(tmp_path, 
     untraced = start + S / 1e6 + 0.01
     window_delay = {0.0: 1.0, 2.0: 0.5, 3.5: 0.0, 10.0: 0.0}[start]  # (t2 − t1 overlap) / 2
     assert math.isclose(replies[1].end - untraced, window_delay, abs_tol=1e-9)
+
+
+@pytest.mark.parametrize("start", [0.0, 2.0, 3.5])  # across, into, after the outage
+def test_a_link_that_is_down_holds_its_transfers_for_the_outage(start):
+    """The a–b link is down from 1 s to 3 s: a transfer on it waits that long and no more,
+    while a flow from the same uplink to a rank of its own site takes the whole uplink."""
+    from exoframe.sim.netconfig import NetConfig
+
+    net = NetConfig.from_dict({
+        "bandwidth": "16mbit",
+        "sites": {"a": {"ranks": [0, 2]}, "b": {"ranks": [1]}},
+        "links": [{"between": ["a", "b"], "bandwidth": "8mbit", "latency": "10ms",
+                   "bandwidth_trace": [["1s", "down"], ["3s", "8mbit"]]}]}, "t", "t")
+    topology = net.validate().topology(3)
+    assert topology.inter[(0, 1)].trace == ((1.0, 0.0), (3.0, 1e6))
+    wan, local = ("p", 0, 1, 0), ("p", 0, 2, 1)
+    replies, _ = run(topology, [(0, Op(start, 0, local, "send", S, (0, 2), 0, False)),
+                                (0, Op(start, 1, wan, "send", S, (0, 1), 0, True)),
+                                (1, Op(start, 0, wan, "recv", S, (0, 1), 0, True)),
+                                (2, Op(start, 0, local, "recv", S, (0, 2), 0, True))])
+    assert close(replies[1].end,
+                 traced_finish(start, S, 1e6, [(1.0, 0.0), (3.0, 1e6)]) + 0.01, rel=1e-12)
+    outage = {0.0: 2.0, 2.0: 1.0, 3.5: 0.0}[start]
+    assert math.isclose(replies[1].end - (start + S / 1e6 + 0.01), outage, abs_tol=1e-9)
+    # The local flow runs at 1e6 B/s beside the WAN flow (max-min: the WAN link caps that
+    # one at 8 Mbit/s of the 16) and at the uplink's 2e6 B/s while the WAN link is down.
+    local_end = {0.0: 1.0 + 3e6 / 2e6, 2.0: 3.0 + 2e6 / 1e6, 3.5: 3.5 + S / 1e6}[start]
+    assert close(replies[2].end, local_end, rel=1e-12)
+
+
+def test_a_transfer_on_a_link_that_never_comes_back_is_reported_not_hung():
+    from exoframe.sim.netconfig import NetConfig
+
+    net = NetConfig.from_dict({
+        "sites": {"a": {"ranks": [0]}, "b": {"ranks": [1]}},
+        "links": [{"between": ["a", "b"], "bandwidth": "8mbit",
+                   "bandwidth_trace": [["1s", 0]]}]}, "t", "t")
+    key = ("p", 0, 1, 0)
+    replies, sim = run(net.validate().topology(2),
+                       [(0, Op(0.0, 0, key, "send", S, (0, 1), 0, True)),
+                        (1, Op(0.0, 0, key, "recv", S, (0, 1), 0, True))])
+    assert replies == {}
+    assert "down for good: its bandwidth_trace ends with 'down'" in sim.stuck()

@@ -44,7 +44,8 @@ class LinkConfig:
     latency: Unit = None  # None: 0
     jitter: Unit = None
     # The bandwidth over time: [[time, bandwidth], ...] or a CSV file of time,bandwidth
-    # lines (relative to this file's folder); each bandwidth holds from its time on.
+    # lines (relative to this file's folder); each bandwidth holds from its time on, and
+    # 'down' (or 0) stops the link until the next entry.
     bandwidth_trace: list | str | None = None
 
 
@@ -235,11 +236,13 @@ class NetConfig(NetKeys):
                 raise self._error(f"{path}[{i}]", f"expected [time, bandwidth] like "
                                                   f"['10min', '50mbit'], got {shorten(entry)}.")
             t = self._duration(entry[0], f"{path}[{i}] time")
-            bandwidth = self._bandwidth(entry[1], f"{path}[{i}] bandwidth")
-            if not 0 < bandwidth < math.inf:
-                raise self._error(f"{path}[{i}]", "a traced bandwidth must be more than 0 and "
-                                                  "finite (a link that is down: a tiny one, "
-                                                  "e.g. '1bit').")
+            if entry[1] in (0, "0", "down"):
+                bandwidth = 0.0  # the link is down: its flows wait until a later entry
+            else:
+                bandwidth = self._bandwidth(entry[1], f"{path}[{i}] bandwidth")
+            if not bandwidth < math.inf:
+                raise self._error(f"{path}[{i}]", "a traced bandwidth must be finite; write "
+                                                  "'down' (or 0) for a link that is down.")
             if trace and t <= trace[-1][0]:
                 raise self._error(f"{path}[{i}]", f"times must increase: {entry[0]} comes "
                                                   f"after {format_duration(trace[-1][0])}.")

@@ -120,6 +120,10 @@ class FlowNetwork:
     def busy(self) -> bool:
         return self.next_time() < math.inf
 
+    def stalled(self) -> bool:
+        """Whether a flow waits on a link that is down with no later trace entry."""
+        return not self.busy() and any(link and link.flows for link in self.site_links.values())
+
     # -- bandwidth traces ------------------------------------------------------------------
     def _at_time(self, t: float, callback, arg):
         """callback(arg) at time t, among the deliveries (a flow of no bytes, no links)."""
@@ -191,12 +195,15 @@ class FlowNetwork:
                     # max: a flow due to finish right now must not finish in the past
                     flow.remaining = max(0.0, flow.remaining - flow.rate * (now - flow.since))
                     flow.since, flow.rate = now, level
-                    flow.finish = now + flow.remaining / level
+                    # level 0: a link that is down; its trace's next entry reallocates
+                    flow.finish = now + flow.remaining / level if level else math.inf
                     flow.version += 1
         # The agenda needs only each piece's first finish: any other flow's finish can only
         # change through a reallocation of its piece, which happens at the latest then.
         for _, flows in pieces:
             first = min(flow.finish for flow in flows)
+            if first == math.inf:
+                continue
             for flow in flows:
                 if flow.finish == first:
                     heapq.heappush(agenda, (first, next(seq), flow, flow.version))

@@ -308,6 +308,9 @@ class Simulator:
             return (f"deadlock: rank(s) {', '.join(map(str, sorted(joined)))} wait in a "
                     f"membership quorum that rank(s) {', '.join(map(str, missing))} never "
                     "joined: every rank must synchronize at the same steps")
+        if self.network.stalled():
+            return ("a transfer waits on a link between sites that is down for good: its "
+                    "bandwidth_trace ends with 'down' (or 0); end it with a bandwidth")
         for (op, index), (rank, _, _) in sorted(self.waiters.items(), key=lambda w: w[1][0]):
             missing = [op.participants[i] for i, j in enumerate(op.joined_at) if j is None]
             return (f"deadlock: rank {rank} waits for {op.describe()}, which rank(s) "
