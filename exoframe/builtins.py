@@ -20,6 +20,7 @@ STRATEGIES = {
     "gossip": "exoframe.strategies.gossip:Gossip",
     "noloco": "exoframe.strategies.noloco:NoLoCo",
     "async-localsgd": "exoframe.strategies.async_localsgd:AsyncLocalSGD",
+    "param-server": "exoframe.strategies.param_server:ParameterServer",
 }
 ALIASES = {"localsgd": ["fedavg"]}
 WORKLOADS = {"gpt": "exoframe.workloads.gpt:gpt", "mlp": "exoframe.workloads.mlp:mlp"}

@@ -209,7 +209,8 @@ def readme_commands():
 
 # Example scripts README runs, and the flags that make them small.
 EXAMPLE_SHRINK = {"examples/exogym_nanogpt.py": ["--max_steps", STEPS, "--val_interval", STEPS,
-                                                 "--warmup_steps", "1"]}
+                                                 "--warmup_steps", "1"],
+                  "examples/rpc_data_parallel.py": ["--steps", STEPS]}
 
 
 def not_rerun_here(argv):

@@ -302,3 +302,28 @@ def test_a_transfer_on_a_link_that_never_comes_back_is_reported_not_hung():
                         (1, Op(0.0, 0, key, "recv", S, (0, 1), 0, True))])
     assert replies == {}
     assert "down for good: its bandwidth_trace ends with 'down'" in sim.stuck()
+
+
+def test_mail_reaches_a_listening_rank_at_its_delivery_and_ends_a_listen_before_its_op():
+    """Rank 0 posts S bytes to rank 1 at t=0. Rank 1 listens while its all-reduce with rank
+    2 (who joins at t=10) is pending: the mail ends the listen at S/B + α; listening again,
+    it gets the all-reduce's end. Rank 2 asks for mail without waiting: none."""
+    from exoframe.sim.protocol import Listen, Mail, Post
+
+    sim = Simulator(Topology.uniform(3, B, ALPHA), BUILTIN)
+    key = ("c", (1, 2), 0)
+    sim.receive(0, Post(0.0, 0, 1, S))
+    sim.rank_done(0)
+    sim.receive(1, Op(0.0, 0, key, "all_reduce", S, (1, 2), 0, False))
+    sim.receive(1, Listen(0.0, 0))
+    sim.receive(2, Listen(5.0, None, block=False))
+    replies = dict(sim.advance())
+    arrival = S / B + ALPHA
+    assert replies == {1: Mail(arrival, arrival, ((0, 0, S),))}  # rank 2 must wait: rank 1
+    sim.receive(1, Listen(arrival, 0))  # runs again from `arrival` and might post before 5 s
+    assert dict(sim.advance()) == {2: Mail(5.0, 0.0, ())}
+    sim.receive(2, Op(10.0, 0, key, "all_reduce", S, (1, 2), 0, True))
+    replies = dict(sim.advance())
+    ring = 2 * (ALPHA + S / (2 * B))  # two ranks: one reduce-scatter and one all-gather round
+    assert close(replies[1].end, 10.0 + ring) and close(replies[2].end, 10.0 + ring)
+    assert close(replies[1].idle, 10.0 - arrival)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from ..errors import ExoframeError
 from ..sim.clock import SoloClock
 from .flat import flatten_bytes, unflatten_bytes_into
+from .remote import RemoteCalls
 from .traffic import TrafficStats
 
 # torch renamed the flat-buffer collectives; older releases (>= 2.1) have only the old names.
@@ -83,6 +84,7 @@ class Communicator:
         # may share one GPU, which NCCL refuses); NCCL exchanges GPU memory directly.
         self._staged = _exchanges_host_memory(world_size, self.group)
         self._p2p_staged = _exchanges_host_memory(world_size, self.p2p_group)
+        self.remote = RemoteCalls(self)  # calls through exoframe.distributed
 
     # -- collectives ---------------------------------------------------------------------
     # Every operation takes `wire_bytes`: the payload as it would travel encoded (a

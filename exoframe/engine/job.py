@@ -160,6 +160,10 @@ def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: st
         raise ExoframeError(f"checkpoint_every: strategy '{strategy_name}' cannot be "
                             "checkpointed (its exchanges stay in flight across steps and what "
                             "it does depends on their timing); drop checkpoint_every.")
+    if strategy_cls.remote_calls:
+        raise ExoframeError(f"checkpoint_every: strategy '{strategy_name}' makes remote calls, "
+                            "which cannot be checkpointed yet (a call may be in flight at any "
+                            "step end); drop checkpoint_every.")
     problem = strategy_cls.checkpoint_problem(strategy_params)
     if problem:
         raise ExoframeError(f"checkpoint_every: strategy '{strategy_name}' cannot be "

@@ -22,7 +22,8 @@ class Rendezvous:
 @dataclass(frozen=True)
 class SimRequest:
     rank: int
-    message: Any  # exoframe.sim.protocol.Op, Wait or Probe
+    message: Any  # a message of exoframe.sim.protocol
+    payload: Optional[bytes] = None  # a Post's content (a remote call or its result)
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,8 @@ class PipeSimPort:
         self.conn, self.rank = conn, rank
         self.kept: list[CheckpointNow] = []
 
-    def send(self, message):
-        self.conn.send(SimRequest(self.rank, message))
+    def send(self, message, payload: bytes | None = None):
+        self.conn.send(SimRequest(self.rank, message, payload))
 
     def recv(self):
         while True:

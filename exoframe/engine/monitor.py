@@ -14,10 +14,12 @@ import multiprocessing.connection
 import signal
 import threading
 import time
+from dataclasses import replace
 
 from ..errors import ExoframeError
 from ..sim import SimulationError, Simulator
 from ..sim.feed import Feed
+from ..sim.protocol import Mail
 from .checkpoint import CheckpointFolder, Commits
 from .job import Job
 from .messages import (AskStop, CheckpointLate, CheckpointNow, Checkpointed, ChildFailed,
@@ -66,9 +68,12 @@ class Monitor:
         self.reported = [0] * job.nodes  # each rank's latest step end
         self.stop_signal = None  # the KeyboardInterrupt of a stop signal, while it checkpoints
         self.checkpoint_wanted = None  # the step every rank is asked to save at
+        self.payloads = {}  # (rank, msg_id) -> the content of a Post not yet delivered
 
     def handle(self, message):
         if isinstance(message, SimRequest):
+            if message.payload is not None:  # a Post: its content waits for its delivery
+                self.payloads[(message.rank, message.message.msg_id)] = message.payload
             self.feed.message(message.rank, message.message)
         elif isinstance(message, StepDone):
             rank, step = message.rank, message.step
@@ -127,6 +132,9 @@ class Monitor:
         except SimulationError as e:
             raise RankFailed("simulator", str(e), "", True) from None
         for rank, reply in replies:
+            if isinstance(reply, Mail):
+                reply = replace(reply, payloads=tuple(self.payloads.pop((src, msg_id))
+                                                      for src, msg_id, _ in reply.messages))
             try:
                 self.conns[rank].send(reply)
             except OSError:

@@ -9,6 +9,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from .. import distributed
 from ..comm import Communicator
 from ..comm.faults import RankFaults
 from ..errors import ExoframeError
@@ -85,6 +86,8 @@ def train(rank: int, job: Job, batches: Batches, conn):
     faults = RankFaults(rank, job.faults.plan(job.nodes, job.seed), job.strategy_name,
                         job.strategy_cls.survives_failures) if job.faults.active else None
     comm = Communicator(rank, job.nodes, clock, p2p_group=p2p_group, faults=faults)
+    comm.remote.declared = job.strategy_cls.remote_calls
+    distributed.bind(comm)
     strategy = job.strategy_cls(model, comm, job.optimizer, job.strategy_params, seed=job.seed,
                                 total_steps=job.steps)
     precision = Precision(job.precision, device)
@@ -112,6 +115,8 @@ def train(rank: int, job: Job, batches: Batches, conn):
                                                    job.clip_grad_norm)
         strategy.step_num = step
         strategy.step()
+        if job.strategy_cls.remote_calls:
+            comm.remote.serve()
         if not down:  # a down rank unscaled nothing
             precision.update()
         clock.charge()
@@ -141,6 +146,8 @@ def train(rank: int, job: Job, batches: Batches, conn):
 
     strategy.finish()
     comm.wait_all()
+    if job.strategy_cls.remote_calls:
+        comm.remote.barrier()  # serve what peers still ask until every rank is here
     conn.send(RankDone(rank, {
         "traffic": comm.traffic.as_dict(),
         "bytes_sent": comm.traffic.bytes_sent,

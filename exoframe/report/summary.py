@@ -23,6 +23,7 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "steps_trained": steps - sum(f["steps_down"] + f["steps_lost"] for f in r["failures"]),
         "bytes_sent": r["bytes_sent"],
         "bytes_received": r["bytes_received"],
+        "traffic": r["traffic"],  # per operation kind: calls, bytes sent and received
         "compute_utilization": _ratio(r["compute_seconds"], r["simulated_seconds"]),
     } for rank, r in enumerate(ranks)]
     return {

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .inputs import ExoframeError
 from .collectives import Plans
 from .compute import ComputeClock
-from .protocol import Op, Probe, Probed, Quorum, Quorumed, Wait, Waited
+from .protocol import Listen, Mail, Op, Post, Probe, Probed, Quorum, Quorumed, Wait, Waited
 from .topology import Topology
 
 # is_completed() asked this many times at one simulated instant: the rank spins without
@@ -45,12 +45,14 @@ class RankClock:
         self.down = False  # a failed node: nothing it computes is charged
         self._quorums = 0
         self._next_id = 0
+        self._posts = 0
         self._sequence: dict = {}  # per group / per (src, dst) pair: operations so far
         self._polls = (None, 0)  # (simulated time, questions asked at it)
         # What this rank did, for replaying it through other networks (exoframe.sim.replay):
         # ["c", seconds] compute, ["o", op_id, key, kind, bytes, participants, root,
         # blocking], ["w", op_id] wait, ["t", op_id, answer] question, ["s", step] step end,
-        # ["q", seq, down_until, end, live, joining] quorum.
+        # ["q", seq, down_until, end, live, joining] quorum, ["p", msg_id, dst, bytes] post,
+        # ["l", op_id, block, end, messages] listen.
         self.trace: list = []
 
     # -- compute -----------------------------------------------------------------------------
@@ -64,6 +66,12 @@ class RankClock:
     def skip(self):
         """Do not charge what was done since the last charge (bookkeeping)."""
         self.compute.restart()
+
+    def add_compute(self, seconds: float):
+        """Charge `seconds` of simulated compute now, beyond what the compute model counts
+        (the declared cost of a served remote call)."""
+        self.charge()
+        self._add_compute(seconds)
 
     def end_step(self, step: int):
         self.trace.append(["s", step])
@@ -122,6 +130,32 @@ class RankClock:
         self.trace.append(["t", op_id, reply.done])
         return reply.done
 
+    # -- remote calls ----------------------------------------------------------------------
+    def post(self, dst: int, nbytes: int, payload) -> int:
+        """Send a one-sided message of `nbytes` to rank dst now; `payload` travels beside
+        the simulator (the engine hands it over with the Mail that delivers it)."""
+        self.charge()
+        msg_id, self._posts = self._posts, self._posts + 1
+        self.port.send(Post(self.now, msg_id, dst, nbytes), payload)
+        self.trace.append(["p", msg_id, dst, nbytes])
+        return msg_id
+
+    def listen(self, op_id: int | None = None, block: bool = True) -> Mail | None:
+        """Wait for mail, or with op_id until that operation completes if it does first
+        (then None). Not block: the mail delivered by now, maybe none, without waiting."""
+        self.charge()
+        self._send(Listen(self.now, op_id, block))
+        reply = self._receive()
+        if isinstance(reply, Waited):
+            self._waited(reply)
+            self.trace.append(["w", op_id])
+            return None
+        assert isinstance(reply, Mail) and reply.end >= self.now, (reply, self.now)
+        self.idle_seconds += reply.idle
+        self.now = reply.end
+        self.trace.append(["l", op_id, block, reply.end, [list(m) for m in reply.messages]])
+        return reply
+
     def quorum(self, down_until: float | None) -> Quorumed:
         """Join the membership quorum of a synchronization (simulated failures): down_until
         is None on a live rank, else when this rank is back. The wait counts as idle on a
@@ -144,7 +178,7 @@ class RankClock:
         return {"now": self.now, "compute_seconds": self.compute_seconds,
                 "comm_seconds": self.comm_seconds, "idle_seconds": self.idle_seconds,
                 "down_seconds": self.down_seconds, "down": self.down, "quorums": self._quorums,
-                "next_id": self._next_id, "sequence": dict(self._sequence),
+                "next_id": self._next_id, "posts": self._posts, "sequence": dict(self._sequence),
                 "polls": self._polls, "trace": self.trace, "compute": self.compute.state_dict()}
 
     def load_state_dict(self, state: dict):
@@ -155,6 +189,7 @@ class RankClock:
         self.down_seconds, self.down = state.get("down_seconds", 0.0), state.get("down", False)
         self._quorums = state.get("quorums", 0)
         self._next_id, self._sequence = state["next_id"], dict(state["sequence"])
+        self._posts = state.get("posts", 0)
         self._polls, self.trace = tuple(state["polls"]), list(state["trace"])
         self.compute.load_state_dict(state["compute"])
 
@@ -178,7 +213,9 @@ class RankClock:
         return reply
 
     def _receive_wait(self):
-        reply = self._receive()
+        self._waited(self._receive())
+
+    def _waited(self, reply: Waited):
         assert isinstance(reply, Waited) and reply.end >= self.now, (reply, self.now)
         self.now = reply.end
         self.idle_seconds += reply.idle
@@ -206,3 +243,9 @@ class SoloClock:
 
     def is_done(self, op_id) -> bool:
         return True
+
+    def add_compute(self, seconds):
+        pass
+
+    def skip(self):
+        pass

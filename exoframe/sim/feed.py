@@ -10,13 +10,14 @@ dropped. A rank's new inputs queue behind its recorded ones.
 
 Inputs are stored as JSON-ready lists: ["o", t, op_id, key, kind, nbytes, participants,
 root, blocking], ["w", t, op_id], ["t", t, op_id] (a Probe), ["q", t, seq, down_until]
-(a Quorum), ["s", t] (a step's end).
+(a Quorum), ["p", t, msg_id, dst, nbytes] (a Post), ["l", t, op_id, block] (a Listen),
+["s", t] (a step's end).
 """
 from __future__ import annotations
 
 from collections import deque
 
-from .protocol import Op, Probe, Quorum, Wait, frozen
+from .protocol import Listen, Op, Post, Probe, Quorum, Wait, frozen
 from .simulator import Simulator
 
 STEP_END, DONE = "s", "d"
@@ -37,7 +38,7 @@ class Feed:
         for rank in range(nodes):
             self._pump(rank)
 
-    def message(self, rank: int, message: Op | Wait | Probe | Quorum):
+    def message(self, rank: int, message: Op | Wait | Probe | Quorum | Post | Listen):
         self._put(rank, as_record(message))
 
     def step_end(self, rank: int, t: float):
@@ -84,13 +85,18 @@ class Feed:
                 continue
             message = from_record(record)
             self.sim.receive(rank, message)
-            if replayed and (isinstance(message, (Wait, Probe, Quorum)) or message.blocking):
+            if replayed and (isinstance(message, (Wait, Probe, Quorum, Listen)) or
+                             isinstance(message, Op) and message.blocking):
                 self.replay_waits[rank] = True
 
 
-def as_record(message: Op | Wait | Probe | Quorum) -> list:
+def as_record(message: Op | Wait | Probe | Quorum | Post | Listen) -> list:
     if isinstance(message, Quorum):
         return ["q", message.t, message.seq, message.down_until]
+    if isinstance(message, Post):
+        return ["p", message.t, message.msg_id, message.dst, message.nbytes]
+    if isinstance(message, Listen):
+        return ["l", message.t, message.op_id, message.block]
     if isinstance(message, Op):
         return ["o", message.t, message.op_id, message.key, message.kind, message.nbytes,
                 message.participants, message.root, message.blocking]
@@ -101,6 +107,10 @@ def from_record(record: list) -> Op | Wait | Probe | Quorum:
     tag = record[0]
     if tag == "q":
         return Quorum(*record[1:])
+    if tag == "p":
+        return Post(*record[1:])
+    if tag == "l":
+        return Listen(*record[1:])
     if tag == "o":
         _, t, op_id, key, kind, nbytes, participants, root, blocking = record
         return Op(t, frozen(op_id), frozen(key), kind, nbytes, tuple(participants), root,

@@ -1,11 +1,14 @@
 """What a rank's clock and the simulator say to each other: typed, immutable messages.
 
 A rank tells the simulator, at its simulated time `t`, that it starts an operation (Op),
-waits for one (Wait) or asks whether one is done (Probe, as MPI_Test). A blocking Op and a Wait are
-answered with Waited (when it ended, and how much of the wait was idle, peers not yet
-there, versus communication); a Probe with Probed. Under simulated failures every rank
-joins a Quorum at each synchronization, answered with Quorumed: who takes part. Live ranks send these over their pipe
-(engine/monitor.py), replays feed them straight to the simulator (sim/replay.py).
+waits for one (Wait) or asks whether one is done (Probe, as MPI_Test). A blocking Op and a
+Wait are answered with Waited (when it ended, and how much of the wait was idle, peers not
+yet there, versus communication); a Probe with Probed. Under simulated failures every rank
+joins a Quorum at each synchronization, answered with Quorumed: who takes part. Remote
+calls travel as Posts (one-sided messages); a rank gets its mail when it Listens, answered
+with Mail (or Waited, when the operation it also waits for completes first). Live ranks
+send these over their pipe (engine/monitor.py), replays feed them straight to the
+simulator (sim/replay.py).
 """
 from __future__ import annotations
 
@@ -45,6 +48,25 @@ class Quorum:
 
 
 @dataclass(frozen=True, slots=True)
+class Post:
+    """A one-sided message (a remote call or its result) to `dst`: it leaves at `t` and,
+    once delivered, waits in dst's mailbox until dst listens."""
+    t: float
+    msg_id: int  # the sender's own numbering of its posts
+    dst: int
+    nbytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """Wait for mail; with `op_id`, also for that operation (answered like Wait if it
+    completes first). Not `block`: only ask for the mail delivered by `t`."""
+    t: float
+    op_id: int | None = None
+    block: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class Waited:
     end: float
     idle: float
@@ -61,6 +83,17 @@ class Quorumed:
     end: float  # when the last live member joined (a rank that joined later: its own time)
     live: tuple  # the ranks whose contributions count in this synchronization
     joining: tuple  # ranks back from a failure: they take a live rank's state after it
+
+
+@dataclass(frozen=True, slots=True)
+class Mail:
+    """The messages delivered to a listening rank: it waited from its Listen's t to `end`
+    (idle). messages: (src, msg_id, nbytes) each, in delivery order. payloads: their
+    contents, added by the engine, which carries them beside the simulator."""
+    end: float
+    idle: float
+    messages: tuple
+    payloads: tuple = ()
 
 
 def frozen(value):

@@ -73,6 +73,11 @@ def check_trace(trace) -> None:
         if not isinstance(events, list):
             raise ReplayError(f"ranks[{r}] is not a list of events")
         for i, event in enumerate(events):
+            if isinstance(event, list) and event and event[0] in ("p", "l"):
+                raise ReplayError("the run made remote calls (exoframe.distributed): when a "
+                                  "rank serves each one depends on its timing, so its trace "
+                                  "cannot be replayed through another network; run it on "
+                                  "that network")
             if not _valid_event(event, nodes):
                 raise ReplayError(f"ranks[{r}][{i}] is not a valid event: {str(event)[:100]}")
         recorded = max(recorded, sum(1 for e in events if e[0] == "s"))

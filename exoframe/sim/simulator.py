@@ -11,7 +11,9 @@ until it is answered. Results therefore do not depend on how the OS schedules ra
 
 Messages are those of protocol.py, `t` being the rank's clock: Op, Wait -> Waited,
 Probe -> Probed; a blocking Op is answered like Wait; Quorum -> Quorumed once every rank has
-joined (every rank waits for the answer, so none can send anything earlier).
+joined (every rank waits for the answer, so none can send anything earlier). A Post is a
+flow to its destination's mailbox; a Listen is answered with the mailbox's content once it
+has any (at the delivery's time), or like a Wait if its operation completes first.
 
 Simulated failures: a rank the quorum leaves out (down) is outside until its next Quorum.
 It takes no part in any simulated operation, only in the real ones, so it sends nothing
@@ -30,7 +32,7 @@ import simpy
 
 from .collectives import Plans
 from .network import Environment, FlowNetwork
-from .protocol import Op, Probe, Probed, Quorum, Quorumed, Wait, Waited
+from .protocol import Listen, Mail, Op, Post, Probe, Probed, Quorum, Quorumed, Wait, Waited
 from .topology import Topology
 
 MESSAGE, NETWORK, QUESTION = 0, 1, 2
@@ -86,13 +88,22 @@ class Simulator:
         self.quorums = {}  # seq -> {rank: Quorum}, until every rank has joined
         self.outside: set[int] = set()  # down ranks between quorums (see the docstring)
         self.recovering: set[int] = set()  # joining ranks whose receive is still to come
+        self.mailbox = [[] for _ in range(n)]  # per rank: (src, msg_id, nbytes) delivered
+        self.listeners = {}  # rank -> (t, op_id or None): waits for mail
         self._earliest = None
 
     # -- input -------------------------------------------------------------------------------
-    def receive(self, rank: int, message: Op | Wait | Probe | Quorum):
+    def receive(self, rank: int, message: Op | Wait | Probe | Quorum | Post | Listen):
         self._earliest = None
         t = message.t
-        if isinstance(message, Op):
+        if isinstance(message, Post):
+            self.bound[rank] = t
+            heapq.heappush(self.inbox, (t, MESSAGE, rank, next(self._seq), message))
+        elif isinstance(message, Listen):
+            self.blocked[rank] = True
+            heapq.heappush(self.inbox, (t, MESSAGE if message.block else QUESTION, rank,
+                                        next(self._seq), message))
+        elif isinstance(message, Op):
             if rank in self.recovering:  # its receive of the state: outside from now on
                 self.recovering.discard(rank)
                 self.outside.add(rank)
@@ -135,7 +146,11 @@ class Simulator:
                 if not self._safe(t, cls, rank):
                     break
                 heapq.heappop(self.inbox)
-                if cls == MESSAGE:
+                if isinstance(message, Listen):
+                    self._at(t, lambda _e, r=rank, m=message: self._listen(r, m))
+                elif isinstance(message, Post):
+                    self._at(t, lambda _e, r=rank, m=message: self._post(r, m))
+                elif cls == MESSAGE:
                     self._at(t, lambda _e, r=rank, m=message: self._submit(r, m))
                 else:
                     self._answer_probe(rank, message)
@@ -248,10 +263,46 @@ class Simulator:
     def _reply_wait(self, rank, t, op_id):
         """The rank waited from t; split the wait into idle (peers not yet there) and comm.
         A waited operation is never asked about again: its handle is dropped."""
+        self.listeners.pop(rank, None)
         op, index = self.handles.pop((rank, op_id))
         end = max(t, op.done_at[index])
         idle = max(0.0, min(end, op.last_join_when_done[index]) - t)
         self._wake(rank, end, Waited(end, idle, end - t - idle))
+
+    # -- remote calls: one-sided messages and mailboxes ------------------------------------
+    def _post(self, rank: int, message: Post):
+        if not 0 <= message.dst < self.topology.size:
+            raise SimulationError(f"rank {rank} posted a message to rank {message.dst}, which "
+                                  f"does not exist (ranks 0 to {self.topology.size - 1})")
+        self.network.start_flow(rank, message.dst, message.nbytes, self._mail,
+                                (message.dst, (rank, message.msg_id, message.nbytes)))
+
+    def _mail(self, arg):
+        dst, letter = arg
+        self.mailbox[dst].append(letter)
+        listener = self.listeners.pop(dst, None)
+        if listener is not None:
+            t, op_id = listener
+            if op_id is not None:
+                del self.waiters[self.handles[(dst, op_id)]]
+            self._deliver(dst, t, self.env.now)
+
+    def _listen(self, rank: int, message: Listen):
+        t = message.t
+        if self.mailbox[rank] or not message.block:
+            self._deliver(rank, t, t)
+            return
+        if message.op_id is not None:
+            op, index = self.handles[(rank, message.op_id)]
+            if op.done_at[index] is not None:
+                self._reply_wait(rank, t, message.op_id)
+                return
+            self.waiters[(op, index)] = (rank, t, message.op_id)
+        self.listeners[rank] = (t, message.op_id)
+
+    def _deliver(self, rank: int, since: float, end: float):
+        letters, self.mailbox[rank] = tuple(self.mailbox[rank]), []
+        self._wake(rank, end, Mail(end, end - since, letters))
 
     def _answer_probe(self, rank, message: Probe):
         t, op_id = message.t, message.op_id
@@ -311,6 +362,12 @@ class Simulator:
         if self.network.stalled():
             return ("a transfer waits on a link between sites that is down for good: its "
                     "bandwidth_trace ends with 'down' (or 0); end it with a bandwidth")
+        for rank, (_, op_id) in sorted(self.listeners.items()):
+            if op_id is None:
+                return (f"deadlock: rank {rank} waits for the answer to a remote call, and no "
+                        "rank can serve it: a rank serves calls only while it waits in "
+                        "exoframe.distributed (a call's wait(), barrier(), serve()), at its "
+                        "step ends and after its last step")
         for (op, index), (rank, _, _) in sorted(self.waiters.items(), key=lambda w: w[1][0]):
             missing = [op.participants[i] for i, j in enumerate(op.joined_at) if j is None]
             return (f"deadlock: rank {rank} waits for {op.describe()}, which rank(s) "

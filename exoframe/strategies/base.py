@@ -122,6 +122,9 @@ class Strategy:
     #: True when the strategy goes on through simulated node failures: every exchange it
     #: makes is inside `with self.sync():` (see exoframe/comm/faults.py).
     survives_failures: ClassVar[bool] = False
+    #: True when the strategy makes remote calls (exoframe.distributed): its ranks then
+    #: serve calls at each step end and, after the last step, until every rank is done.
+    remote_calls: ClassVar[bool] = False
 
     @dataclass
     class Params:

@@ -1,0 +1,142 @@
+"""Parameter server: workers push gradients to the servers holding the parameters and pull
+the updated weights, through remote calls (exoframe.distributed).
+
+The flat parameters are split into `servers` contiguous shards; server s is rank s, which
+also trains as a worker (co-located, as ps-lite and BytePS run), and holds shard s and the
+run's optimizer over it. Each step, every worker pushes its gradient's shard s to server s;
+a server adds the pushes of a step and, once all N are in, steps its optimizer on their
+mean (updates are applied in step order). A worker keeps the weights it last pulled (its
+cache) and trains on them while they lack at most `staleness` updates:
+- staleness = 0 (synchronous): after step k a worker pulls the weights with update k in
+  (a server holds the pull until the last push of k is in): all train on the same weights,
+  and with the same optimizer the run equals ddp.
+- staleness = s > 0 (bounded staleness, stale synchronous parallel): a worker pulls only
+  when its cache lacks more than s updates, and then takes weights with at least update
+  k−s in; faster workers run up to s steps ahead. The `staleness` metric is how many
+  updates the weights trained on next lack. After the last step every worker pulls the
+  final weights.
+Bytes for a worker that is no server, per step: S sent and, per pull, S received, S the
+parameters' bytes (plus a small envelope per call); a server's own shard stays local, and
+it answers the N−1 other workers. Buffers (BatchNorm statistics) stay local, as with the
+gradient compressors. Source: Li et al., "Scaling Distributed Machine Learning with the
+Parameter Server" (OSDI 2014); Ho et al., "More Effective Distributed ML via a Stale
+Synchronous Parallel Parameter Server" (NIPS 2013).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import distributed
+from ..comm import flatten, unflatten_into
+from ..errors import ExoframeError
+from .base import Strategy
+
+_SERVER = None  # this rank's ParameterServer, when it holds a shard
+
+
+def push(step: int, gradient: torch.Tensor) -> None:
+    """Served on a server: one worker's gradient shard for `step`."""
+    _SERVER.take_push(step, gradient)
+
+
+def pull(min_version: int) -> tuple[int, torch.Tensor]:
+    """Served on a server: (the last step applied, its shard's weights), once that step is
+    at least min_version."""
+    if _SERVER.version < min_version:
+        raise distributed.NotYet
+    return _SERVER.version, _SERVER.shard.detach().clone()
+
+
+class ParameterServer(Strategy):
+    """Push gradient shards to server ranks, pull updated weights (sync or bounded staleness)."""
+
+    remote_calls = True
+
+    @dataclass
+    class Params:
+        servers: int = 1
+        staleness: int = 0
+
+        def __post_init__(self):
+            if not (isinstance(self.servers, int) and self.servers >= 1):
+                raise ValueError(f"servers must be an integer of at least 1, got "
+                                 f"{self.servers!r}")
+            if not (isinstance(self.staleness, int) and self.staleness >= 0):
+                raise ValueError(f"staleness must be an integer of at least 0, got "
+                                 f"{self.staleness!r}")
+
+    def setup(self):
+        global _SERVER
+        if self.params.servers > self.world_size:
+            raise ExoframeError(f"strategy 'param-server': servers={self.params.servers} but "
+                                f"the run has {self.world_size} nodes; use at most that many.")
+        sizes = [p.numel() for p in self.trainable_parameters()]
+        self.bounds = _shard_bounds(sum(sizes), self.params.servers)
+        self.cached = 0  # the last update in the weights this worker trains on
+        self.pushes = []  # pushes whose acknowledgements are still to be collected
+        if self.rank < self.params.servers:
+            start, end = self.bounds[self.rank]
+            weights = flatten(p.detach() for p in self.trainable_parameters())[start:end]
+            self.shard = torch.nn.Parameter(weights.clone())
+            self.server_optimizer = self.optimizer_spec.build([self.shard])
+            self.version = 0  # the last step whose update is applied
+            self.sums = {}  # step -> (sum of the gradients pushed, how many)
+            _SERVER = self
+
+    def step(self):
+        params = self.trainable_parameters()
+        gradient = flatten(p.grad if p.grad is not None else torch.zeros_like(p)
+                           for p in params)
+        self.pushes.append(distributed.remote_async_call(
+            push, args=(self.step_num, gradient),
+            partitioner=lambda step, g: [(s, (step, g[a:b]), {})
+                                         for s, (a, b) in enumerate(self.bounds)]))
+        self.optimizer.zero_grad()
+        if self.cached < self.step_num - self.params.staleness:
+            self._pull(self.step_num - self.params.staleness)
+
+    def finish(self):
+        if self.cached < self.step_num:
+            self._pull(self.step_num)
+
+    def metrics(self) -> dict:
+        return {"staleness": self.step_num - self.cached}
+
+    # -- the server's side ------------------------------------------------------------------
+    def take_push(self, step: int, gradient: torch.Tensor):
+        total, count = self.sums.get(step, (0, 0))
+        self.sums[step] = (gradient + total, count + 1)
+        while self.sums.get(self.version + 1, (0, 0))[1] == self.world_size:
+            total, _ = self.sums.pop(self.version + 1)
+            for group in self.server_optimizer.param_groups:
+                group["lr"] = self.lr
+            self.shard.grad = total / self.world_size
+            self.server_optimizer.step()
+            self.version += 1
+
+    # -- the worker's side ------------------------------------------------------------------
+    def _pull(self, min_version: int):
+        """Take weights with at least update min_version in, from every server."""
+        for pushed in self.pushes:
+            pushed.wait()
+        self.pushes = []
+        shards = distributed.remote_sync_call(
+            pull, args=(min_version,),
+            partitioner=lambda v: [(s, (v,), {}) for s in range(self.params.servers)])
+        self.cached = min(version for version, _ in shards)
+        unflatten_into(torch.cat([weights for _, weights in shards]),
+                       self.trainable_parameters())
+
+
+def _shard_bounds(total: int, servers: int) -> list[tuple[int, int]]:
+    """Contiguous [start, end) pieces of `total` elements, the first ones one longer when
+    it does not divide."""
+    size, extra = divmod(total, servers)
+    bounds, start = [], 0
+    for s in range(servers):
+        end = start + size + (s < extra)
+        bounds.append((start, end))
+        start = end
+    return bounds
