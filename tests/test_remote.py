@@ -253,3 +253,15 @@ def test_runs_with_remote_calls_are_not_checkpointed_or_replayed(tmp_path):
     [trace] = (tmp_path / "runs").glob("*/trace.json")
     with pytest.raises(ReplayError, match="made remote calls"):
         check_trace(json.loads(trace.read_text()))
+
+
+def test_a_call_to_a_rank_that_is_down_names_it():
+    from types import SimpleNamespace
+
+    from exoframe.comm.remote import RemoteCalls
+
+    calls = RemoteCalls(SimpleNamespace(rank=0, world_size=4, live=(0, 1, 3)))
+    calls.declared = True
+    with pytest.raises(ExoframeError, match=r"remote call of note_seen to rank 2, which is down "
+                                            r"\(simulated failure\)"):
+        calls.call([(2, ([],), {})], note_seen)

@@ -181,8 +181,10 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
     setups = {net: resolve_sim(net, base.compute, base.stragglers, base.nodes, pm) for net in nets}
     plan = []  # (strategy, seed, faults, train on these nets, replay on those)
     for strategy, spec in ((s, f) for s in strategies for f in faults):
-        # Under simulated failures, who takes part in each exchange depends on the timing.
-        timing_dependent = (pm.strategies.get(strategy).obj.timing_dependent
+        # Under simulated failures, who takes part in each exchange depends on the timing,
+        # and so does when a rank serves each remote call.
+        strategy_cls = pm.strategies.get(strategy).obj
+        timing_dependent = (strategy_cls.timing_dependent or strategy_cls.remote_calls
                             or parse_faults(spec).active)
         if timing_dependent and projection is not None:
             raise ExoframeError(f"sweep: '{strategy}' is timing-dependent (or the runs have "

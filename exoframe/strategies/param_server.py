@@ -53,6 +53,7 @@ class ParameterServer(Strategy):
     """Push gradient shards to server ranks, pull updated weights (sync or bounded staleness)."""
 
     remote_calls = True
+    timing_dependent = True  # with staleness, which update a pull returns depends on timing
 
     @dataclass
     class Params:
