@@ -241,7 +241,10 @@ class Future:
         return self._value
 
     def done(self) -> bool:
-        return self._done or all(r.result is not None for r in self.replies)
+        """Whether every result is in (this rank's mail is read only while it waits in
+        exoframe.distributed: poll with serve(), once per step)."""
+        return self._done or self.replies[0].calls.arrived(
+            [r.key for r in self.replies if r.result is None])
 
 
 def remote_async_call(func: Callable, *, args: tuple | None = None, kwargs: dict | None = None,

@@ -192,6 +192,10 @@ def test_a_synchronous_parameter_server_equals_ddp_and_moves_the_closed_form(ser
         served = (nodes - 1) * shard[r] if r < servers else 0
         assert rank["traffic"]["remote"]["bytes_sent"] == steps * (others + served)
         assert rank["traffic"]["remote"]["bytes_received"] == steps * (others + served)
+    for rank in ps.summary["per_rank"]:  # waiting for results is mostly transfers: comm
+        assert rank["comm_seconds"] > rank["idle_seconds"] / 10
+        assert math.isclose(rank["compute_seconds"] + rank["comm_seconds"]
+                            + rank["idle_seconds"], rank["simulated_seconds"], rel_tol=1e-12)
     if servers == 1:  # a worker that is no server: S sent and S received per step
         assert ps.summary["per_rank"][3]["traffic"]["remote"]["bytes_sent"] == steps * 4 * 129
 
@@ -203,6 +207,7 @@ def test_bounded_staleness_lets_fast_workers_run_ahead_within_the_bound():
     stale = testing.run("param-server", {"servers": 2, "staleness": 2}, **common)
     lags = [row["staleness"] for row in stale.metrics]
     assert max(lags) <= 2 and sum(lags) > 0  # mean over ranks of the updates missed
+    assert lags[-1] == 0  # the final model has every update in
     # The three fast ranks no longer wait for the straggler at every step.
     fast = [r["simulated_seconds"] for r in stale.summary["per_rank"][:3]]
     assert max(fast) < min(r["simulated_seconds"] for r in sync.summary["per_rank"][:3])
@@ -241,7 +246,7 @@ class CallsARankInACollective(Strategy):
 
 def test_a_call_that_no_rank_can_serve_is_reported_as_a_deadlock():
     with pytest.raises(ExoframeError, match="deadlock: rank 0 waits for the answer to a "
-                                            "remote call, and no rank can serve it"):
+                                            "remote call that never comes"):
         testing.run(CallsARankInACollective, nodes=2, steps=1, compute="fixed:0.1")
 
 

@@ -319,9 +319,9 @@ def test_mail_reaches_a_listening_rank_at_its_delivery_and_ends_a_listen_before_
     sim.receive(2, Listen(5.0, None, block=False))
     replies = dict(sim.advance())
     arrival = S / B + ALPHA
-    assert replies == {1: Mail(arrival, arrival, ((0, 0, S),))}  # rank 2 must wait: rank 1
+    assert replies == {1: Mail(arrival, 0.0, arrival, ((0, 0, S),))}  # rank 2 waits: rank 1
     sim.receive(1, Listen(arrival, 0))  # runs again from `arrival` and might post before 5 s
-    assert dict(sim.advance()) == {2: Mail(5.0, 0.0, ())}
+    assert dict(sim.advance()) == {2: Mail(5.0, 0.0, 0.0, ())}
     sim.receive(2, Op(10.0, 0, key, "all_reduce", S, (1, 2), 0, True))
     replies = dict(sim.advance())
     ring = 2 * (ALPHA + S / (2 * B))  # two ranks: one reduce-scatter and one all-gather round

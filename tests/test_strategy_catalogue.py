@@ -168,8 +168,9 @@ def test_bad_parameters_are_named(name, params, message):
     assert message in str(e.value)
 
 
-def test_only_async_localsgd_depends_on_timing():
+def test_only_the_asynchronous_strategies_depend_on_timing():
     strategies = {e.name: e.obj for e in PluginManager(load_entry_points=False).strategies}
     assert {"streaming-diloco", "sparta-diloco", "topk-ef", "randomk-ef", "powersgd", "gossip",
-            "noloco", "async-localsgd"} <= set(strategies)
-    assert [n for n, s in strategies.items() if s.timing_dependent] == ["async-localsgd"]
+            "noloco", "async-localsgd", "param-server"} <= set(strategies)
+    assert [n for n, s in strategies.items() if s.timing_dependent] == ["async-localsgd",
+                                                                         "param-server"]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 from ..errors import ExoframeError
 
@@ -66,11 +67,15 @@ class RemoteCalls:
         self._next_call = 0
         self.declared = False  # the strategy's remote_calls (the engine sets it)
         self.deferred: list[tuple[int, CallRequest]] = []  # (caller, call) that said NotYet
+        self.outstanding: set[tuple[int, int]] = set()  # calls made, results not yet taken
 
     # -- calling ---------------------------------------------------------------------------
     def call(self, parts: list[tuple[int, tuple, dict]], func: Callable) -> list["Reply"]:
         """Start func(*args, **kwargs) on each part's rank. The calls to other ranks leave
         first; then the calls to this rank run here, in order."""
+        if self.comm.rank not in self.comm.live:
+            raise ExoframeError(f"remote call of {_name(func)} from rank {self.comm.rank}, "
+                                "which is down (simulated failure): a down node calls nobody.")
         if not self.declared and self.comm.world_size > 1:
             raise ExoframeError(f"remote call of {_name(func)}: the strategy makes remote "
                                 "calls, so set `remote_calls = True` on its class (its ranks "
@@ -84,6 +89,7 @@ class RemoteCalls:
             if rank != self.comm.rank:
                 self._post(rank, request)
             replies.append(Reply(self, rank, request))
+            self.outstanding.add(replies[-1].key)
         for reply in replies:
             if reply.rank == self.comm.rank:
                 self._serve(self.comm.rank, reply.request)
@@ -91,9 +97,16 @@ class RemoteCalls:
 
     def collect(self, keys: list[tuple[int, int]]) -> list[CallResult]:
         """The results of these calls, serving what comes meanwhile."""
-        while not all(key in self.results for key in keys):
-            self._open(self.comm.clock.listen())
+        self._await(keys)
+        self.outstanding.difference_update(keys)
         return [self.results.pop(key) for key in keys]
+
+    def arrived(self, keys: list[tuple[int, int]]) -> bool:
+        return all(key in self.results for key in keys)
+
+    def _await(self, keys):
+        while not self.arrived(keys):
+            self._open(self.comm.clock.listen())
 
     # -- serving ---------------------------------------------------------------------------
     def serve(self):
@@ -102,10 +115,14 @@ class RemoteCalls:
             self._open(self.comm.clock.listen(block=False))
 
     def barrier(self):
-        """Every rank meets here (a one-element all-reduce); each serves the calls that
-        reach it until the last one is in."""
-        handle = self.comm.all_reduce(torch.zeros(1), async_op=True)
-        if handle._done:  # world size 1, or a rank that is down
+        """Every rank meets here (a one-element all-reduce), once the results of its own
+        calls are in; each serves the calls that reach it until the last one is in."""
+        if self.comm.rank in self.comm.live:
+            self._await(sorted(self.outstanding))
+        nccl = dist.is_initialized() and dist.get_backend(self.comm.group) == "nccl"
+        token = torch.zeros(1, device="cuda" if nccl else "cpu")
+        handle = self.comm.all_reduce(token, async_op=True)
+        if handle._done:  # a rank that is down takes no part in the simulated one
             return
         while (mail := self.comm.clock.listen(handle._op_id)) is not None:
             self._open(mail)
@@ -147,12 +164,14 @@ class RemoteCalls:
             return
         self._answer(src, result)
         while True:  # what this call changed may let a deferred one answer
-            for i, (caller, waiting) in enumerate(self.deferred):
+            for i in range(len(self.deferred)):
+                caller, waiting = self.deferred.pop(i)  # out while it runs: it may serve
                 result = _run(waiting)
-                if result is not None:
-                    del self.deferred[i]
-                    self._answer(caller, result)
-                    break
+                if result is None:
+                    self.deferred.insert(i, (caller, waiting))
+                    continue
+                self._answer(caller, result)
+                break
             else:
                 return
 

@@ -115,7 +115,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
                                                    job.clip_grad_norm)
         strategy.step_num = step
         strategy.step()
-        if job.strategy_cls.remote_calls:
+        if job.strategy_cls.remote_calls and not down:
             comm.remote.serve()
         if not down:  # a down rank unscaled nothing
             precision.update()
@@ -146,6 +146,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
 
     strategy.finish()
     comm.wait_all()
+    stats = clock.stats()  # training ends here; what follows only serves the others
     if job.strategy_cls.remote_calls:
         comm.remote.barrier()  # serve what peers still ask until every rank is here
     conn.send(RankDone(rank, {
@@ -154,7 +155,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
         "bytes_received": comm.traffic.bytes_received,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "samples": batches.samples,
-        **clock.stats(),
+        **stats,
         "failures": faults.records if faults is not None else [],
         "trace": clock.trace,
     }))

@@ -71,7 +71,7 @@ class RankClock:
         """Charge `seconds` of simulated compute now, beyond what the compute model counts
         (the declared cost of a served remote call)."""
         self.charge()
-        self._add_compute(seconds)
+        self._add_compute(seconds * self.compute.factor)  # a straggler is slower at it too
 
     def end_step(self, step: int):
         self.trace.append(["s", step])
@@ -116,14 +116,7 @@ class RankClock:
     def is_done(self, op_id: int) -> bool:
         """Has the operation completed by this rank's simulated now?"""
         self.charge()
-        at, count = self._polls
-        self._polls = (self.now, count + 1 if at == self.now else 1)
-        if self._polls[1] > MAX_POLLS_AT_ONE_TIME:
-            raise ExoframeError(
-                f"rank {self.rank} asked is_completed() {MAX_POLLS_AT_ONE_TIME} times at simulated "
-                f"time {self.now:.6g} s: no simulated time passes between the questions (compute "
-                "is charged per step), so the answer cannot change. Call wait(), or poll once "
-                "per step.")
+        self._count_poll()
         self._send(Probe(self.now, op_id))
         reply = self._receive()
         assert isinstance(reply, Probed), reply
@@ -151,7 +144,10 @@ class RankClock:
             self.trace.append(["w", op_id])
             return None
         assert isinstance(reply, Mail) and reply.end >= self.now, (reply, self.now)
+        if not block and not reply.messages:
+            self._count_poll()
         self.idle_seconds += reply.idle
+        self.comm_seconds += reply.comm
         self.now = reply.end
         self.trace.append(["l", op_id, block, reply.end, [list(m) for m in reply.messages]])
         return reply
@@ -199,6 +195,16 @@ class RankClock:
                 "down_seconds": self.down_seconds}
 
     # -- plumbing ----------------------------------------------------------------------------
+    def _count_poll(self):
+        at, count = self._polls
+        self._polls = (self.now, count + 1 if at == self.now else 1)
+        if self._polls[1] > MAX_POLLS_AT_ONE_TIME:
+            raise ExoframeError(
+                f"rank {self.rank} asked whether something arrived (is_completed(), serve()) "
+                f"{MAX_POLLS_AT_ONE_TIME} times at simulated time {self.now:.6g} s: no "
+                "simulated time passes between the questions (compute is charged per step), "
+                "so the answer cannot change. Call wait(), or ask once per step.")
+
     def _next_in(self, group) -> int:
         count = self._sequence.get(group, 0)
         self._sequence[group] = count + 1

@@ -87,11 +87,13 @@ class Quorumed:
 
 @dataclass(frozen=True, slots=True)
 class Mail:
-    """The messages delivered to a listening rank: it waited from its Listen's t to `end`
-    (idle). messages: (src, msg_id, nbytes) each, in delivery order. payloads: their
-    contents, added by the engine, which carries them beside the simulator."""
+    """The messages delivered to a listening rank: it waited from its Listen's t to `end`,
+    `comm` of it while the message that ended the wait was in flight, the rest `idle`.
+    messages: (src, msg_id, nbytes) each, in delivery order. payloads: their contents, added
+    by the engine, which carries them beside the simulator."""
     end: float
     idle: float
+    comm: float
     messages: tuple
     payloads: tuple = ()
 

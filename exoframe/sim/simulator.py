@@ -275,22 +275,23 @@ class Simulator:
             raise SimulationError(f"rank {rank} posted a message to rank {message.dst}, which "
                                   f"does not exist (ranks 0 to {self.topology.size - 1})")
         self.network.start_flow(rank, message.dst, message.nbytes, self._mail,
-                                (message.dst, (rank, message.msg_id, message.nbytes)))
+                                (message.dst, (rank, message.msg_id, message.nbytes),
+                                 self.env.now))
 
     def _mail(self, arg):
-        dst, letter = arg
+        dst, letter, posted = arg
         self.mailbox[dst].append(letter)
         listener = self.listeners.pop(dst, None)
         if listener is not None:
             t, op_id = listener
             if op_id is not None:
                 del self.waiters[self.handles[(dst, op_id)]]
-            self._deliver(dst, t, self.env.now)
+            self._deliver(dst, t, self.env.now, posted)
 
     def _listen(self, rank: int, message: Listen):
         t = message.t
         if self.mailbox[rank] or not message.block:
-            self._deliver(rank, t, t)
+            self._deliver(rank, t, t, t)
             return
         if message.op_id is not None:
             op, index = self.handles[(rank, message.op_id)]
@@ -300,9 +301,12 @@ class Simulator:
             self.waiters[(op, index)] = (rank, t, message.op_id)
         self.listeners[rank] = (t, message.op_id)
 
-    def _deliver(self, rank: int, since: float, end: float):
+    def _deliver(self, rank: int, since: float, end: float, posted: float):
+        """Hand over the mailbox; the wait since `since` was communication from when the
+        message that ends it was posted, idle before."""
         letters, self.mailbox[rank] = tuple(self.mailbox[rank]), []
-        self._wake(rank, end, Mail(end, end - since, letters))
+        comm = end - max(since, posted)
+        self._wake(rank, end, Mail(end, end - since - comm, comm, letters))
 
     def _answer_probe(self, rank, message: Probe):
         t, op_id = message.t, message.op_id
@@ -364,10 +368,11 @@ class Simulator:
                     "bandwidth_trace ends with 'down' (or 0); end it with a bandwidth")
         for rank, (_, op_id) in sorted(self.listeners.items()):
             if op_id is None:
-                return (f"deadlock: rank {rank} waits for the answer to a remote call, and no "
-                        "rank can serve it: a rank serves calls only while it waits in "
-                        "exoframe.distributed (a call's wait(), barrier(), serve()), at its "
-                        "step ends and after its last step")
+                return (f"deadlock: rank {rank} waits for the answer to a remote call that "
+                        "never comes: its target has finished, waits where it serves no call "
+                        "(a rank serves only while it waits in exoframe.distributed: a call's "
+                        "wait(), barrier(), serve(); at its step ends and after its last "
+                        "step), or keeps answering NotYet")
         for (op, index), (rank, _, _) in sorted(self.waiters.items(), key=lambda w: w[1][0]):
             missing = [op.participants[i] for i, j in enumerate(op.joined_at) if j is None]
             return (f"deadlock: rank {rank} waits for {op.describe()}, which rank(s) "

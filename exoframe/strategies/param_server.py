@@ -13,12 +13,15 @@ cache) and trains on them while they lack at most `staleness` updates:
 - staleness = s > 0 (bounded staleness, stale synchronous parallel): a worker pulls only
   when its cache lacks more than s updates, and then takes weights with at least update
   k−s in; faster workers run up to s steps ahead. The `staleness` metric is how many
-  updates the weights trained on next lack. After the last step every worker pulls the
-  final weights.
+  updates the weights trained on next lack. At the last step every worker pulls the final
+  weights (with a stopping rule that ends the run early, the model reported is the
+  averaged workers' copies at that step; they pull the final weights after it).
 Bytes for a worker that is no server, per step: S sent and, per pull, S received, S the
 parameters' bytes (plus a small envelope per call); a server's own shard stays local, and
 it answers the N−1 other workers. Buffers (BatchNorm statistics) stay local, as with the
-gradient compressors. Source: Li et al., "Scaling Distributed Machine Learning with the
+gradient compressors. A server steps its optimizer on its flat shard, so "synchronous equals
+ddp" holds for optimizers that act per element (sgd, adam, adamw, ...), not for one that
+needs the parameters' shapes. Source: Li et al., "Scaling Distributed Machine Learning with the
 Parameter Server" (OSDI 2014); Ho et al., "More Effective Distributed ML via a Stale
 Synchronous Parallel Parameter Server" (NIPS 2013).
 """
@@ -36,9 +39,9 @@ from .base import Strategy
 _SERVER = None  # this rank's ParameterServer, when it holds a shard
 
 
-def push(step: int, gradient: torch.Tensor) -> None:
-    """Served on a server: one worker's gradient shard for `step`."""
-    _SERVER.take_push(step, gradient)
+def push(step: int, gradient: torch.Tensor, lr: float) -> None:
+    """Served on a server: one worker's gradient shard for `step`, and that step's lr."""
+    _SERVER.take_push(step, gradient.to(_SERVER.shard.device), lr)
 
 
 def pull(min_version: int) -> tuple[int, torch.Tensor]:
@@ -91,28 +94,31 @@ class ParameterServer(Strategy):
         gradient = flatten(p.grad if p.grad is not None else torch.zeros_like(p)
                            for p in params)
         self.pushes.append(distributed.remote_async_call(
-            push, args=(self.step_num, gradient),
-            partitioner=lambda step, g: [(s, (step, g[a:b]), {})
-                                         for s, (a, b) in enumerate(self.bounds)]))
+            push, args=(self.step_num, gradient, self.lr),
+            partitioner=lambda step, g, lr: [(s, (step, g[a:b], lr), {})
+                                             for s, (a, b) in enumerate(self.bounds)]))
         self.optimizer.zero_grad()
-        if self.cached < self.step_num - self.params.staleness:
-            self._pull(self.step_num - self.params.staleness)
+        # The last step's weights are the final model: every update in.
+        wanted = self.step_num - (0 if self.step_num == self.total_steps
+                                  else self.params.staleness)
+        if self.cached < wanted:
+            self._pull(wanted)
 
     def finish(self):
-        if self.cached < self.step_num:
+        if self.cached < self.step_num:  # a stopping rule ended the run early
             self._pull(self.step_num)
 
     def metrics(self) -> dict:
         return {"staleness": self.step_num - self.cached}
 
     # -- the server's side ------------------------------------------------------------------
-    def take_push(self, step: int, gradient: torch.Tensor):
-        total, count = self.sums.get(step, (0, 0))
-        self.sums[step] = (gradient + total, count + 1)
-        while self.sums.get(self.version + 1, (0, 0))[1] == self.world_size:
-            total, _ = self.sums.pop(self.version + 1)
+    def take_push(self, step: int, gradient: torch.Tensor, lr: float):
+        total, count, _ = self.sums.get(step, (0, 0, lr))
+        self.sums[step] = (gradient + total, count + 1, lr)
+        while self.sums.get(self.version + 1, (0, 0, 0))[1] == self.world_size:
+            total, _, lr = self.sums.pop(self.version + 1)
             for group in self.server_optimizer.param_groups:
-                group["lr"] = self.lr
+                group["lr"] = lr
             self.shard.grad = total / self.world_size
             self.server_optimizer.step()
             self.version += 1
@@ -127,8 +133,9 @@ class ParameterServer(Strategy):
             pull, args=(min_version,),
             partitioner=lambda v: [(s, (v,), {}) for s in range(self.params.servers)])
         self.cached = min(version for version, _ in shards)
-        unflatten_into(torch.cat([weights for _, weights in shards]),
-                       self.trainable_parameters())
+        params = self.trainable_parameters()
+        unflatten_into(torch.cat([weights.to(params[0].device) for _, weights in shards]),
+                       params)
 
 
 def _shard_bounds(total: int, servers: int) -> list[tuple[int, int]]:
