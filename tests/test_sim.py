@@ -289,6 +289,37 @@ def test_a_link_that_is_down_holds_its_transfers_for_the_outage(start):
     assert close(replies[2].end, local_end, rel=1e-12)
 
 
+@pytest.mark.parametrize("start", [0.0, 2.0, 3.5, 10.0])
+def test_a_nic_bandwidth_trace_moves_a_transfer_by_the_closed_form(start):
+    """Site a's NICs run at half speed from 1 s to 3 s; site b's do not: a transfer from a
+    to b is held by a's uplink through the window."""
+    from exoframe.sim.netconfig import NetConfig
+
+    net = NetConfig.from_dict({
+        "bandwidth": "8mbit",
+        "sites": {"a": {"ranks": [0], "bandwidth_trace": [["1s", "4mbit"], ["3s", "8mbit"]]},
+                  "b": {"ranks": [1, 2]}},
+        "links": [{"between": ["a", "b"], "bandwidth": "1gbit", "latency": "10ms"}]},
+        "t", "t")
+    topology = net.validate().topology(3)
+    assert topology.nic_trace == [((1.0, 5e5), (3.0, 1e6)), (), ()]
+    key = ("p", 0, 1, 0)
+    replies, _ = run(topology, [(0, Op(start, 0, key, "send", S, (0, 1), 0, True)),
+                                (1, Op(start, 0, key, "recv", S, (0, 1), 0, True))])
+    assert close(replies[1].end,
+                 traced_finish(start, S, 1e6, [(1.0, 5e5), (3.0, 1e6)]) + 0.01, rel=1e-12)
+
+
+def test_a_nic_trace_needs_a_finite_bandwidth_first():
+    from exoframe.sim.netconfig import NetConfig
+
+    from exoframe.errors import ExoframeError
+
+    with pytest.raises(ExoframeError,
+                       match="bandwidth_trace: a NIC with a bandwidth_trace needs a finite"):
+        NetConfig.from_dict({"bandwidth_trace": [["1s", "1gbit"]]}, "t", "t").validate()
+
+
 def test_a_transfer_on_a_link_that_never_comes_back_is_reported_not_hung():
     from exoframe.sim.netconfig import NetConfig
 

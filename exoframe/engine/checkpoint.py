@@ -95,7 +95,9 @@ def identity(job) -> dict:
     sim = job.sim
     # faults only when there are: checkpoints made before they existed keep their identity
     faults = (job.faults.describe(),) if job.faults.active else ()
-    setup = repr((sim.topology, sorted(sim.algorithms), sim.stragglers, job.seed, *faults))
+    nic_traces = (sim.topology.nic_trace,) if any(sim.topology.nic_trace) else ()  # likewise
+    setup = repr((sim.topology, sorted(sim.algorithms), sim.stragglers, job.seed, *faults,
+                  *nic_traces))
     return {"nodes": job.nodes, "strategy": job.strategy_name, "steps": job.steps,
             "schedule": job.schedule, "net": sim.net,
             "setup": hashlib.sha256(setup.encode()).hexdigest()[:16]}

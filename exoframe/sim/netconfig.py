@@ -33,6 +33,7 @@ class SiteConfig:
     download: Unit = None
     latency: Unit = None  # between two ranks of this site
     jitter: Unit = None
+    bandwidth_trace: list | str | None = None  # each node's NIC over time (as a link's)
 
 
 @dataclass
@@ -59,6 +60,9 @@ class NetKeys:
     download: Unit = None
     latency: Unit = None  # one way; None: 0
     jitter: Unit = None  # each message's latency is uniform in latency ± jitter
+    # Each node's NIC bandwidth over time, both directions: [[time, bandwidth], ...] or a
+    # CSV file, as a link's (below); `bandwidth`/`upload`/`download` hold before the first.
+    bandwidth_trace: list | str | None = None
     algorithm: str | dict | None = None  # one name for every collective, or {collective: name}
     sites: dict[str, SiteConfig] = field(default_factory=dict)
     links: list[LinkConfig] = field(default_factory=list)
@@ -92,8 +96,10 @@ class NetConfig(NetKeys):
         given) so that a bad network fails before training. Checks that need the number of
         ranks (ranks out of range, a missing link) are left to topology()."""
         self._endpoint(None)
+        self._nic_trace(None)
         for site in self.sites:
             self._endpoint(site)
+            self._nic_trace(site)
         self._links()
         self._explicit_ranks()
         self._algorithms(algorithms)
@@ -109,7 +115,8 @@ class NetConfig(NetKeys):
         if not self.sites:
             up, down, intra = self._endpoint(None)
             return Topology(uplink=[up] * n, downlink=[down] * n, site_of=[0] * n,
-                            intra=[intra], algorithms=chosen)
+                            intra=[intra], algorithms=chosen,
+                            nic_trace=[self._nic_trace(None)] * n)
         names = list(self.sites)
         endpoints = [self._endpoint(site) for site in names]
         links = self._links()
@@ -122,10 +129,11 @@ class NetConfig(NetKeys):
         inter = {}
         for (a, b), spec in links.items():
             inter[(a, b)] = inter[(b, a)] = spec
+        traces = [self._nic_trace(site) for site in names]
         return Topology(uplink=[endpoints[s][0] for s in site_of],
                         downlink=[endpoints[s][1] for s in site_of], site_of=site_of,
                         sites=names, intra=[intra for _, _, intra in endpoints], inter=inter,
-                        algorithms=chosen)
+                        algorithms=chosen, nic_trace=[traces[s] for s in site_of])
 
     def summary(self) -> str:
         """One line for listings, e.g. '100 Mbit/s, 25 ms ± 2 ms'."""
@@ -167,6 +175,18 @@ class NetConfig(NetKeys):
         latency = self._duration(*self._pick(site, "latency"))
         jitter = self._jitter(latency, *self._pick(site, "jitter"))
         return up, down, LinkSpec(latency=latency, jitter=jitter)
+
+    def _nic_trace(self, site: str | None) -> tuple:
+        """The bandwidth trace of a site's nodes' NICs (None: top level), () if none."""
+        value, path = self._pick(site, "bandwidth_trace")
+        if value is None:
+            return ()
+        up, down, _ = self._endpoint(site)
+        if math.inf in (up, down):
+            raise self._error(path, "a NIC with a bandwidth_trace needs a finite bandwidth "
+                                    "(upload and download) until the trace's first time, "
+                                    "e.g. bandwidth: 1gbit.")
+        return self._trace(value, path)
 
     def _bandwidth(self, value: Unit, path: str) -> float:
         return parse_bandwidth("inf" if value is None else value, path, self.where)

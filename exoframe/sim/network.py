@@ -81,6 +81,10 @@ class FlowNetwork:
         for pair, spec in topology.inter.items():
             for t, bandwidth in spec.trace:
                 self._at_time(t, self._set_capacity, (self.site_links[pair], bandwidth))
+        for rank, trace in enumerate(topology.nic_trace):
+            for t, bandwidth in trace:
+                self._at_time(t, self._set_capacity, (self.uplinks[rank], bandwidth))
+                self._at_time(t, self._set_capacity, (self.downlinks[rank], bandwidth))
         self._arm_at(self.next_time())
 
     # -- public ------------------------------------------------------------------------------
@@ -122,7 +126,9 @@ class FlowNetwork:
 
     def stalled(self) -> bool:
         """Whether a flow waits on a link that is down with no later trace entry."""
-        return not self.busy() and any(link and link.flows for link in self.site_links.values())
+        links = [*self.site_links.values(), *self.uplinks, *self.downlinks]
+        return not self.busy() and any(link and link.flows and link.capacity == 0
+                                       for link in links)
 
     # -- bandwidth traces ------------------------------------------------------------------
     def _at_time(self, t: float, callback, arg):

@@ -364,7 +364,7 @@ class Simulator:
                     f"membership quorum that rank(s) {', '.join(map(str, missing))} never "
                     "joined: every rank must synchronize at the same steps")
         if self.network.stalled():
-            return ("a transfer waits on a link between sites that is down for good: its "
+            return ("a transfer waits on a link that is down for good: its "
                     "bandwidth_trace ends with 'down' (or 0); end it with a bandwidth")
         for rank, (_, op_id) in sorted(self.listeners.items()):
             if op_id is None:

@@ -25,7 +25,7 @@ DEFAULT_ALGORITHMS = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatte
 
 @dataclass
 class Topology:
-    """uplink[r]/downlink[r]: rank r's NIC in each direction. site_of[r]: index into sites.
+    """uplink[r]/downlink[r]: rank r's NIC in each direction (nic_trace[r]: over time). site_of[r]: index into sites.
     intra[s]: latency/jitter between two ranks of site s. inter[(a, b)]: the directed link
     from site a to site b (bandwidth shared by every flow from a to b, latency, jitter)."""
 
@@ -36,6 +36,9 @@ class Topology:
     intra: list[LinkSpec] = field(default_factory=lambda: [LinkSpec()])
     inter: dict[tuple[int, int], LinkSpec] = field(default_factory=dict)
     algorithms: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_ALGORITHMS))
+    # nic_trace[r]: rank r's NIC bandwidth over time, both directions, as LinkSpec.trace
+    # (empty: none). uplink/downlink hold before its first time.
+    nic_trace: list = field(default_factory=list, repr=False)
 
     @property
     def size(self) -> int:
