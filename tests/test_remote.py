@@ -270,3 +270,20 @@ def test_a_call_to_a_rank_that_is_down_names_it():
     with pytest.raises(ExoframeError, match=r"remote call of note_seen to rank 2, which is down "
                                             r"\(simulated failure\)"):
         calls.call([(2, ([],), {})], note_seen)
+
+
+def test_partitioners_split_tensors_and_copy_the_rest():
+    x, flag = torch.arange(14.0).reshape(7, 2), "keep"
+    parts = todist.dim_partitioner(0, workers=[0, 1, 2])(x, flag=flag)
+    assert [rank for rank, _, _ in parts] == [0, 1, 2]
+    assert [a[0].tolist() for _, a, _ in parts] == [x[0:2].tolist(), x[2:4].tolist(),
+                                                    x[4:7].tolist()]
+    assert all(k == {"flag": "keep"} for _, _, k in parts)
+    one_each = todist.dim_partitioner(-1, exclusive=True, keepdim=False, workers=[0, 1])(x)
+    assert [(rank, a[0].tolist()) for rank, a, _ in one_each] == [(0, x[:, 0].tolist()),
+                                                                  (1, x[:, 1].tolist())]
+    assert todist.batch_partitioner(flag) == [(0, ("keep",), {})]  # no tensor: this rank
+    with pytest.raises(ValueError, match="different sizes along dim 0"):
+        todist.dim_partitioner(0, workers=[0, 1])(x, torch.zeros(3))
+    assert todist.mean_reducer([torch.tensor(1.0), torch.tensor(3.0)]) == 2.0
+    assert todist.sum_reducer([torch.tensor(1.0), torch.tensor(3.0)]) == 4.0

@@ -117,6 +117,8 @@ class RemoteCalls:
     def barrier(self):
         """Every rank meets here (a one-element all-reduce), once the results of its own
         calls are in; each serves the calls that reach it until the last one is in."""
+        if self.comm.world_size == 1:
+            return
         if self.comm.rank in self.comm.live:
             self._await(sorted(self.outstanding))
         nccl = dist.is_initialized() and dist.get_backend(self.comm.group) == "nccl"
