@@ -170,3 +170,32 @@ def test_a_projected_sweep_reports_only_the_projected_model(tmp_path, capsys):
         ring = 2 * (2 - 1) * (latency + 4e8 / (2 * bandwidth))  # ± jitter: a few ms per step
         assert 3 * (0.2 + ring - 0.01) < by_net[net]["simulated_seconds"] < 3 * (0.2 + ring + 0.01)
     assert len(list((folder / "runs").glob("*/replays/*.json"))) == 2
+
+
+def sweep_csv_without_run_dirs(folder):
+    import csv
+    with open(folder / "sweep.csv") as f:
+        return [{k: v for k, v in row.items() if k != "run_dir"} for row in csv.DictReader(f)]
+
+
+def test_a_sweep_on_a_local_ray_gives_the_local_sweep_csv(tmp_path):
+    pytest.importorskip("ray")
+    flags = ["sweep", "--strategy", "ddp,async-localsgd", "-p", "async-localsgd.H=2",
+             "--net", "wan-100mbps,wan-1gbps", "--seeds", "0,1", "--nodes", "2", "--steps", "4",
+             "--compute", "fixed:10ms", *SMALL_GPT_FLAGS, "--no-progress", "--no-plots"]
+    main([*flags, "--out", str(tmp_path / "local")])
+    main([*flags, "--out", str(tmp_path / "ray"), "--executor", "ray"])
+    (local,), (on_ray,) = (tmp_path / "local").glob("*-sweep"), (tmp_path / "ray").glob("*-sweep")
+    rows = sweep_csv_without_run_dirs(on_ray)
+    # ddp: 2 seeds trained once and replayed; async-localsgd: trained on each network
+    assert len(rows) == 8 and {r["source"] for r in rows} == {"run", "replay"}
+    assert rows == sweep_csv_without_run_dirs(local)
+    assert len(list((on_ray / "runs").iterdir())) == 6  # the run folders came back
+
+
+def test_an_executor_that_cannot_run_is_one_line(tmp_path, capsys, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    assert "--executor ray needs Ray: pip install 'exoframe[ray]'" in bad(
+        capsys, "sweep", "--executor", "ray", "--out", tmp_path, "--no-progress")
+    assert not (tmp_path).exists() or not any(tmp_path.iterdir())  # nothing ran

@@ -46,10 +46,15 @@ from .options import (split_names, progress_mode, progress_options, projection_f
 @projection_options
 @click.option("--out", help="Parent folder of sweep folders. [the config's out, else sweeps]")
 @click.option("--plots/--no-plots", default=True, help="Write PNG plots (needs matplotlib).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              help="Where the training runs happen: here, one after another, or as Ray tasks "
+                   "(pip install 'exoframe[ray]'; a local Ray unless --ray-address or "
+                   "RAY_ADDRESS names a cluster). [local]")
+@click.option("--ray-address", help="The Ray cluster for --executor ray, e.g. ray://HOST:10001.")
 @progress_options
 def sweep(config_file, strategies, nets, bandwidth, points, seeds, faults, params,
           workload_params, target_loss, project_params, step_time, payload_bits, bucket_mb, out,
-          plots, progress, progress_every, **flags):
+          plots, executor, ray_address, progress, progress_every, **flags):
     """Strategies × networks: simulated wall-clock, compute utilization and bytes, as a
     table, sweep.csv, sweep.json and plots.
 
@@ -84,7 +89,7 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, faults, param
     folder, rows = run_sweep(base, strategy_names, net_list, seed_list, out or defaults["out"],
                              parse_assignments(params, "--param"), target_loss, projection,
                              plots, progress_mode(progress, progress_every), grid,
-                             progress_every, list(faults) or None)
+                             progress_every, list(faults) or None, executor, ray_address)
     click.echo(table(rows))
     click.echo(f"  sweep folder: {folder}")
 

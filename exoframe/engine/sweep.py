@@ -6,7 +6,8 @@ and its trace is replayed through every other network (same clocks as a re-run, 
 fraction of the cost). A timing-dependent strategy, or any run with simulated failures
 (who takes part in each exchange depends on the timing), trains once per network. Everything
 lands in one sweep folder: runs/ (run folders with their replays), nets/ (networks made
-from a bandwidth grid), sweep.csv, sweep.json and the plots.
+from a bandwidth grid), sweep.csv, sweep.json and the plots. The runs happen here or on Ray
+(executors.py).
 """
 from __future__ import annotations
 
@@ -24,10 +25,9 @@ from ..sim import resolve_sim
 from ..sim.faults import parse_faults
 from ..sim.netconfig import load_network
 from ..sim.units import format_bandwidth, parse_bandwidth
-from .job import job_from_config
-from .replay import Projection, replay_trace, save_replay
+from .executors import SweepPoint, check_executor, run_points
 from .progress import progress_display
-from .run import execute
+from .replay import Projection
 from .run_folder import RunFolder
 
 DEFAULT_STRATEGIES = ["ddp", "diloco"]
@@ -156,13 +156,16 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
           out: str, assignments: dict | None = None, target_loss: float | None = None,
           projection: Projection | None = None, plots: bool = True, progress="off",
           grid: list[float] | None = None, progress_every: float = 30.0,
-          faults: list[str] | None = None) -> tuple[Path, list[dict]]:
+          faults: list[str] | None = None, executor: str = "local",
+          address: str | None = None) -> tuple[Path, list[dict]]:
     """Returns the sweep folder and its rows (see exoframe.report.sweep). Every run is `base`
     with the strategy, seed, network and faults swept; its strategy parameters are base's
     that the strategy has plus `assignments` (-p values, see strategy_params). With `grid`
     (bandwidths in bytes/s), `nets` is the one base network the grid is applied to. faults:
-    fault specs ("" or "none": no failures; None: base's)."""
+    fault specs ("" or "none": no failures; None: base's). executor: where the training runs
+    happen, "local" or "ray" (address: a Ray cluster's; see executors.py)."""
     faults = [base.faults] if faults is None else ["" if f == "none" else f for f in faults]
+    check_executor(executor)
     if not strategies or not nets or not seeds or not faults:
         raise ExoframeError("sweep: give at least one strategy, one network and one seed.")
     for spec in faults:
@@ -179,7 +182,7 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
         nets = grid_networks(nets[0], grid, folder / "nets", pm)
     runs_dir = folder / "runs"
     setups = {net: resolve_sim(net, base.compute, base.stragglers, base.nodes, pm) for net in nets}
-    plan = []  # (strategy, seed, faults, train on these nets, replay on those)
+    points = []
     for strategy, spec in ((s, f) for s in strategies for f in faults):
         # Under simulated failures, who takes part in each exchange depends on the timing,
         # and so does when a rank serves each remote call.
@@ -193,27 +196,15 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
         for seed in seeds:
             trained = nets if timing_dependent else nets[:1]
             replayed = [] if timing_dependent else nets[1:] if projection is None else nets
-            plan.append((strategy, seed, spec, trained, replayed))
-    total = sum(len(trained) * base.steps + len(replayed) for *_, trained, replayed in plan)
-    bar = progress_display(progress, total, "sweep", progress_every)
-    run_dirs = []
+            configs = tuple(dataclasses.replace(
+                base, strategy=strategy, seed=seed, net=net, out=str(runs_dir),
+                strategy_params=params[strategy], target_loss=target_loss, faults=spec)
+                for net in trained)
+            points.append(SweepPoint(configs, tuple(setups[net] for net in trained),
+                                     tuple(setups[net] for net in replayed), projection))
+    bar = progress_display(progress, sum(p.work for p in points), "sweep", progress_every)
     try:
-        for strategy, seed, spec, trained, replayed in plan:
-            for net in trained:
-                bar.describe(f"sweep: {strategy} seed {seed} on {setups[net].net}"
-                             + (f" with faults {spec}" if spec else ""))
-                config = dataclasses.replace(
-                    base, strategy=strategy, seed=seed, net=net, out=str(runs_dir),
-                    strategy_params=params[strategy], target_loss=target_loss, faults=spec)
-                result = execute(job_from_config(config, pm, setups[net]), out=config.out,
-                                 config_record=dataclasses.asdict(config),
-                                 on_row=lambda row: bar.update(1, row))
-                run_dirs.append(result.run_dir)
-                for other in replayed:
-                    bar.describe(f"sweep: replay {strategy} on {setups[other].net}")
-                    record = replay_trace(result.trace, setups[other], projection)
-                    save_replay(result.run_dir, record)
-                    bar.update(1)
+        run_dirs = run_points(points, runs_dir, executor, bar, address)
     finally:
         bar.close()
     rows = collect_rows(run_dirs, target_loss)

@@ -1,0 +1,144 @@
+"""Where a sweep's training runs happen: here, one after another (`local`, the default), or
+as Ray tasks (`ray`: `pip install 'exoframe[ray]'`).
+
+A sweep point is one strategy, seed and fault spec: its training runs (one per network, or
+one whose trace is then replayed through the others). Points are independent, so each can
+run anywhere. Under Ray a point runs in a worker's temporary folder, and the worker sends
+the run folders' files back; the driver writes them into the sweep folder, so the workers
+need no shared filesystem. Ray counts one CPU per point; the point's rank processes are
+not limited by that count. Every Ray node needs exoframe and the plugins a run uses
+installed; a workload or network file named by a relative path is found from the driver's
+working directory, so on a cluster give absolute paths on a filesystem every node sees.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ExoframeError
+from ..files import replacing
+from .job import job_from_config
+from .replay import Projection, replay_trace, save_replay
+from .run import execute
+from .run_folder import RunFolder
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One strategy, seed and fault spec: runs to train, and networks to replay on."""
+    configs: tuple  # RunConfig per network trained on (out: where run folders go)
+    setups: tuple  # the SimSetup of each
+    replays: tuple = ()  # SimSetups the first run's trace is replayed through
+    projection: Projection | None = None
+
+    @property
+    def work(self) -> int:
+        """Progress units: one per training step and one per replay."""
+        return sum(c.steps for c in self.configs) + len(self.replays)
+
+
+def run_point(point: SweepPoint, out: str, bar=None) -> list[Path]:
+    """Train and replay `point` with run folders under `out`; the run folders."""
+    from ..plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    run_dirs = []
+    for config, setup in zip(point.configs, point.setups):
+        config = dataclasses.replace(config, out=out)
+        if bar is not None:
+            bar.describe(f"sweep: {config.strategy} seed {config.seed} on {setup.net}"
+                         + (f" with faults {config.faults}" if config.faults else ""))
+        result = execute(job_from_config(config, pm, setup), out=out,
+                         config_record=dataclasses.asdict(config),
+                         on_row=None if bar is None else (lambda row: bar.update(1, row)))
+        run_dirs.append(Path(result.run_dir))
+        for other in point.replays:
+            if bar is not None:
+                bar.describe(f"sweep: replay {config.strategy} on {other.net}")
+            save_replay(result.run_dir, replay_trace(result.trace, other, point.projection))
+            if bar is not None:
+                bar.update(1)
+    return run_dirs
+
+
+def check_executor(executor: str):
+    """Before anything runs: a known executor, and Ray installed for `ray`."""
+    if executor not in EXECUTORS:
+        raise ExoframeError(f"--executor: '{executor}' is not one; use one of "
+                            f"{', '.join(EXECUTORS)}.")
+    if executor == "ray":
+        _ray()
+
+
+def run_points(points: list[SweepPoint], runs_dir: Path, executor: str, bar,
+               address: str | None = None) -> list[Path]:
+    """Every point's run folders under runs_dir, in the points' order."""
+    if executor == "ray":
+        return _run_on_ray(points, runs_dir, bar, address)
+    return [d for point in points for d in run_point(point, str(runs_dir), bar)]
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ExoframeError("--executor ray needs Ray: pip install 'exoframe[ray]' (or give "
+                            "--executor local).") from None
+    return ray
+
+
+def _run_on_ray(points, runs_dir: Path, bar, address):
+    ray = _ray()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address or os.environ.get("RAY_ADDRESS"), include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+    try:
+        task = ray.remote(num_cpus=1, max_retries=0)(_ray_point)
+        pending = {task.remote(point, os.getcwd(), sys.path): i
+                   for i, point in enumerate(points)}
+        folders = [None] * len(points)
+        while pending:
+            [done], _ = ray.wait(list(pending), num_returns=1)
+            i = pending.pop(done)
+            try:
+                folders[i] = ray.get(done)
+            except ray.exceptions.RayTaskError as e:
+                cause = e.cause if isinstance(e.cause, Exception) else e
+                raise ExoframeError(f"sweep point {points[i].configs[0].strategy} seed "
+                                    f"{points[i].configs[0].seed} failed on Ray: "
+                                    f"{cause}") from None
+            bar.update(points[i].work)
+    finally:
+        if started:
+            ray.shutdown()
+    return [_write_run_folder(runs_dir, name, files)
+            for point_folders in folders for name, files in point_folders]
+
+
+def _ray_point(point: SweepPoint, cwd: str, path: list) -> list[tuple[str, dict]]:
+    """In a Ray worker: run the point in a temporary folder; each run folder's name and
+    files (relative path -> bytes)."""
+    if os.path.isdir(cwd):
+        os.chdir(cwd)  # relative workload and network paths, as the driver reads them
+    sys.path[:0] = [p for p in path if p not in sys.path]
+    with tempfile.TemporaryDirectory() as out:
+        return [(folder.name, {str(f.relative_to(folder)): f.read_bytes()
+                               for f in sorted(folder.rglob("*")) if f.is_file()})
+                for folder in run_point(point, out)]
+
+
+def _write_run_folder(runs_dir: Path, name: str, files: dict) -> Path:
+    folder = RunFolder.create(runs_dir, name.split("-", 2)[-1]).path
+    for relative, content in files.items():
+        target = folder / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(target, "wb") as f:
+            f.write(content)
+    return folder
