@@ -31,7 +31,9 @@ import math
 import simpy
 
 from .collectives import Plans
+from .membership import meet
 from .network import Environment, FlowNetwork
+from .operation import Operation
 from .protocol import Listen, Mail, Op, Post, Probe, Probed, Quorum, Quorumed, Wait, Waited
 from .topology import Topology
 
@@ -40,28 +42,6 @@ MESSAGE, NETWORK, QUESTION = 0, 1, 2
 
 class SimulationError(Exception):
     pass
-
-
-class Operation:
-    """One collective or point-to-point transfer, shared by its participants."""
-
-    def __init__(self, key, kind, nbytes, participants, root, plan, opened_by):
-        self.key, self.kind, self.nbytes = key, kind, nbytes
-        self.participants, self.root, self.plan = participants, root, plan
-        self.opened_by = opened_by  # (rank, kind, nbytes) of the first submission, for messages
-        compiled = plan.compiled
-        self.waiting = list(compiled.waiting)
-        self.touching = list(compiled.touching)
-        self.joined_at = [None] * len(participants)
-        self.joined = 0
-        self.latest_join = -math.inf
-        self.done_at = [None] * len(participants)
-        self.last_join_when_done = [None] * len(participants)
-
-    def describe(self) -> str:
-        if self.kind in ("send", "recv"):
-            return f"the transfer {self.participants[0]} -> {self.participants[1]}"
-        return f"{self.kind} among ranks {list(self.participants)}"
 
 
 class Simulator:
@@ -317,27 +297,15 @@ class Simulator:
         self._wake(rank, t, Probed(done))
 
     def _join_quorum(self, rank: int, message: Quorum):
-        """Membership at a synchronization. The live members meet at the latest of their
-        times; a node whose failure is over by then comes back (it takes a live member's
-        state after the synchronization). With no live member, the cluster waits for the
-        first node back, which goes on with its own state."""
+        """Membership at a synchronization, once every rank has joined (membership.py)."""
         joined = self.quorums.setdefault(message.seq, {})
         joined[rank] = message
         if len(joined) < self.topology.size:
             return
         del self.quorums[message.seq]
-        up = [r for r, q in joined.items() if q.down_until is None]
-        if up:
-            meet = max(joined[r].t for r in up)
-            back = [r for r, q in joined.items() if q.down_until is not None
-                    and q.down_until <= meet]
-            live, joining = tuple(sorted(up)), tuple(sorted(back))
-        else:
-            meet = min(max(q.t, q.down_until) for q in joined.values())
-            live = tuple(sorted(r for r, q in joined.items() if max(q.t, q.down_until) <= meet))
-            joining = ()
+        at, live, joining = meet(joined)
         for r in sorted(joined):
-            end = max(joined[r].t, meet)
+            end = max(joined[r].t, at)
             self._wake(r, end, Quorumed(end, live, joining))
             if r in joining:
                 self.recovering.add(r)

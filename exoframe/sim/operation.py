@@ -1,0 +1,27 @@
+"""One collective or point-to-point transfer as the simulator tracks it: its plan's flows
+still gated, who has joined, and when each participant is done."""
+from __future__ import annotations
+
+import math
+
+
+class Operation:
+    """One collective or point-to-point transfer, shared by its participants."""
+
+    def __init__(self, key, kind, nbytes, participants, root, plan, opened_by):
+        self.key, self.kind, self.nbytes = key, kind, nbytes
+        self.participants, self.root, self.plan = participants, root, plan
+        self.opened_by = opened_by  # (rank, kind, nbytes) of the first submission, for messages
+        compiled = plan.compiled
+        self.waiting = list(compiled.waiting)
+        self.touching = list(compiled.touching)
+        self.joined_at = [None] * len(participants)
+        self.joined = 0
+        self.latest_join = -math.inf
+        self.done_at = [None] * len(participants)
+        self.last_join_when_done = [None] * len(participants)
+
+    def describe(self) -> str:
+        if self.kind in ("send", "recv"):
+            return f"the transfer {self.participants[0]} -> {self.participants[1]}"
+        return f"{self.kind} among ranks {list(self.participants)}"
