@@ -171,3 +171,27 @@ def test_bad_network_files_name_the_file_and_the_field(tmp_path, capsys, yaml_te
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1
     assert str(bad) in err and field in err, err
+
+
+def test_the_real_network_trains_the_same_weights_and_measures_its_time(tmp_path):
+    """--net real: no simulator. The same numerics as a simulated run; per rank the measured
+    time splits into compute and the rest; its trace is not replayed."""
+    import json
+
+    from exoframe import testing
+    from exoframe.sim.replay import ReplayError, check_trace
+
+    real = testing.run("diloco", {"H": 2}, nodes=2, steps=6, net="real",
+                       out=str(tmp_path / "runs"))
+    simulated = testing.run("diloco", {"H": 2}, nodes=2, steps=6, net="wan-100mbps")
+    assert [r["loss"] for r in real.metrics] == [r["loss"] for r in simulated.metrics]
+    assert testing.max_difference(real, simulated) == 0
+    assert real.summary["net"] == "real"
+    assert real.summary["bytes_sent_per_node"] == simulated.summary["bytes_sent_per_node"]
+    for rank in real.summary["per_rank"]:
+        assert rank["compute_seconds"] > 0 and rank["comm_seconds"] >= 0
+        assert rank["compute_seconds"] + rank["comm_seconds"] == pytest.approx(
+            rank["simulated_seconds"], rel=1e-12)
+    [trace] = (tmp_path / "runs").glob("*/trace.json")
+    with pytest.raises(ReplayError, match="real network"):
+        check_trace(json.loads(trace.read_text()))

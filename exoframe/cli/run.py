@@ -55,7 +55,8 @@ from .options import progress_mode, progress_options, sink_items, check_out_fold
 @click.option("--checkpoint-every", type=int, help="Save every rank's state every N steps "
               "into the run folder; `exoframe resume RUN_DIR` goes on from the latest. [off]")
 @click.option("--out", help="Parent folder of run folders. [runs]")
-@click.option("--net", help="Network: a preset (see `exoframe nets`) or a YAML file. [ideal]")
+@click.option("--net", help="Network: a preset (see `exoframe nets`), a YAML file, or real "
+              "(no simulator: measured wall-clock and compute time). [ideal]")
 @click.option("--compute", help="Compute model: measured, fixed:<time per step> (fixed:250ms) "
               "or flops:<device>[:<efficiency>] (flops:h100). [measured]")
 @click.option("--stragglers", help="Slow ranks, comma-separated: RANK:FACTOR (3:4), "

@@ -124,14 +124,16 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
                             f"run's steps ({steps}): the learning rate would never reach its "
                             "peak and decay.")
     optimizer = pm.optimizers.get(config.optimizer)
+    sim = sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)
+    if sim.real:
+        check_real_network(config, strategy_cls, strategy_name)
     return Job(
         model=model, dataset=workload.dataset, strategy_cls=strategy_cls,
         strategy_name=strategy_name, strategy_params=strategy_params,
         optimizer=OptimizerSpec(optimizer.name, config.lr or workload.lr, config.weight_decay,
                                 config.momentum, dict(config.optimizer_params), optimizer.obj),
         nodes=config.nodes, steps=steps, batch_size=batch_size,
-        sim=sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm),
-        seed=config.seed, target_loss=config.target_loss,
+        sim=sim, seed=config.seed, target_loss=config.target_loss,
         # A target is judged at every step, so the time to reach it is resolved to one step.
         eval_every=1 if config.target_loss is not None else
         config.eval_every or max(1, steps // 10),
@@ -148,6 +150,19 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         checkpoint_every=checked_checkpoints(config, strategy_cls, strategy_name,
                                              strategy_params),
         faults=parse_faults(config.faults))
+
+
+def check_real_network(config: RunConfig, strategy_cls: type, strategy_name: str):
+    """What needs the simulated network, refused with --net real."""
+    if parse_faults(config.faults).active:
+        raise ExoframeError("faults: simulated failures need the simulated network; drop "
+                            "--faults with --net real.")
+    if strategy_cls.remote_calls:
+        raise ExoframeError(f"net: strategy '{strategy_name}' makes remote calls, which travel "
+                            "through the simulated network; pick a network other than real.")
+    if config.checkpoint_every is not None:
+        raise ExoframeError("checkpoint_every: a run on the real network cannot be "
+                            "checkpointed yet; drop one of them.")
 
 
 def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: str,

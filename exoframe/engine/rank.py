@@ -13,7 +13,7 @@ from .. import distributed
 from ..comm import Communicator
 from ..comm.faults import RankFaults
 from ..errors import ExoframeError
-from ..sim.clock import RankClock
+from ..sim.clock import RankClock, RealClock
 from ..sim.compute import ComputeClock
 from . import devices, rank_state
 from .data import Batches
@@ -48,9 +48,11 @@ def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
             "fix the model, or train on anyway with --on-nonfinite continue.")
 
 
-def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device) -> RankClock:
+def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device):
     sim = job.sim
     timer = devices.gpu_timer(device) if device.type == "cuda" else time.thread_time
+    if sim.real:
+        return RealClock(rank, timer, sim.topology.algorithms, sim.algorithms, sim.topology)
     compute = ComputeClock(sim.compute, sim.stragglers.for_rank(rank, job.seed), timer)
     return RankClock(rank, port, compute, sim.topology.algorithms,
                      sim.algorithms, topology=sim.topology)

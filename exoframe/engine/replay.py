@@ -16,7 +16,8 @@ from ..plugins import get_plugin_manager
 from ..sim import SimSetup, resolve_sim
 from ..sim.collectives import Plans
 from ..report import strict_json
-from ..sim.replay import DDP_BUCKET_BYTES, ReplayError, check_trace, project, replay
+from ..sim.replay import (DDP_BUCKET_BYTES, NotReplayable, ReplayError, check_trace, project,
+                          replay)
 
 MIB = 1024 * 1024
 
@@ -65,6 +66,8 @@ def load_trace(run_dir) -> dict:
     trace = strict_json.load(path, "trace")
     try:
         check_trace(trace)
+    except NotReplayable as e:
+        raise ExoframeError(f"{run_dir}: {e}.") from None
     except ReplayError as e:
         raise ExoframeError(f"trace {path}: {e}; the file is corrupt or truncated: run the "
                             "run again to record it.") from None
@@ -81,6 +84,9 @@ def check_replayable(trace: dict, where) -> None:
 
 def replay_trace(trace: dict, sim: SimSetup, projection: Projection | None = None) -> dict:
     """Replay `trace` through the network of `sim` (a SimSetup for the trace's node count)."""
+    if sim.real:
+        raise ExoframeError("--net real: a replay computes times on a simulated network; name "
+                            "one (a preset or a YAML file).")
     ranks = trace["ranks"]
     if projection is not None:
         # Traces made before outer syncs could be declared overlappable lack the key.

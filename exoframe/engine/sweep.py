@@ -23,6 +23,7 @@ from ..plugins import get_plugin_manager
 from ..report.sweep import collect_rows, write_outputs
 from ..sim import resolve_sim
 from ..sim.faults import parse_faults
+from ..sim.setup import REAL
 from ..sim.netconfig import load_network
 from ..sim.units import format_bandwidth, parse_bandwidth
 from .executors import SweepPoint, check_executor, run_points
@@ -166,6 +167,9 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
     happen, "local" or "ray" (address: a Ray cluster's; see executors.py)."""
     faults = [base.faults] if faults is None else ["" if f == "none" else f for f in faults]
     check_executor(executor)
+    if REAL in nets:
+        raise ExoframeError("--net: a sweep compares simulated networks; 'real' measures one "
+                            "run (exoframe run --net real).")
     if not strategies or not nets or not seeds or not faults:
         raise ExoframeError("sweep: give at least one strategy, one network and one seed.")
     for spec in faults:

@@ -142,6 +142,9 @@ def summary_table(summary: dict) -> str:
         ("best achievable loss", fmt(summary["best_achievable_loss"])),
         ("sent per node", format_bytes(summary["bytes_sent_per_node"])),
         ("network", summary["net"]),
+        ("measured wall-clock", f"{format_seconds(summary['simulated_seconds'])} "
+                                "(--net real: nothing simulated)")
+        if summary["net"] == "real" else
         ("simulated wall-clock", f"{format_seconds(summary['simulated_seconds'])} "
                                  f"(compute model {summary['compute_model']})"),
         ("compute utilization", "-" if summary["compute_utilization"] is None

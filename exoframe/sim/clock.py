@@ -255,3 +255,75 @@ class SoloClock:
 
     def skip(self):
         pass
+
+
+class RealClock:
+    """A rank's clock on a real network (`--net real`): no simulator. `now` is the wall-clock
+    time since the rank began training, compute the time its timer counts (the main thread's
+    CPU time, or a GPU timer), and communication the rest (transfers and waiting for peers:
+    they cannot be told apart here). Bytes are counted per operation as the network's
+    algorithm would move them. Operations complete for real: `is_done` leaves the answer
+    to the exchange itself (None)."""
+
+    def __init__(self, rank: int, timer, topology_algorithms: dict, algorithms: dict,
+                 topology: Topology | None = None, wall=None):
+        import time
+
+        self.rank = rank
+        self.plans = Plans(topology_algorithms, algorithms, topology)
+        self._wall = wall or time.perf_counter
+        self._timer = timer
+        self._started, self._compute_at_start = self._wall(), timer()
+        self.down = False
+        self.trace: list = []  # step ends only: a real run is not replayed
+        self._next_id = 0
+
+    @property
+    def now(self) -> float:
+        return self._wall() - self._started
+
+    def stats(self) -> dict:
+        now = self.now
+        compute = min(now, self._timer() - self._compute_at_start)
+        return {"simulated_seconds": now, "compute_seconds": compute,
+                "comm_seconds": now - compute, "idle_seconds": 0.0, "down_seconds": 0.0}
+
+    def start_step(self):
+        pass
+
+    def charge(self):
+        pass
+
+    def skip(self):
+        pass
+
+    def add_compute(self, seconds: float):
+        pass
+
+    def end_step(self, step: int):
+        self.trace.append(["s", step])
+
+    def submit(self, kind: str, nbytes: int, participants: tuple, root: int = 0,
+               blocking: bool = True) -> Submitted:
+        plan = self.plans.of(kind, len(participants), root, participants)
+        index = participants.index(self.rank)
+        op_id, self._next_id = self._next_id, self._next_id + 1
+        compiled = plan.compiled
+        return Submitted(op_id, round(compiled.sent[index] * nbytes),
+                         round(compiled.received[index] * nbytes))
+
+    def wait(self, op_id: int):
+        pass
+
+    def is_done(self, op_id: int) -> None:
+        return None
+
+    def quorum(self, down_until):
+        raise ExoframeError("simulated failures need the simulated network; drop --faults "
+                            "with --net real.")
+
+    def post(self, dst: int, nbytes: int, payload) -> int:
+        raise ExoframeError("remote calls travel through the simulated network; with --net "
+                            "real use a strategy without them.")
+
+    listen = post

@@ -44,14 +44,22 @@ class ReplayError(Exception):
     pass
 
 
+class NotReplayable(ReplayError):
+    """A well-formed trace that no other network can replay: its exchanges depend on its
+    own timing, or nothing was simulated."""
+
+
 def check_trace(trace) -> None:
     """Check what a replay reads of a loaded trace.json, against the trace's own content (a
     header claiming 1e9 nodes over two recorded ranks would plan a topology of 1e9 NICs);
     raises ReplayError naming the first bad field."""
     if not isinstance(trace, dict):
         raise ReplayError("expected a JSON object")
+    if trace.get("net") == "real":
+        raise NotReplayable("the run was on the real network (--net real): its trace holds no "
+                          "simulated exchanges to replay; re-run it with --net instead")
     if trace.get("faults", "none") != "none":
-        raise ReplayError(f"the run had simulated failures ({trace['faults']}): which nodes "
+        raise NotReplayable(f"the run had simulated failures ({trace['faults']}): which nodes "
                           "take part in each exchange depends on its timing, so its trace "
                           "cannot be replayed through another network; run it on that network")
     types = {"strategy": (str, "a string"), "timing_dependent": (bool, "true or false"),
@@ -74,7 +82,7 @@ def check_trace(trace) -> None:
             raise ReplayError(f"ranks[{r}] is not a list of events")
         for i, event in enumerate(events):
             if isinstance(event, list) and event and event[0] in ("p", "l"):
-                raise ReplayError("the run made remote calls (exoframe.distributed): when a "
+                raise NotReplayable("the run made remote calls (exoframe.distributed): when a "
                                   "rank serves each one depends on its timing, so its trace "
                                   "cannot be replayed through another network; run it on "
                                   "that network")

@@ -10,6 +10,10 @@ from .netconfig import load_network
 from .topology import Sites, Topology
 
 
+# `--net real`: no simulator; the ranks' exchanges take the time they take (clock.RealClock).
+REAL = "real"
+
+
 @dataclass
 class SimSetup:
     net: str  # preset name or file stem
@@ -17,15 +21,27 @@ class SimSetup:
     algorithms: dict  # name -> plan function, every registered algorithm
     compute: ComputeModel
     stragglers: Stragglers
+    real: bool = False  # --net real: measured time, no simulated network
 
 
 def resolve_sim(net: str, compute: str, stragglers: str, nodes: int, pm) -> SimSetup:
-    """net: preset name or YAML path; compute and stragglers: the spec strings of
+    """net: preset name, YAML path or "real"; compute and stragglers: the spec strings of
     exoframe.sim.compute. pm: the plugin manager (network presets and algorithms)."""
-    network = load_network(net, pm.networks)
     # Aliases too: a network file may name an algorithm by any name it was registered under.
     algorithms = {name: entry.obj for entry in pm.algorithms
                   for name in (entry.name, *entry.aliases)}
+    if net == REAL:
+        if compute != "measured":
+            raise ExoframeError(f"compute: '{compute}' is a model of the simulated clock; with "
+                                "--net real times are measured: drop --compute.")
+        if stragglers:
+            raise ExoframeError("stragglers: they slow the simulated clock; with --net real "
+                                "nothing is simulated: drop --stragglers.")
+        # Bytes are still counted per operation as ring, tree, ... would move them.
+        return SimSetup(net=REAL, topology=Topology.uniform(nodes), algorithms=algorithms,
+                        compute=parse_compute(compute), stragglers=parse_stragglers(""),
+                        real=True)
+    network = load_network(net, pm.networks)
     topology = network.topology(nodes, algorithms)
     # Two participants: ranks 0 and 1 (two in one site for a single rank).
     pair = Sites.of(topology, (0, 1)) if topology.size >= 2 else Sites.single(2)
