@@ -195,3 +195,7 @@ def test_the_real_network_trains_the_same_weights_and_measures_its_time(tmp_path
     [trace] = (tmp_path / "runs").glob("*/trace.json")
     with pytest.raises(ReplayError, match="real network"):
         check_trace(json.loads(trace.read_text()))
+    assert real.summary["real_network"] and not simulated.summary["real_network"]
+    from exoframe.errors import ExoframeError
+    with pytest.raises(ExoframeError, match="depends on when exchanges complete"):
+        testing.run("async-localsgd", {"H": 2}, nodes=2, steps=2, net="real")

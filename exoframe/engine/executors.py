@@ -4,11 +4,13 @@ as Ray tasks (`ray`: `pip install 'exoframe[ray]'`).
 A sweep point is one strategy, seed and fault spec: its training runs (one per network, or
 one whose trace is then replayed through the others). Points are independent, so each can
 run anywhere. Under Ray a point runs in a worker's temporary folder, and the worker sends
-the run folders' files back; the driver writes them into the sweep folder, so the workers
-need no shared filesystem. Ray counts one CPU per point; the point's rank processes are
-not limited by that count. Every Ray node needs exoframe and the plugins a run uses
-installed; a workload or network file named by a relative path is found from the driver's
-working directory, so on a cluster give absolute paths on a filesystem every node sees.
+the run folders' files back; the driver writes them into the sweep folder as each point
+ends, so the workers need no shared filesystem (a sink that writes outside its run folder,
+such as a shared database path, writes on the worker). Ray counts one CPU per point; the
+point's rank processes are not limited by that count. Every Ray node needs exoframe and
+the plugins a run uses installed; a workload or network file named by a relative path is
+found from the driver's working directory, so on a cluster give absolute paths on a
+filesystem every node sees.
 """
 from __future__ import annotations
 
@@ -43,19 +45,22 @@ class SweepPoint:
         return sum(c.steps for c in self.configs) + len(self.replays)
 
 
-def run_point(point: SweepPoint, out: str, bar=None) -> list[Path]:
-    """Train and replay `point` with run folders under `out`; the run folders."""
+def run_point(point: SweepPoint, out: str, bar=None, recorded_out: str | None = None
+              ) -> list[Path]:
+    """Train and replay `point` with run folders under `out`; the run folders.
+    recorded_out: the folder the runs' config.yaml names (where they end up), if not out."""
     from ..plugins import get_plugin_manager
 
     pm = get_plugin_manager()
     run_dirs = []
     for config, setup in zip(point.configs, point.setups):
+        record = dataclasses.asdict(dataclasses.replace(config, out=recorded_out or out))
         config = dataclasses.replace(config, out=out)
         if bar is not None:
             bar.describe(f"sweep: {config.strategy} seed {config.seed} on {setup.net}"
                          + (f" with faults {config.faults}" if config.faults else ""))
         result = execute(job_from_config(config, pm, setup), out=out,
-                         config_record=dataclasses.asdict(config),
+                         config_record=record,
                          on_row=None if bar is None else (lambda row: bar.update(1, row)))
         run_dirs.append(Path(result.run_dir))
         for other in point.replays:
@@ -99,39 +104,43 @@ def _run_on_ray(points, runs_dir: Path, bar, address):
     if started:
         ray.init(address=address or os.environ.get("RAY_ADDRESS"), include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
+    folders: list = [None] * len(points)  # each point's run folders, in the points' order
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(_ray_point)
-        pending = {task.remote(point, os.getcwd(), sys.path): i
+        pending = {task.remote(point, os.getcwd(), sys.path, str(runs_dir)): i
                    for i, point in enumerate(points)}
-        folders = [None] * len(points)
         while pending:
             [done], _ = ray.wait(list(pending), num_returns=1)
             i = pending.pop(done)
             try:
-                folders[i] = ray.get(done)
-            except ray.exceptions.RayTaskError as e:
-                cause = e.cause if isinstance(e.cause, Exception) else e
-                raise ExoframeError(f"sweep point {points[i].configs[0].strategy} seed "
-                                    f"{points[i].configs[0].seed} failed on Ray: "
-                                    f"{cause}") from None
+                returned = ray.get(done)
+            except ray.exceptions.RayError as e:
+                for other in pending:
+                    ray.cancel(other, force=True)
+                cause = getattr(e, "cause", None) or e
+                first = points[i].configs[0]
+                raise ExoframeError(f"sweep: {first.strategy} seed {first.seed} failed on Ray: "
+                                    f"{str(cause).strip().splitlines()[-1]}") from None
+            # Written as each point ends: a later failure keeps what is done.
+            folders[i] = [_write_run_folder(runs_dir, name, files) for name, files in returned]
             bar.update(points[i].work)
     finally:
         if started:
             ray.shutdown()
-    return [_write_run_folder(runs_dir, name, files)
-            for point_folders in folders for name, files in point_folders]
+    return [folder for point_folders in folders for folder in point_folders]
 
 
-def _ray_point(point: SweepPoint, cwd: str, path: list) -> list[tuple[str, dict]]:
+def _ray_point(point: SweepPoint, cwd: str, path: list, runs_dir: str
+               ) -> list[tuple[str, dict]]:
     """In a Ray worker: run the point in a temporary folder; each run folder's name and
     files (relative path -> bytes)."""
     if os.path.isdir(cwd):
         os.chdir(cwd)  # relative workload and network paths, as the driver reads them
-    sys.path[:0] = [p for p in path if p not in sys.path]
+    sys.path.extend(p for p in path if p not in sys.path)  # after the worker's own packages
     with tempfile.TemporaryDirectory() as out:
         return [(folder.name, {str(f.relative_to(folder)): f.read_bytes()
                                for f in sorted(folder.rglob("*")) if f.is_file()})
-                for folder in run_point(point, out)]
+                for folder in run_point(point, out, recorded_out=runs_dir)]
 
 
 def _write_run_folder(runs_dir: Path, name: str, files: dict) -> Path:

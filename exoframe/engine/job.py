@@ -160,6 +160,12 @@ def check_real_network(config: RunConfig, strategy_cls: type, strategy_name: str
     if strategy_cls.remote_calls:
         raise ExoframeError(f"net: strategy '{strategy_name}' makes remote calls, which travel "
                             "through the simulated network; pick a network other than real.")
+    if strategy_cls.timing_dependent:
+        # gloo's point-to-point handles say "done" only once waited for: an asynchronous
+        # strategy would never see an exchange arrive.
+        raise ExoframeError(f"net: strategy '{strategy_name}' depends on when exchanges "
+                            "complete, which the real network does not report yet; pick a "
+                            "simulated network.")
     if config.checkpoint_every is not None:
         raise ExoframeError("checkpoint_every: a run on the real network cannot be "
                             "checkpointed yet; drop one of them.")

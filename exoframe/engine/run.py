@@ -177,6 +177,7 @@ def build_trace(job: Job, rank_traces: list, steps: int) -> dict:
         "steps": steps,
         "seed": job.seed,
         "net": job.sim.net,
+        "real_network": job.sim.real,
         "compute_model": job.sim.compute.describe(),
         "faults": job.faults.describe(),
         "model_parameters": sum(p.numel() for p in job.model.parameters()),

@@ -46,6 +46,7 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "steps_to_target": at_target["step"] if at_target else None,
         "seed": job.seed,
         "net": job.sim.net,
+        "real_network": job.sim.real,  # --net real: the times are measured, not simulated
         "bottleneck_bandwidth": job.sim.topology.bottleneck(),
         "compute_model": job.sim.compute.describe(),
         "stragglers": job.sim.stragglers.describe(),
@@ -144,7 +145,7 @@ def summary_table(summary: dict) -> str:
         ("network", summary["net"]),
         ("measured wall-clock", f"{format_seconds(summary['simulated_seconds'])} "
                                 "(--net real: nothing simulated)")
-        if summary["net"] == "real" else
+        if summary.get("real_network") else
         ("simulated wall-clock", f"{format_seconds(summary['simulated_seconds'])} "
                                  f"(compute model {summary['compute_model']})"),
         ("compute utilization", "-" if summary["compute_utilization"] is None

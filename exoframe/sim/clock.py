@@ -28,6 +28,8 @@ class Submitted:
 
 
 class RankClock:
+    real = False  # a simulated clock (RealClock: --net real)
+
     def __init__(self, rank: int, port, compute: ComputeClock, topology_algorithms: dict,
                  algorithms: dict, topology: Topology | None = None):
         """port: the way to the simulator, with send(message) and recv() of the messages in
@@ -233,6 +235,7 @@ class SoloClock:
     nothing leaves the rank, so every operation is done at once and moves no bytes."""
 
     now = 0.0
+    real = False
 
     def __init__(self):
         self._next_id = 0
@@ -259,11 +262,14 @@ class SoloClock:
 
 class RealClock:
     """A rank's clock on a real network (`--net real`): no simulator. `now` is the wall-clock
-    time since the rank began training, compute the time its timer counts (the main thread's
-    CPU time, or a GPU timer), and communication the rest (transfers and waiting for peers:
-    they cannot be told apart here). Bytes are counted per operation as the network's
-    algorithm would move them. Operations complete for real: `is_done` leaves the answer
-    to the exchange itself (None)."""
+    time the rank has trained (the engine's bookkeeping between `charge()` and `skip()`
+    left out, as the simulated clock leaves it out), compute the time its timer counts
+    between exchanges (the main thread's CPU time, or a GPU timer), and communication the
+    rest (transfers and waiting for peers: they cannot be told apart here). Bytes are counted
+    per operation as the network's algorithm would move them. Operations complete for real:
+    Handles ask the exchange itself whether it is done."""
+
+    real = True
 
     def __init__(self, rank: int, timer, topology_algorithms: dict, algorithms: dict,
                  topology: Topology | None = None, wall=None):
@@ -273,18 +279,21 @@ class RealClock:
         self.plans = Plans(topology_algorithms, algorithms, topology)
         self._wall = wall or time.perf_counter
         self._timer = timer
-        self._started, self._compute_at_start = self._wall(), timer()
+        self._started = self._charged_at = self._wall()
+        self._mark = timer()
+        self._left_out = 0.0  # bookkeeping wall time, not the run's
+        self.compute_seconds = 0.0
         self.down = False
         self.trace: list = []  # step ends only: a real run is not replayed
         self._next_id = 0
 
     @property
     def now(self) -> float:
-        return self._wall() - self._started
+        return self._wall() - self._started - self._left_out
 
     def stats(self) -> dict:
         now = self.now
-        compute = min(now, self._timer() - self._compute_at_start)
+        compute = min(now, self.compute_seconds)
         return {"simulated_seconds": now, "compute_seconds": compute,
                 "comm_seconds": now - compute, "idle_seconds": 0.0, "down_seconds": 0.0}
 
@@ -292,10 +301,19 @@ class RealClock:
         pass
 
     def charge(self):
-        pass
+        """Count the compute since the last mark."""
+        now = self._timer()
+        self.compute_seconds += now - self._mark
+        self._mark, self._charged_at = now, self._wall()
 
     def skip(self):
-        pass
+        """Leave out what was done since the last charge (bookkeeping)."""
+        self._left_out += self._wall() - self._charged_at
+        self._mark, self._charged_at = self._timer(), self._wall()
+
+    def waited(self):
+        """A real exchange was waited for: that time is not compute (a GPU timer counts it)."""
+        self._mark = self._timer()
 
     def add_compute(self, seconds: float):
         pass
@@ -305,6 +323,7 @@ class RealClock:
 
     def submit(self, kind: str, nbytes: int, participants: tuple, root: int = 0,
                blocking: bool = True) -> Submitted:
+        self.charge()
         plan = self.plans.of(kind, len(participants), root, participants)
         index = participants.index(self.rank)
         op_id, self._next_id = self._next_id, self._next_id + 1
@@ -314,9 +333,6 @@ class RealClock:
 
     def wait(self, op_id: int):
         pass
-
-    def is_done(self, op_id: int) -> None:
-        return None
 
     def quorum(self, down_until):
         raise ExoframeError("simulated failures need the simulated network; drop --faults "

@@ -55,7 +55,7 @@ def check_trace(trace) -> None:
     raises ReplayError naming the first bad field."""
     if not isinstance(trace, dict):
         raise ReplayError("expected a JSON object")
-    if trace.get("net") == "real":
+    if trace.get("real_network"):
         raise NotReplayable("the run was on the real network (--net real): its trace holds no "
                           "simulated exchanges to replay; re-run it with --net instead")
     if trace.get("faults", "none") != "none":
