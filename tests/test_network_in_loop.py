@@ -188,6 +188,8 @@ def test_the_real_network_trains_the_same_weights_and_measures_its_time(tmp_path
     assert testing.max_difference(real, simulated) == 0
     assert real.summary["net"] == "real"
     assert real.summary["bytes_sent_per_node"] == simulated.summary["bytes_sent_per_node"]
+    # Accounting, not speed: however slow the machine, the measured time splits into compute
+    # and the rest (no bound on either is asserted).
     for rank in real.summary["per_rank"]:
         assert rank["compute_seconds"] > 0 and rank["comm_seconds"] >= 0
         assert rank["compute_seconds"] + rank["comm_seconds"] == pytest.approx(
