@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from .protocol import SimulationError
+
 
 class Operation:
     """One collective or point-to-point transfer, shared by its participants."""
@@ -25,3 +27,14 @@ class Operation:
         if self.kind in ("send", "recv"):
             return f"the transfer {self.participants[0]} -> {self.participants[1]}"
         return f"{self.kind} among ranks {list(self.participants)}"
+
+    def check_matches(self, rank, kind, nbytes, root):
+        """A later participant must call what the first one did."""
+        first_rank, first_kind, first_bytes = self.opened_by
+        if {kind, first_kind} == {"send", "recv"}:
+            kind = first_kind
+        if (kind, nbytes, root) != (first_kind, first_bytes, self.root):
+            raise SimulationError(
+                f"rank {rank} called {kind} ({nbytes} bytes) where rank {first_rank} called "
+                f"{first_kind} ({first_bytes} bytes): every rank must make the same collective "
+                "calls in the same order, with the same sizes")

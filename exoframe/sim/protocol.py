@@ -6,13 +6,19 @@ Wait are answered with Waited (when it ended, and how much of the wait was idle,
 yet there, versus communication); a Probe with Probed. Under simulated failures every rank
 joins a Quorum at each synchronization, answered with Quorumed: who takes part. Remote
 calls travel as Posts (one-sided messages); a rank gets its mail when it Listens, answered
-with Mail (or Waited, when the operation it also waits for completes first). Live ranks
-send these over their pipe (engine/monitor.py), replays feed them straight to the
-simulator (sim/replay.py).
+with Mail (or Waited, when the operation it also waits for completes first). StepEnd and Done
+tell the simulator how far a rank has come. Ranks send these through a transport
+(transport.py): live ranks over their pipe or TCP connection (engine/monitor.py), replayed
+ranks in process (sim/replay.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+class SimulationError(Exception):
+    """The ranks' messages break the protocol: collectives that do not match, a message to a
+    rank that does not exist."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,18 @@ class Listen:
     t: float
     op_id: int | None = None
     block: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class StepEnd:
+    """The rank ended a training step at `t`: it sends nothing earlier from now on."""
+    t: float
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The rank sends nothing more."""
 
 
 @dataclass(frozen=True, slots=True)

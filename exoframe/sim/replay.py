@@ -7,6 +7,11 @@ simulator of another network gives exactly the clocks a full re-run would (same 
 model, same seed). A trace that contains questions ("is it done yet?") came from a
 timing-dependent strategy: replay checks every answer and refuses if one would change.
 
+A replay runs the live ranks' own code: each rank's events drive a RankClock (TraceClock:
+compute read from the trace), which talks to the simulator over an in-process connection
+as a live rank's talks over its pipe, and the simulator runs behind the same Feed as in a
+live run's launcher. Each replayed rank is a thread, as its clock blocks while it waits.
+
 Projection rescales a trace to a larger model: every operation's bytes by one ratio (the
 parameter ratio times the payload's bits over 32), every step's compute to a given step
 time. An all-reduce that a real implementation streams out during the backward pass (DDP's
@@ -26,10 +31,14 @@ or idle time.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass
 
-from .protocol import Op, Probe, Wait, Waited, frozen
+from .clock import RankClock
+from .feed import Feed
+from .protocol import Done, StepEnd, Waited, frozen
 from .simulator import Simulator
+from .transport import Arrivals, in_process
 from .topology import DEFAULT_ALGORITHMS, Topology
 
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # torch DistributedDataParallel's bucket_cap_mb = 25
@@ -124,19 +133,56 @@ def _valid_event(event, nodes: int) -> bool:
     return False
 
 
-@dataclass
-class RankReplay:
-    rank: int
-    events: list
-    now: float = 0.0
-    compute_seconds: float = 0.0
-    comm_seconds: float = 0.0
-    idle_seconds: float = 0.0
-    step_times: dict = field(default_factory=dict)
-    position: int = 0
-    compute_free: float = 0.0  # when the compute stream has done what was queued on it
-    ready: list = field(default_factory=list)  # end of each queued compute not yet waited for
-    waiting: list | None = None  # the event this rank waits on an answer for
+class NoCompute:
+    """A replayed rank's compute model: its compute comes from the trace, not measured."""
+    factor = 1.0
+
+    def start_step(self) -> float:
+        return 0.0
+
+    def elapsed(self) -> float:
+        return 0.0
+
+    def restart(self):
+        pass
+
+
+class TraceClock(RankClock):
+    """The clock of a replayed rank: a live rank's clock (the same conversation with the
+    simulator), whose compute comes from the trace, plus the compute stream of projected
+    backward passes (see the module's docstring)."""
+
+    def __init__(self, rank: int, port, topology: Topology, algorithms: dict):
+        super().__init__(rank, port, NoCompute(), topology.algorithms, algorithms, topology)
+        self.compute_free = 0.0  # when the compute stream has done what was queued on it
+        self.ready: list[float] = []  # end of each queued compute not yet waited for
+        self.step_times: dict = {}
+
+    def run_compute(self, seconds: float):
+        self.now = self.compute_free = max(self.now, self.compute_free) + seconds
+        self.compute_seconds += seconds
+
+    def queue_compute(self, seconds: float):
+        self.compute_free = max(self.now, self.compute_free) + seconds
+        self.compute_seconds += seconds
+        self.ready.append(self.compute_free)
+
+    def await_queued(self):
+        self.now = max(self.now, self.ready.pop(0))
+
+    def _waited(self, reply: Waited):
+        """A wait while queued compute still runs is hidden behind it up to its end."""
+        if self.compute_free > self.now:
+            hidden_until = min(reply.end, self.compute_free)
+            idle = max(0.0, self.now + reply.idle - hidden_until)
+            reply = Waited(reply.end, idle, reply.end - hidden_until - idle)
+        super()._waited(reply)
+
+    def _receive(self):
+        reply = super()._receive()
+        if reply is STOP:
+            raise StopReplay
+        return reply
 
     def stats(self) -> dict:
         return {"simulated_seconds": self.now, "compute_seconds": self.compute_seconds,
@@ -145,7 +191,7 @@ class RankReplay:
 
 @dataclass
 class ReplayResult:
-    ranks: list[RankReplay]
+    ranks: list[TraceClock]
 
     @property
     def simulated_seconds(self) -> float:
@@ -162,79 +208,105 @@ class ReplayResult:
         return [max(r.step_times[s] for r in self.ranks) for s in steps]
 
 
+@dataclass(frozen=True)
+class PlayFailed:
+    """A replayed rank stopped on an error (raised again by the driver)."""
+    error: BaseException
+
+
+STOP = None  # sent to a replayed rank still waiting when the replay ends on an error
+
+
+class StopReplay(Exception):
+    pass
+
+
 def replay(traces: list[list], topology: Topology, algorithms: dict, seed: int = 0) -> ReplayResult:
-    """traces[r]: rank r's events as recorded by RankClock.trace (JSON-loaded is fine)."""
+    """traces[r]: rank r's events as recorded by RankClock.trace (JSON-loaded is fine).
+
+    Each rank's events drive its own clock in a thread, which talks to the simulator over
+    an in-process connection, as a live rank over its pipe; this thread runs the simulator
+    through a Feed, as a live run's launcher does (engine/monitor.py)."""
     sim = Simulator(topology, algorithms, seed=seed)
-    ranks = [RankReplay(r, events) for r, events in enumerate(traces)]
-    while True:
-        for rank in ranks:
-            if rank.waiting is None and rank.position <= len(rank.events):
-                _run_until_blocked(rank, sim)
-        replies = sim.advance()
-        if not replies:
-            break
-        for r, reply in replies:
-            _answer(ranks[r], reply)
-    stuck = [r.rank for r in ranks if r.waiting is not None]
-    if stuck:
-        raise ReplayError(sim.stuck() or f"ranks {stuck} never got their answers")
-    return ReplayResult(ranks)
+    feed = Feed(sim, record=False)
+    arrivals = Arrivals()
+    pairs = [in_process(arrivals, tag=r) for r in range(len(traces))]
+    clocks = [TraceClock(r, rank_end, topology, algorithms)
+              for r, (_, rank_end) in enumerate(pairs)]
+    threads = [threading.Thread(target=_play, args=(events, clock), daemon=True,
+                                name=f"replay-rank-{clock.rank}")
+               for events, clock in zip(traces, clocks)]
+    for thread in threads:
+        thread.start()
+    ends = [sim_end for sim_end, _ in pairs]
+    try:
+        _drive(feed, ends, arrivals)
+    finally:
+        for end in ends:
+            end.send(STOP)
+        for thread in threads:
+            thread.join()
+    return ReplayResult(clocks)
 
 
-def _run_until_blocked(rank: RankReplay, sim: Simulator):
-    events = rank.events
-    while rank.position < len(events):
-        event = events[rank.position]
-        rank.position += 1
-        tag = event[0]
-        if tag == "c":
-            rank.now = rank.compute_free = max(rank.now, rank.compute_free) + event[1]
-            rank.compute_seconds += event[1]
-        elif tag == "b":
-            rank.compute_free = max(rank.now, rank.compute_free) + event[1]
-            rank.compute_seconds += event[1]
-            rank.ready.append(rank.compute_free)
-        elif tag == "r":
-            rank.now = max(rank.now, rank.ready.pop(0))
-        elif tag == "o":
-            _, op_id, key, kind, nbytes, participants, root, blocking = event
-            sim.receive(rank.rank, Op(rank.now, op_id, frozen(key), kind, nbytes,
-                                      tuple(participants), root, blocking))
-            if blocking:
-                rank.waiting = event
-                return
-        elif tag == "w":
-            sim.receive(rank.rank, Wait(rank.now, event[1]))
-            rank.waiting = event
-            return
-        elif tag == "t":
-            sim.receive(rank.rank, Probe(rank.now, event[1]))
-            rank.waiting = event
-            return
-        elif tag == "s":
-            rank.step_times[event[1]] = rank.now
-            sim.note_clock(rank.rank, rank.now)
-    rank.position += 1  # past the end: finished
-    sim.rank_done(rank.rank)
+def _drive(feed: Feed, ends: list, arrivals: Arrivals):
+    """Hand every rank's messages to the simulator and its answers back, until all are done."""
+    sim, done = feed.sim, 0
+    while done < len(ends):
+        for rank in arrivals.wait():  # one tag per message, in the order they were sent
+            message = ends[rank].recv()
+            if isinstance(message, StepEnd):
+                feed.step_end(rank, message.t)
+            elif isinstance(message, Done):
+                feed.rank_done(rank)
+                done += 1
+            elif isinstance(message, PlayFailed):
+                raise message.error
+            else:
+                feed.message(rank, message)
+        replies = feed.advance()
+        for rank, reply in replies:
+            ends[rank].send(reply)
+        if not replies and done < len(ends):
+            stuck = sim.stuck()
+            if stuck:
+                raise ReplayError(stuck)
 
 
-def _answer(rank: RankReplay, reply):
-    event, rank.waiting = rank.waiting, None
-    if isinstance(reply, Waited):
-        end, idle, comm = reply.end, reply.idle, reply.comm
-        start = rank.now
-        if rank.compute_free > start:  # the backward pass still runs: hidden up to its end
-            hidden_until = min(end, rank.compute_free)
-            idle = max(0.0, start + idle - hidden_until)
-            comm = end - hidden_until - idle
-        rank.now = end
-        rank.idle_seconds += idle
-        rank.comm_seconds += comm
-    elif reply.done != event[2]:
-        raise ReplayError(
-            f"rank {rank.rank}: an operation that was {'done' if event[2] else 'not done'} at "
-            f"this point of the recorded run is {'done' if reply.done else 'not done'} on this "
-            "network: the strategy's behaviour depends on timing; re-run it instead.")
+def _play(events: list, clock: TraceClock):
+    """Rank `clock.rank`'s recorded events, through its clock."""
+    port, ids = clock.port, {}  # recorded op id -> this replay's
+    try:
+        for event in events:
+            tag = event[0]
+            if tag == "c":
+                clock.run_compute(event[1])
+            elif tag == "b":
+                clock.queue_compute(event[1])
+            elif tag == "r":
+                clock.await_queued()
+            elif tag == "o":
+                _, op_id, _, kind, nbytes, participants, root, blocking = event
+                submitted = clock.submit(kind, nbytes, tuple(participants), root, blocking)
+                if not blocking:
+                    ids[frozen(op_id)] = submitted.op_id
+            elif tag == "w":
+                clock.wait(ids.pop(frozen(event[1])))
+            elif tag == "t":
+                if clock.is_done(ids[frozen(event[1])]) != event[2]:
+                    raise ReplayError(
+                        f"rank {clock.rank}: an operation that was "
+                        f"{'done' if event[2] else 'not done'} at this point of the recorded "
+                        f"run is {'not done' if event[2] else 'done'} on this network: the "
+                        "strategy's behaviour depends on timing; re-run it instead.")
+            elif tag == "s":
+                clock.step_times[event[1]] = clock.now
+                port.send(StepEnd(clock.now, event[1]))
+        port.send(Done())
+    except StopReplay:
+        pass
+    except BaseException as e:
+        port.send(PlayFailed(e))
 
 
 def project(traces: list[list], bytes_ratio: float, step_seconds: float,

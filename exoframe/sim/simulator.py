@@ -11,9 +11,8 @@ until it is answered. Results therefore do not depend on how the OS schedules ra
 
 Messages are those of protocol.py, `t` being the rank's clock: Op, Wait -> Waited,
 Probe -> Probed; a blocking Op is answered like Wait; Quorum -> Quorumed once every rank has
-joined (every rank waits for the answer, so none can send anything earlier). A Post is a
-flow to its destination's mailbox; a Listen is answered with the mailbox's content once it
-has any (at the delivery's time), or like a Wait if its operation completes first.
+joined (every rank waits for the answer, so none can send anything earlier); Post and
+Listen: see mailbox.py.
 
 Simulated failures: a rank the quorum leaves out (down) is outside until its next Quorum.
 It takes no part in any simulated operation, only in the real ones, so it sends nothing
@@ -31,17 +30,15 @@ import math
 import simpy
 
 from .collectives import Plans
-from .membership import meet
+from .diagnosis import why_stuck
+from .mailbox import Mailboxes
+from .membership import join_quorum
 from .network import Environment, FlowNetwork
 from .operation import Operation
-from .protocol import Listen, Mail, Op, Post, Probe, Probed, Quorum, Quorumed, Wait, Waited
+from .protocol import Listen, Op, Post, Probe, Probed, Quorum, SimulationError, Wait, Waited
 from .topology import Topology
 
 MESSAGE, NETWORK, QUESTION = 0, 1, 2
-
-
-class SimulationError(Exception):
-    pass
 
 
 class Simulator:
@@ -68,8 +65,7 @@ class Simulator:
         self.quorums = {}  # seq -> {rank: Quorum}, until every rank has joined
         self.outside: set[int] = set()  # down ranks between quorums (see the docstring)
         self.recovering: set[int] = set()  # joining ranks whose receive is still to come
-        self.mailbox = [[] for _ in range(n)]  # per rank: (src, msg_id, nbytes) delivered
-        self.listeners = {}  # rank -> (t, op_id or None): waits for mail
+        self.mail = Mailboxes(self)
         self._earliest = None
 
     # -- input -------------------------------------------------------------------------------
@@ -104,7 +100,7 @@ class Simulator:
         elif isinstance(message, Quorum):
             self.blocked[rank] = True
             self.outside.discard(rank)
-            self._join_quorum(rank, message)
+            join_quorum(self, rank, message)
         else:
             raise SimulationError(f"unknown message {message!r} from rank {rank}")
 
@@ -127,9 +123,9 @@ class Simulator:
                     break
                 heapq.heappop(self.inbox)
                 if isinstance(message, Listen):
-                    self._at(t, lambda _e, r=rank, m=message: self._listen(r, m))
+                    self._at(t, lambda _e, r=rank, m=message: self.mail.listen(r, m))
                 elif isinstance(message, Post):
-                    self._at(t, lambda _e, r=rank, m=message: self._post(r, m))
+                    self._at(t, lambda _e, r=rank, m=message: self.mail.post(r, m))
                 elif cls == MESSAGE:
                     self._at(t, lambda _e, r=rank, m=message: self._submit(r, m))
                 else:
@@ -176,7 +172,7 @@ class Simulator:
             op = Operation(key, kind, nbytes, participants, root, plan, (rank, kind, nbytes))
             self.operations[key] = op
         else:
-            self._check_matches(op, rank, kind, nbytes, root)
+            op.check_matches(rank, kind, nbytes, root)
         index = participants.index(rank)
         self.handles[(rank, op_id)] = (op, index)
         now = self.env.now
@@ -198,16 +194,6 @@ class Simulator:
             self._register_wait(rank, t, op_id)
         elif (rank, op_id) in self.early_waits:
             self._register_wait(rank, self.early_waits.pop((rank, op_id)), op_id)
-
-    def _check_matches(self, op: Operation, rank, kind, nbytes, root):
-        first_rank, first_kind, first_bytes = op.opened_by
-        if {kind, first_kind} == {"send", "recv"}:
-            kind = first_kind
-        if (kind, nbytes, root) != (first_kind, first_bytes, op.root):
-            raise SimulationError(
-                f"rank {rank} called {kind} ({nbytes} bytes) where rank {first_rank} called "
-                f"{first_kind} ({first_bytes} bytes): every rank must make the same collective "
-                "calls in the same order, with the same sizes")
 
     def _release(self, op: Operation, f: int):
         op.waiting[f] -= 1
@@ -231,62 +217,23 @@ class Simulator:
         op.last_join_when_done[index] = op.latest_join
         waiter = self.waiters.pop((op, index), None)
         if waiter is not None:
-            self._reply_wait(*waiter)
+            self.reply_wait(*waiter)
 
     def _register_wait(self, rank, t, op_id):
         op, index = self.handles[(rank, op_id)]
         if op.done_at[index] is not None:
-            self._reply_wait(rank, t, op_id)
+            self.reply_wait(rank, t, op_id)
         else:
             self.waiters[(op, index)] = (rank, t, op_id)
 
-    def _reply_wait(self, rank, t, op_id):
+    def reply_wait(self, rank, t, op_id):
         """The rank waited from t; split the wait into idle (peers not yet there) and comm.
         A waited operation is never asked about again: its handle is dropped."""
-        self.listeners.pop(rank, None)
+        self.mail.listeners.pop(rank, None)
         op, index = self.handles.pop((rank, op_id))
         end = max(t, op.done_at[index])
         idle = max(0.0, min(end, op.last_join_when_done[index]) - t)
-        self._wake(rank, end, Waited(end, idle, end - t - idle))
-
-    # -- remote calls: one-sided messages and mailboxes ------------------------------------
-    def _post(self, rank: int, message: Post):
-        if not 0 <= message.dst < self.topology.size:
-            raise SimulationError(f"rank {rank} posted a message to rank {message.dst}, which "
-                                  f"does not exist (ranks 0 to {self.topology.size - 1})")
-        self.network.start_flow(rank, message.dst, message.nbytes, self._mail,
-                                (message.dst, (rank, message.msg_id, message.nbytes),
-                                 self.env.now))
-
-    def _mail(self, arg):
-        dst, letter, posted = arg
-        self.mailbox[dst].append(letter)
-        listener = self.listeners.pop(dst, None)
-        if listener is not None:
-            t, op_id = listener
-            if op_id is not None:
-                del self.waiters[self.handles[(dst, op_id)]]
-            self._deliver(dst, t, self.env.now, posted)
-
-    def _listen(self, rank: int, message: Listen):
-        t = message.t
-        if self.mailbox[rank] or not message.block:
-            self._deliver(rank, t, t, t)
-            return
-        if message.op_id is not None:
-            op, index = self.handles[(rank, message.op_id)]
-            if op.done_at[index] is not None:
-                self._reply_wait(rank, t, message.op_id)
-                return
-            self.waiters[(op, index)] = (rank, t, message.op_id)
-        self.listeners[rank] = (t, message.op_id)
-
-    def _deliver(self, rank: int, since: float, end: float, posted: float):
-        """Hand over the mailbox; the wait since `since` was communication from when the
-        message that ends it was posted, idle before."""
-        letters, self.mailbox[rank] = tuple(self.mailbox[rank]), []
-        comm = end - max(since, posted)
-        self._wake(rank, end, Mail(end, end - since - comm, comm, letters))
+        self.wake(rank, end, Waited(end, idle, end - t - idle))
 
     def _answer_probe(self, rank, message: Probe):
         t, op_id = message.t, message.op_id
@@ -294,25 +241,9 @@ class Simulator:
         done = op.done_at[index] is not None and op.done_at[index] <= t
         if done:
             del self.handles[(rank, op_id)]  # the rank's handle now knows; it will not ask again
-        self._wake(rank, t, Probed(done))
+        self.wake(rank, t, Probed(done))
 
-    def _join_quorum(self, rank: int, message: Quorum):
-        """Membership at a synchronization, once every rank has joined (membership.py)."""
-        joined = self.quorums.setdefault(message.seq, {})
-        joined[rank] = message
-        if len(joined) < self.topology.size:
-            return
-        del self.quorums[message.seq]
-        at, live, joining = meet(joined)
-        for r in sorted(joined):
-            end = max(joined[r].t, at)
-            self._wake(r, end, Quorumed(end, live, joining))
-            if r in joining:
-                self.recovering.add(r)
-            elif r not in live:
-                self.outside.add(r)
-
-    def _wake(self, rank, t, reply):
+    def wake(self, rank, t, reply):
         self._earliest = None
         self.outside.discard(rank)
         self.blocked[rank] = False
@@ -322,27 +253,4 @@ class Simulator:
     # -- diagnosis ---------------------------------------------------------------------------
     def stuck(self) -> str | None:
         """If every rank waits and nothing can happen any more, say who waits for what."""
-        if self.inbox or self.network.busy():
-            return None
-        if any(not (b or f) for b, f in zip(self.blocked, self.finished)):
-            return None
-        for joined in self.quorums.values():
-            missing = [r for r in range(self.topology.size) if r not in joined]
-            return (f"deadlock: rank(s) {', '.join(map(str, sorted(joined)))} wait in a "
-                    f"membership quorum that rank(s) {', '.join(map(str, missing))} never "
-                    "joined: every rank must synchronize at the same steps")
-        if self.network.stalled():
-            return ("a transfer waits on a link that is down for good: its "
-                    "bandwidth_trace ends with 'down' (or 0); end it with a bandwidth")
-        for rank, (_, op_id) in sorted(self.listeners.items()):
-            if op_id is None:
-                return (f"deadlock: rank {rank} waits for the answer to a remote call that "
-                        "never comes: its target has finished, waits where it serves no call "
-                        "(a rank serves only while it waits in exoframe.distributed: a call's "
-                        "wait(), barrier(), serve(); at its step ends and after its last "
-                        "step), or keeps answering NotYet")
-        for (op, index), (rank, _, _) in sorted(self.waiters.items(), key=lambda w: w[1][0]):
-            missing = [op.participants[i] for i, j in enumerate(op.joined_at) if j is None]
-            return (f"deadlock: rank {rank} waits for {op.describe()}, which rank(s) "
-                    f"{', '.join(map(str, missing))} never started")
-        return None
+        return why_stuck(self)

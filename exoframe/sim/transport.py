@@ -1,0 +1,192 @@
+"""How a rank's messages reach the host of the simulator: three transports, one interface.
+
+Every transport hands out connections with multiprocessing's Connection interface:
+send(obj), recv(), poll(timeout) and close(). The messages are typed dataclasses
+(protocol.py, exoframe/engine/messages.py).
+
+- `in_process()`: both ends in one process (replays, unit tests); thread-safe.
+- pipes: `multiprocessing.Pipe()`, between the launcher and the ranks it forks.
+- TCP: `Listener` and `connect()`, for ranks on other machines. Both ends prove that they
+  hold the run's token (an HMAC challenge and response each way, as multiprocessing's
+  authkey does) before a message is read, so a foreign connection, or one sending garbage,
+  is refused and logged without disturbing the run; the pickled messages that follow come
+  only from a peer that holds the token.
+"""
+from __future__ import annotations
+
+import hmac
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from multiprocessing.connection import Connection
+
+MAGIC = b"exoframe-transport-1"
+NONCE_BYTES = 32
+DIGEST_BYTES = 32  # sha256
+HANDSHAKE_SECONDS = 5.0  # a peer that has not proved itself by then is dropped
+
+
+class TransportError(Exception):
+    pass
+
+
+class QueueConnection:
+    """One end of an in-process connection."""
+
+    def __init__(self, inbox: deque, inbox_ready: threading.Condition, outbox: deque,
+                 outbox_ready: threading.Condition, arrivals: deque | None = None, tag=None):
+        self._inbox, self._inbox_ready = inbox, inbox_ready
+        self._outbox, self._outbox_ready = outbox, outbox_ready
+        self._arrivals, self._tag = arrivals, tag
+        self.closed = False
+
+    def send(self, obj):
+        with self._outbox_ready:
+            self._outbox.append(obj)
+            if self._arrivals is not None:
+                self._arrivals.append(self._tag)
+            self._outbox_ready.notify_all()
+
+    def recv(self):
+        with self._inbox_ready:
+            self._inbox_ready.wait_for(lambda: self._inbox)
+            return self._inbox.popleft()
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        with self._inbox_ready:
+            return bool(self._inbox_ready.wait_for(lambda: self._inbox, timeout))
+
+    def close(self):
+        self.closed = True
+
+
+class Arrivals:
+    """Where one thread waits for a message on any of many in-process connections
+    (`in_process(arrivals=...)`): `wait()` returns the tags of those that sent, in order."""
+
+    def __init__(self):
+        self.ready = threading.Condition()
+        self.tags = deque()
+
+    def wait(self) -> list:
+        with self.ready:
+            self.ready.wait_for(lambda: self.tags)
+            tags = list(self.tags)
+            self.tags.clear()  # in place: the connections hold this deque
+            return tags
+
+
+def in_process(arrivals: Arrivals | None = None, tag=None) -> tuple[QueueConnection,
+                                                                    QueueConnection]:
+    """Two connected ends (a, b) in one process. With `arrivals`, what b sends to a is also
+    announced there with `tag`, so that one thread can wait on many a ends at once."""
+    a_to_b, b_to_a = deque(), deque()
+    a_ready = arrivals.ready if arrivals is not None else threading.Condition()
+    b_ready = threading.Condition()
+    a = QueueConnection(b_to_a, a_ready, a_to_b, b_ready)
+    b = QueueConnection(a_to_b, b_ready, b_to_a, a_ready,
+                        arrivals.tags if arrivals is not None else None, tag)
+    return a, b
+
+
+def _digest(token: bytes, nonce: bytes) -> bytes:
+    return hmac.new(token, MAGIC + nonce, "sha256").digest()
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise TransportError("the peer closed the connection")
+        data += chunk
+    return data
+
+
+def _prove_and_check(sock: socket.socket, token: bytes, first: bool):
+    """The handshake: each side sends a nonce and checks the other's digest of it.
+    `first`: this side (the listener) sends its nonce first."""
+    mine = os.urandom(NONCE_BYTES)
+    if first:
+        sock.sendall(MAGIC + mine)
+        theirs_digest = _read_exactly(sock, DIGEST_BYTES)
+        theirs = _read_exactly(sock, NONCE_BYTES)
+        if not hmac.compare_digest(theirs_digest, _digest(token, mine)):
+            raise TransportError("it did not present this run's token")
+        sock.sendall(_digest(token, theirs))
+    else:
+        if _read_exactly(sock, len(MAGIC)) != MAGIC:
+            raise TransportError("it is not an exoframe service")
+        theirs = _read_exactly(sock, NONCE_BYTES)
+        sock.sendall(_digest(token, theirs) + mine)
+        if not hmac.compare_digest(_read_exactly(sock, DIGEST_BYTES), _digest(token, mine)):
+            raise TransportError("it did not present this run's token")
+
+
+class Listener:
+    """A listening TCP socket (on `host`: loopback unless the user names an address) whose
+    accepted connections hold the run's token."""
+
+    def __init__(self, host: str, token: bytes, port: int = 0):
+        self.token = token
+        self.sock = socket.create_server((host, port))
+        self.address = self.sock.getsockname()[:2]
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def accept(self, log=None) -> Connection | None:
+        """Accept one connection; None (logged) when the peer does not prove it holds the
+        token within HANDSHAKE_SECONDS."""
+        sock, peer = self.sock.accept()
+        sock.settimeout(HANDSHAKE_SECONDS)
+        try:
+            _prove_and_check(sock, self.token, first=True)
+        except (OSError, TransportError) as e:
+            sock.close()
+            why = str(e) if isinstance(e, TransportError) else f"its handshake failed ({e})"
+            print(f"exoframe: ignored a connection from {peer[0]}:{peer[1]}: {why}.",
+                  file=log or sys.stderr, flush=True)
+            return None
+        return _connection(sock)
+
+    def close(self):
+        self.sock.close()
+
+
+def connect_raw(host: str, port: int, timeout: float) -> socket.socket:
+    """A plain TCP connection, retrying refused ones until `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return socket.create_connection((host, port), timeout=max(0.1, deadline -
+                                                                        time.monotonic()))
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise TransportError(f"could not connect to {host}:{port} within {timeout:g} s "
+                                     f"({e.strerror or e})") from None
+            time.sleep(0.2)
+
+
+def connect(host: str, port: int, token: bytes, timeout: float) -> Connection:
+    """Connect to a Listener, retrying refused connections until `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    sock = connect_raw(host, port, timeout)
+    sock.settimeout(max(0.1, min(HANDSHAKE_SECONDS, deadline - time.monotonic())))
+    try:
+        _prove_and_check(sock, token, first=False)
+    except (OSError, TransportError) as e:
+        sock.close()
+        raise TransportError(f"{host}:{port} refused the handshake: {e}") from None
+    return _connection(sock)
+
+
+def _connection(sock: socket.socket) -> Connection:
+    sock.settimeout(None)
+    # Messages are small questions and answers: Nagle's algorithm would hold each one back
+    # for the peer's delayed acknowledgement.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return Connection(sock.detach())
