@@ -77,6 +77,8 @@ class RunConfig:
     # Real seconds without a message from any rank before the watchdog stops the run and
     # names the stuck or stopped process.
     hang_timeout: float = 300.0
+    # Under torchrun: real seconds to reach the rendezvous and for every rank to join.
+    connect_timeout: float = 60.0
     on_nonfinite: str = "stop"  # a NaN or infinite training loss: "stop" the run or "continue"
     # Save every rank's state every N steps into the run folder (exoframe resume continues it).
     checkpoint_every: typing.Optional[int] = None
@@ -112,9 +114,10 @@ class RunConfig:
         if self.lr is not None and self.lr <= 0:
             raise ExoframeError(f"lr must be positive, got {self.lr}.")
         check_optimizer_values(weight_decay=self.weight_decay, momentum=self.momentum)
-        if not self.hang_timeout > 0:
-            raise ExoframeError(f"hang_timeout must be a positive number of seconds, got "
-                                f"{self.hang_timeout}.")
+        for name in ("hang_timeout", "connect_timeout"):
+            if not getattr(self, name) > 0:
+                raise ExoframeError(f"{name} must be a positive number of seconds, got "
+                                    f"{getattr(self, name)}.")
         for name, choices in (("schedule", SCHEDULES), ("precision", PRECISIONS)):
             value = getattr(self, name)
             if value not in choices:

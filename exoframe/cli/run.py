@@ -49,6 +49,8 @@ from .options import progress_mode, progress_options, sink_items, check_out_fold
 @click.option("--threads", type=int, help="CPU threads per rank. [1]")
 @click.option("--hang-timeout", type=float, help="Real seconds without progress from any rank "
               "before the watchdog stops the run and names the stuck process. [300]")
+@click.option("--connect-timeout", type=float, help="Under torchrun: real seconds to reach "
+              "the rendezvous and for every rank to join. [60]")
 @click.option("--on-nonfinite", type=click.Choice(["stop", "continue"]),
               help="A NaN or infinite training loss stops the run (naming step and rank), or "
               "training continues. [stop]")
@@ -77,8 +79,12 @@ def run(config_file, params, workload_params, optimizer_params, sinks, progress,
         debug, **flags):
     """Train a workload on N simulated nodes under a strategy."""
     from ..engine import execute, job_from_config
+    from ..engine.cluster import ClusterEnv
 
     overrides = {k: v for k, v in flags.items() if v is not None}
+    cluster = ClusterEnv.from_environ()  # started by torchrun
+    if cluster is not None:
+        cluster.check_nodes(overrides.setdefault("nodes", cluster.world_size))
     if params:
         overrides["strategy_params"] = parse_assignments(params, "--param")
     if workload_params:
@@ -93,6 +99,10 @@ def run(config_file, params, workload_params, optimizer_params, sinks, progress,
     record = config_to_dict(config)
     record.update(strategy=job.strategy_name, batch_size=job.batch_size, lr=job.optimizer.lr,
                   eval_every=job.eval_every, strategy_params=vars(job.strategy_params).copy())
+    if cluster is not None and cluster.rank != 0:  # rank 0's process writes the run folder
+        from ..engine.launcher import run_cluster_rank
+
+        run_cluster_rank(job, cluster, record)  # does not return
     result = execute(job, out=config.out, config_record=record,
                      progress=progress_mode(progress, progress_every),
                      progress_every=progress_every)

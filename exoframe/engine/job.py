@@ -44,6 +44,7 @@ class Job:
     sinks: tuple = ()  # exoframe.sinks.SinkSpec: opened in the run folder (engine/run.py)
     target_loss: Optional[float] = None  # validate every step; stop once reached
     hang_timeout: float = 300.0  # real seconds without progress before the watchdog stops it
+    connect_timeout: float = 60.0  # under torchrun: real seconds for every rank to join
     on_nonfinite: str = "stop"  # or "continue": what a NaN or infinite loss does
     # The training loop (engine/loop.py)
     schedule: str = "constant"
@@ -138,7 +139,8 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         eval_every=1 if config.target_loss is not None else
         config.eval_every or max(1, steps // 10),
         eval_batches=config.eval_batches, threads=config.threads, workload_name=workload.name,
-        hang_timeout=config.hang_timeout, on_nonfinite=config.on_nonfinite,
+        hang_timeout=config.hang_timeout, connect_timeout=config.connect_timeout,
+        on_nonfinite=config.on_nonfinite,
         schedule=config.schedule, warmup_steps=config.warmup_steps,
         min_lr_ratio=config.min_lr_ratio, clip_grad_norm=config.clip_grad_norm,
         accumulate=config.accumulate, precision=config.precision,

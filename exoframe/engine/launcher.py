@@ -29,6 +29,7 @@ from .data import Batches, has_examples
 from .evaluator import evaluate
 from .flops import count_step_flops
 from .job import Job
+from .cluster import ClusterEnv, Service, join
 from .loop import check_loss
 from .messages import EvaluatorStop, Rendezvous
 from .model_state import ModelState
@@ -86,9 +87,9 @@ def preload():
     import torch._dynamo  # noqa: F401
 
 
-def launch(job: Job, on_row=None) -> LaunchResult:
-    """Run `job` on job.nodes forked ranks. `on_row(row)` is called for each finished step."""
-    start = time.perf_counter()
+def prepare(job: Job) -> tuple[list, list]:
+    """Everything a run checks and counts before its ranks start: each rank's batches and
+    validation shard. Under torchrun every rank's process does it, and gets the same."""
     if job.device.startswith("cuda") and torch.cuda.is_initialized():
         raise ExoframeError(
             "device: CUDA is already initialized in this process (a model or tensor was put on "
@@ -109,24 +110,53 @@ def launch(job: Job, on_row=None) -> LaunchResult:
         flops = count_step_flops(job.model, first_batch) * job.accumulate
         job.sim.compute = job.sim.compute.with_flops(flops)
     preload()
-    watchdog = job.hang_timeout
-    # gloo and NCCL bind their listening sockets to this interface: loopback only.
-    # A user who names an interface (these variables) chooses it; else loopback only.
+    return batches, val_shards
+
+
+def bind_to_loopback():
+    """gloo and NCCL bind their listening sockets to this interface: loopback only, unless
+    the user names an interface (these variables)."""
     loopback = "lo0" if sys.platform == "darwin" else "lo"
     os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
     os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)  # NCCL's bootstrap sockets
+
+
+def launch(job: Job, on_row=None, config: dict | None = None) -> LaunchResult:
+    """Run `job` on job.nodes forked ranks. `on_row(row)` is called for each finished step.
+    Under torchrun (engine/cluster.py), rank 0's process launches rank 0 and serves the
+    ranks on the other processes, which must have been started with the same `config`."""
+    start = time.perf_counter()
+    cluster = ClusterEnv.from_environ()
+    batches, val_shards = prepare(job)
+    if cluster is None or cluster.is_loopback():
+        bind_to_loopback()
     rendezvous = tempfile.mkdtemp(prefix="exoframe-rendezvous-")  # mode 0700: ours alone
     try:
-        return _launch(job, on_row, start, batches, val_shards, watchdog, rendezvous)
+        return _launch(job, on_row, start, batches, val_shards, rendezvous, cluster, config)
     finally:
         shutil.rmtree(rendezvous, ignore_errors=True)
 
 
-def _launch(job, on_row, start, batches, val_shards, watchdog, folder) -> LaunchResult:
-    """folder: the run's private temporary folder (the rendezvous store, stack dumps)."""
+def run_cluster_rank(job: Job, cluster: ClusterEnv, config: dict):
+    """A rank that torchrun started on a process other than rank 0's: join rank 0's
+    launcher, train, exit (the process ends here)."""
+    conn = join(cluster, job.connect_timeout, config)
+    batches, _ = prepare(job)
+    if cluster.is_loopback():
+        bind_to_loopback()
+    folder = tempfile.mkdtemp(prefix="exoframe-rank-")  # for the watchdog's stack dumps
+    child_entry(cluster.rank, train, (cluster.rank, job, batches[cluster.rank]), conn,
+                stack_file(folder, cluster.rank), forked=False)
+
+
+def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) -> LaunchResult:
+    """folder: the run's private temporary folder (the rendezvous store, stack dumps);
+    cluster: under torchrun, what it told rank 0's process, else None (all ranks forked)."""
+    watchdog = job.hang_timeout
     store_path = os.path.join(folder, "store")
     context = mp.get_context("fork")
-    children = [(rank, train, (rank, job, batches[rank])) for rank in range(job.nodes)]
+    local = [0] if cluster is not None else list(range(job.nodes))
+    children = [(rank, train, (rank, job, batches[rank])) for rank in local]
     children.append((EVALUATOR, evaluate, (job, val_shards)))
     pipes = [context.Pipe() for _ in children]
     processes = [context.Process(target=child_entry,
@@ -134,17 +164,27 @@ def _launch(job, on_row, start, batches, val_shards, watchdog, folder) -> Launch
                                  daemon=True, name=f"exoframe-{who}")
                  for (who, target, args), (_, child) in zip(children, pipes)]
     conns = [parent for parent, _ in pipes]
-    monitor = Monitor(job, conns, processes, on_row, watchdog, folder)
+    remote = {}
+    monitor = service = None
     previous = catch_stop_signals()
     try:
         for p in processes:
             p.start()
         for _, child in pipes:
             child.close()
+        if cluster is not None:  # (after the forks: no child holds the listening socket)
+            service = Service(cluster, job.connect_timeout, config or {})
+            remote = service.accept_ranks()  # every rank's connection, in rank order
+            conns = [conns[0], *(remote[r] for r in range(1, job.nodes)), conns[-1]]
+            processes = [processes[0], *[None] * (job.nodes - 1), processes[-1]]
+        monitor = Monitor(job, conns, processes, on_row, watchdog, folder,
+                          hosts=service.hosts if service is not None else None)
         # gloo's own timeout outlasts the watchdog, which sees every rank and names the
         # right one; a rank timing out sees only that its peer is late.
+        meet = Rendezvous(None if service else store_path, watchdog + 60,
+                          service.tcp_store if service else None)
         for conn in conns[:job.nodes]:
-            conn.send(Rendezvous(store_path, watchdog + 60))
+            conn.send(meet)
         try:
             monitor.run()
         except (ExoframeError, KeyboardInterrupt) as e:
@@ -161,8 +201,12 @@ def _launch(job, on_row, start, batches, val_shards, watchdog, folder) -> Launch
                             steps=monitor.last_step(), stopped_by=monitor.stopped_by())
     except KeyboardInterrupt as e:  # while starting or stopping, outside monitor.run()
         error = interrupted(e)
-        error.status, error.rows = "interrupted", monitor.emitted
+        error.status, error.rows = "interrupted", monitor.emitted if monitor else []
         raise error from None
     finally:
         restore_signals(previous)
-        stop_all(processes)
+        stop_all([p for p in processes if p is not None])
+        if service is not None:
+            service.close()
+        for conn in remote.values():  # a rank still waiting learns that the run ended
+            conn.close()

@@ -1,6 +1,7 @@
 """What the launcher and its children (ranks, evaluator) say over their pipes: typed messages.
 
-Launcher -> rank: Rendezvous once, the simulator's replies (exoframe.sim.protocol), and
+A rank on another machine (torchrun, engine/cluster.py) first says Hello over TCP and is
+answered Welcome or Refused. Launcher -> rank: Rendezvous once, the simulator's replies (exoframe.sim.protocol), and
 StopAnswer to an AskStop, CheckpointNow (at any time: a stop signal came). Rank -> launcher:
 SimRequest (a rank clock's message for the simulator), StepDone, StepState, AskStop,
 Checkpointed, CheckpointLate, RankDone. Launcher -> evaluator: Evaluate, then
@@ -15,8 +16,32 @@ from typing import Any, Optional
 
 @dataclass(frozen=True)
 class Rendezvous:
-    store_path: str  # the FileStore in the launcher's private folder
+    """Where the ranks meet to make their process group: a FileStore in the launcher's
+    private folder (`store_path`), or under torchrun the rendezvous's TCPStore
+    (`tcp_store`: host, port, key prefix)."""
+    store_path: Optional[str]
     timeout_seconds: float
+    tcp_store: Optional[tuple] = None
+
+
+@dataclass(frozen=True)
+class Hello:
+    """A rank started by torchrun introduces itself to the launcher on rank 0's host."""
+    rank: int
+    world_size: int
+    host: str
+    version: str  # exoframe's
+    config: dict  # the run's configuration as this rank resolved it
+
+
+@dataclass(frozen=True)
+class Welcome:
+    pass
+
+
+@dataclass(frozen=True)
+class Refused:
+    message: str  # why, and the fix
 
 
 @dataclass(frozen=True)

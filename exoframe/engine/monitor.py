@@ -45,10 +45,14 @@ class Monitor:
     """Reads every child's messages, runs the simulator for the ranks, emits rows in step
     order, and raises on the first failure."""
 
-    def __init__(self, job: Job, conns, processes, on_row, watchdog: float, folder: str):
-        """folder: the run's private temporary folder, where children write their stacks."""
+    def __init__(self, job: Job, conns, processes, on_row, watchdog: float, folder: str,
+                 hosts: dict | None = None):
+        """conns: each rank's connection, then the evaluator's; processes: the same children's
+        processes, None for a rank on another machine (torchrun: engine/cluster.py), whose
+        host `hosts` names. folder: the run's private temporary folder, where children write
+        their stacks."""
         self.job, self.conns, self.processes, self.on_row = job, conns, processes, on_row
-        self.watchdog, self.folder = watchdog, folder
+        self.watchdog, self.folder, self.hosts = watchdog, folder, hosts or {}
         self.who = [*range(job.nodes), EVALUATOR]
         self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
         self.rows = StepRows(job.nodes)
@@ -224,7 +228,7 @@ class Monitor:
 
     def run(self):
         open_conns = {conn: i for i, conn in enumerate(self.conns)}
-        sentinels = {p.sentinel: i for i, p in enumerate(self.processes)}
+        sentinels = {p.sentinel: i for i, p in enumerate(self.processes) if p is not None}
         self.last_progress = time.monotonic()
         checkpoints = self.commits is not None and \
             threading.current_thread() is threading.main_thread()
@@ -255,7 +259,9 @@ class Monitor:
                 while alive and obj.poll():  # drain: one simulator pass per batch
                     alive = self.read(obj)
                 if not alive:
-                    del open_conns[obj]
+                    i = open_conns.pop(obj)
+                    if self.processes[i] is None:  # a remote rank: its connection is its life
+                        self._check_exit(i, open_conns)
         self.raise_first_error()
         self.simulate()
         self.emit()
@@ -271,6 +277,9 @@ class Monitor:
             pass
         self.raise_first_error()
         finished = self.results[i] is not None if i < self.job.nodes else self.finished()
+        if not finished and self.processes[i] is None:
+            raise RankFailed(self.who[i], f"lost the connection to it (on {self.hosts[i]}): "
+                             "its process died or its machine stopped", "", False)
         if not finished:
             self.processes[i].join()
             raise RankFailed(self.who[i], "process died with exit code "

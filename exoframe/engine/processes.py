@@ -42,10 +42,14 @@ def stack_file(folder: str, who) -> str:
     return os.path.join(folder, f"stack-{who}")
 
 
-def child_entry(who, target, args, conn, stack_path: str):
-    for signum in STOP_SIGNALS:  # the launcher handles these for everyone
-        signal.signal(signum, signal.SIG_IGN)
-    die_with_parent(who)
+def child_entry(who, target, args, conn, stack_path: str, forked: bool = True):
+    """Run target(*args, conn) and exit. forked: a child of the launcher, which handles stop
+    signals for everyone; else a rank that torchrun started, whose agent stops it and which
+    says its own error too (on its host's terminal)."""
+    if forked:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        die_with_parent(who)
     # faulthandler writes from its C signal handler: it answers even when Python code is
     # stuck in a sleep or a C call. The file stays open for the process's life.
     faulthandler.register(STACK_SIGNAL, file=open(stack_path, "w"), all_threads=True)
@@ -56,8 +60,12 @@ def child_entry(who, target, args, conn, stack_path: str):
         code = 1
         user_error = isinstance(e, ExoframeError)
         message = str(e) if user_error else f"{type(e).__name__}: {e}"
+        details = traceback.format_exc()
+        if not forked:
+            print(f"exoframe: {child_name(who)}: {message}"
+                  f"{'' if user_error else chr(10) + details}", file=sys.stderr)
         try:
-            conn.send(ChildFailed(who, time.time(), message, traceback.format_exc(), user_error))
+            conn.send(ChildFailed(who, time.time(), message, details, user_error))
         except Exception:
             pass
     finally:

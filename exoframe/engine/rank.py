@@ -19,24 +19,31 @@ from . import devices, rank_state
 from .data import Batches
 from .job import Job
 from .loop import Precision, forward_backward, set_lr
-from .messages import (AskStop, CheckpointLate, Checkpointed, PipeSimPort, RankDone, StepDone,
-                       StepState)
+from .messages import (AskStop, CheckpointLate, Checkpointed, PipeSimPort, RankDone, Rendezvous,
+                       StepDone, StepState)
 from .model_state import snapshot
 from .schedule import lr_at
 
 
-def join_group(rank: int, world_size: int, store_path: str, timeout_seconds: float,
-               backend: str = "gloo", device: torch.device | None = None):
-    """Meet the other ranks through a file in the launcher's private folder: no port.
-    Returns the group for point-to-point transfers when it is not the default group.
+def join_group(rank: int, world_size: int, rendezvous: Rendezvous, backend: str = "gloo",
+               device: torch.device | None = None):
+    """Meet the other ranks through a file in the launcher's private folder (no port), or
+    under torchrun through its rendezvous store. Returns the group for point-to-point
+    transfers when it is not the default group.
 
     NCCL makes its communicators eagerly here (device_id), but would make one per pair of
     ranks at their first send/recv, blocking until both are there, while the simulator may
     hold the peer back: under NCCL, point-to-point goes through a gloo group."""
-    store = dist.FileStore(store_path, world_size)
+    timeout = datetime.timedelta(seconds=rendezvous.timeout_seconds)
+    if rendezvous.tcp_store is not None:
+        host, port, prefix = rendezvous.tcp_store
+        store = dist.PrefixStore(prefix + "group/", dist.TCPStore(
+            host, port, is_master=False, timeout=timeout))
+    else:
+        store = dist.FileStore(rendezvous.store_path, world_size)
     eager = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_seconds), **eager)
+                            timeout=timeout, **eager)
     return dist.new_group(backend="gloo") if backend == "nccl" else None
 
 
@@ -78,8 +85,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
     device = devices.for_rank(job.device, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL's communicator and the default CUDA stream
-    p2p_group = join_group(rank, job.nodes, rendezvous.store_path,
-                           rendezvous.timeout_seconds, devices.backend(job.device, job.nodes),
+    p2p_group = join_group(rank, job.nodes, rendezvous, devices.backend(job.device, job.nodes),
                            device)
     torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
     model = job.model.to(device)

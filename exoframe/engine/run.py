@@ -72,7 +72,7 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
 
     summary, completed = None, False
     try:
-        result = launch(job, handle_row)
+        result = launch(job, handle_row, config_record)
         bar.close()
         load(job.model, result.final_state)
         if folder and job.checkpoint_every is not None:  # the run's final (averaged) model

@@ -21,13 +21,14 @@ def process_state(pid: int) -> str:
 
 def describe_stall(monitor, seconds: float) -> tuple[str, list[int]]:
     """One line: the processes that made no progress first, then what the others wait for;
-    and the indices (in monitor.processes) of the running ones that made no progress."""
+    and the indices (in monitor.processes) of the local running ones that made no progress."""
     sim, nodes = monitor.sim, monitor.job.nodes
     waiting_verdict = monitor.verdicts.waiting if monitor.verdicts is not None else {}
     stopped, idle, waits, stuck = [], [], [], []
     for i, who in enumerate(monitor.who):
         name = child_name(who)
-        if process_state(monitor.processes[i].pid) in ("T", "t"):
+        process = monitor.processes[i]  # None: a rank on another machine
+        if process is not None and process_state(process.pid) in ("T", "t"):
             stopped.append(name)
         elif i == nodes:  # the evaluator
             if monitor.rows.awaiting_val:
@@ -45,7 +46,8 @@ def describe_stall(monitor, seconds: float) -> tuple[str, list[int]]:
             waits.append(f"{name} waits for {_pending(sim, i)}")
         else:
             idle.append(name)
-            stuck.append(i)
+            if process is not None:
+                stuck.append(i)
     if stopped:  # a stopped process explains everyone else outside the simulator
         culprit = f"{', '.join(stopped)} stopped (SIGSTOP or SIGTSTP) and made no progress"
         waits += [f"{name} waits outside the simulator" for name in idle

@@ -1,0 +1,234 @@
+"""Runs across machines under torchrun.
+
+`torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:PORT -m exoframe run ...`
+starts one process per rank on each machine. Each reads RANK, WORLD_SIZE, LOCAL_RANK and
+MASTER_ADDR/MASTER_PORT (the rendezvous's TCPStore, which torchrun's agent hosts) and
+builds the whole run from the config and seed, as the launcher of a local run does (no
+fork inheritance: the same seed gives the same model and data on every machine).
+
+The process of rank 0 becomes the launcher (`Service`): it forks rank 0's training
+process and the evaluator as a local run does, listens on MASTER_ADDR's address, and
+publishes its port in the rendezvous store. Every other rank (`join`) connects to it over
+TCP and says Hello: its rank, exoframe's version and its config, which must equal rank 0's
+(else the run is refused, naming the field). From then on the launcher runs the simulator,
+rows and stop verdicts for every rank over these connections, exactly as over a local
+run's pipes, so the metrics and simulated clocks equal a local run's.
+
+The connection proves the run's token both ways (exoframe/sim/transport.py): the
+EXOFRAME_TOKEN environment variable when set on every machine (it then never crosses the
+network), else a random one that rank 0 publishes in the rendezvous store, which is as
+private as torchrun's store itself.
+"""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import os
+import secrets
+import select
+import socket
+import time
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from .. import __version__
+from ..errors import ExoframeError
+from ..sim.transport import HANDSHAKE_SECONDS, Listener, TransportError, connect, connect_raw
+from .messages import Hello, Refused, Welcome
+
+SERVICE_KEY = "service"
+
+
+@dataclass(frozen=True)
+class ClusterEnv:
+    """What torchrun tells each rank."""
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    run_id: str
+    attempt: int  # TORCHELASTIC_RESTART_COUNT
+    agent_store: bool  # torchrun's agent hosts the store; else rank 0 does
+
+    @classmethod
+    def from_environ(cls, environ=os.environ) -> "ClusterEnv | None":
+        """None unless the process was started by torchrun (RANK and WORLD_SIZE set)."""
+        if "RANK" not in environ or "WORLD_SIZE" not in environ:
+            return None
+        names = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        missing = [n for n in names if not environ.get(n)]
+        if missing:
+            raise ExoframeError(f"{', '.join(missing)} not set: a rank of a multi-machine run "
+                                "needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; start it "
+                                "with torchrun, which sets them.")
+        try:
+            rank, world, port = (int(environ[n]) for n in ("RANK", "WORLD_SIZE", "MASTER_PORT"))
+            local_rank = int(environ.get("LOCAL_RANK", rank))
+            attempt = int(environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+        except ValueError:
+            raise ExoframeError("RANK, WORLD_SIZE, LOCAL_RANK and MASTER_PORT must be integers; "
+                                "start the rank with torchrun, which sets them.") from None
+        if not 0 <= rank < world:
+            raise ExoframeError(f"RANK is {rank} but WORLD_SIZE is {world}: RANK must be in "
+                                f"0..{world - 1}.")
+        return cls(rank, world, local_rank, environ["MASTER_ADDR"], port,
+                   environ.get("TORCHELASTIC_RUN_ID", "none"), attempt,
+                   environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true")
+
+    def check_nodes(self, nodes: int):
+        if nodes != self.world_size:
+            raise ExoframeError(f"nodes: {nodes}, but torchrun started {self.world_size} ranks "
+                                "(WORLD_SIZE): drop --nodes under torchrun, or make them agree.")
+
+    @property
+    def prefix(self) -> str:
+        """The keys of this run's attempt in the rendezvous store."""
+        return f"exoframe/{self.run_id}/{self.attempt}/"
+
+    def is_loopback(self) -> bool:
+        try:
+            return all(ipaddress.ip_address(info[4][0]).is_loopback
+                       for info in socket.getaddrinfo(self.master_addr, None))
+        except (OSError, ValueError):
+            return False
+
+
+def open_store(env: ClusterEnv, timeout: float) -> dist.Store:
+    """The rendezvous store, under this run's prefix. Rank 0 hosts it when torchrun's
+    agent does not (ranks started by hand with the variables set)."""
+    host_it = env.rank == 0 and not env.agent_store
+    if not host_it:  # say so ourselves: torch would log a C++ stack per attempt first
+        try:
+            connect_raw(env.master_addr, env.master_port, timeout).close()
+        except TransportError as e:
+            raise ExoframeError(
+                f"rank {env.rank}: could not reach the rendezvous store: {e} "
+                "(--connect-timeout): check MASTER_ADDR and MASTER_PORT (torchrun's "
+                "--rdzv-endpoint) and that rank 0's machine is up.") from None
+    try:
+        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size if host_it
+                              else None, is_master=host_it, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout))
+    except (RuntimeError, TimeoutError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ExoframeError(
+            f"rank {env.rank}: could not reach the rendezvous store at {env.master_addr}:"
+            f"{env.master_port} within {timeout:g} s (--connect-timeout): check MASTER_ADDR "
+            f"and MASTER_PORT (torchrun's --rdzv-endpoint) and that rank 0's machine is up "
+            f"({first[:200]}).") from None
+    return dist.PrefixStore(env.prefix, store)
+
+
+def config_difference(mine: dict, theirs: dict) -> str | None:
+    """The first field where two ranks' configs differ, as 'steps=5 where rank 0 has 3'."""
+    for key in sorted(set(mine) | set(theirs)):
+        if mine.get(key) != theirs.get(key):
+            return f"{key}={theirs.get(key)!r} where rank 0 has {key}={mine.get(key)!r}"
+    return None
+
+
+class Service:
+    """Rank 0's side: listen, publish where, accept every other rank's Hello."""
+
+    def __init__(self, env: ClusterEnv, timeout: float, config: dict):
+        self.env, self.timeout, self.config = env, timeout, config
+        self.store = open_store(env, timeout)
+        shared = os.environ.get("EXOFRAME_TOKEN")
+        self.token = shared.encode() if shared else secrets.token_bytes(32)
+        self.listener = Listener(env.master_addr, self.token)
+        published = {"port": self.listener.address[1]}
+        if not shared:
+            published["token"] = self.token.hex()
+        self.store.set(SERVICE_KEY, json.dumps(published))
+        self.tcp_store = (env.master_addr, env.master_port, env.prefix)
+        self.hosts = {0: socket.gethostname()}
+
+    def accept_ranks(self) -> dict:
+        """rank -> connection, for every rank but 0, once all have said Hello."""
+        joined, deadline = {}, time.monotonic() + self.timeout
+        while len(joined) < self.env.world_size - 1:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = [r for r in range(1, self.env.world_size) if r not in joined]
+                raise ExoframeError(
+                    f"rank(s) {', '.join(map(str, missing))} did not join within "
+                    f"{self.timeout:g} s (--connect-timeout): start every machine's torchrun "
+                    "with the same command, or raise --connect-timeout.")
+            if not select.select([self.listener], [], [], left)[0]:
+                continue
+            conn = self.listener.accept()
+            hello = _first_message(conn)
+            if hello is None:
+                continue
+            refusal = self._check(hello, joined)
+            if refusal is not None:
+                conn.send(Refused(refusal))
+                raise ExoframeError(refusal)
+            conn.send(Welcome())
+            joined[hello.rank] = conn
+            self.hosts[hello.rank] = hello.host
+        self.listener.close()  # nobody else may join: nothing listens any more
+        return joined
+
+    def _check(self, hello: Hello, joined: dict) -> str | None:
+        fix = "start every rank with the same command and config"
+        if hello.world_size != self.env.world_size or not 0 < hello.rank < hello.world_size:
+            return (f"a rank joined as rank {hello.rank} of {hello.world_size} but this run has "
+                    f"{self.env.world_size} ranks: {fix}.")
+        if hello.rank in joined:
+            return f"two processes joined as rank {hello.rank}: {fix}."
+        if hello.version != __version__:
+            return (f"rank {hello.rank} on {hello.host} runs exoframe {hello.version} but rank "
+                    f"0 runs {__version__}: install the same version on every machine.")
+        difference = config_difference(self.config, hello.config)
+        if difference is not None:
+            return f"rank {hello.rank} on {hello.host} was started with {difference}: {fix}."
+        return None
+
+    def close(self):
+        self.listener.close()
+
+
+def _first_message(conn):
+    """The Hello of an accepted connection, or None (then closed) if it sends none."""
+    if conn is None:
+        return None
+    try:
+        if conn.poll(HANDSHAKE_SECONDS):
+            message = conn.recv()
+            if isinstance(message, Hello):
+                return message
+    except (EOFError, OSError):
+        pass
+    conn.close()
+    return None
+
+
+def join(env: ClusterEnv, timeout: float, config: dict):
+    """Another rank's side: find rank 0's launcher, say Hello; the connection once welcome."""
+    store = open_store(env, timeout)
+    try:
+        published = json.loads(store.get(SERVICE_KEY))
+    except (RuntimeError, TimeoutError) as e:
+        raise ExoframeError(f"rank {env.rank}: rank 0 did not open the run within {timeout:g} s "
+                            "(--connect-timeout): check that rank 0 started, with the same "
+                            f"command ({str(e).strip()[:200]}).") from None
+    shared = os.environ.get("EXOFRAME_TOKEN")
+    token = shared.encode() if shared else bytes.fromhex(published.get("token", ""))
+    try:
+        conn = connect(env.master_addr, published["port"], token, timeout)
+    except TransportError as e:
+        raise ExoframeError(f"rank {env.rank}: rank 0's launcher: {e}; if EXOFRAME_TOKEN is set, "
+                            "set the same on every machine.") from None
+    conn.send(Hello(env.rank, env.world_size, socket.gethostname(), __version__, config))
+    if not conn.poll(timeout):
+        raise ExoframeError(f"rank {env.rank}: rank 0's launcher did not answer within "
+                            f"{timeout:g} s (--connect-timeout).")
+    reply = conn.recv()
+    if isinstance(reply, Refused):
+        raise ExoframeError(reply.message)
+    assert isinstance(reply, Welcome), reply
+    return conn
