@@ -16,11 +16,17 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from conftest import one_line_error
+
+from exoframe import testing
 from exoframe.engine.messages import Hello, Rendezvous, StepDone
 from exoframe.sim.protocol import (Listen, Mail, Op, Post, Probe, Probed, Quorum, Quorumed,
                                    Wait, Waited)
+from exoframe.errors import ExoframeError
 from exoframe.sim.transport import Listener, TransportError, connect, in_process
+from exoframe.strategies.ddp import DDP
 
 MESSAGES = [
     Op(0.25, 3, ("c", (0, 1, 2), 7), "all_reduce", 4096.0, (0, 1, 2), 0, True),
@@ -28,8 +34,8 @@ MESSAGES = [
     Post(3.0, 0, 2, 128.0), Listen(3.0), Listen(3.5, 4, False),
     Waited(2.0, 0.25, 0.5), Probed(True), Quorumed(2.5, (0, 2), (1,)),
     Mail(4.0, 0.5, 0.5, ((1, 0, 128.0),), (b"\x00payload",)),
-    Hello(1, 4, "host-b", "0.1.0", {"steps": 5, "net": "wan-100mbps"}),
-    Rendezvous(None, 360.0, ("127.0.0.1", 29500, "exoframe/run/0/")),
+    Hello(1, 4, "host-b", "0.1.0", {"steps": 5, "net": "wan-100mbps"}, "cpu"),
+    Rendezvous(None, 360.0, "gloo", ("127.0.0.1", 29500, "exoframe/run/0/")),
     StepDone(2, 7, {"loss": 1.25, "sim_time": 3.5}, None),
 ]
 
@@ -119,7 +125,12 @@ def start_agents(out: Path, args_per_agent: list[list[str]]) -> list[subprocess.
 
 
 def finish(agents) -> list[tuple[int, str]]:
-    return [(agent.wait(timeout=600), agent.stdout.read()) for agent in agents]
+    try:
+        return [(agent.wait(timeout=600), agent.stdout.read()) for agent in agents]
+    finally:  # a hang guard, not a speed limit: no agent outlives the test
+        for agent in agents:
+            agent.kill()
+            agent.wait()
 
 
 def fork_run(out: Path, args: list[str]):
@@ -249,3 +260,80 @@ def test_a_wrong_master_port_is_one_clear_line(tmp_path):
         f"127.0.0.1:{port} within 2 s (Connection refused) (--connect-timeout): check "
         "MASTER_ADDR and MASTER_PORT (torchrun's --rdzv-endpoint) and that rank 0's machine "
         "is up."]
+
+
+# -- the divergence check -------------------------------------------------------------------
+class DriftsOnRankOne(DDP):
+    """DDP, but rank 1 nudges one weight after the synchronization of step 3."""
+
+    def step(self):
+        super().step()
+        if self.rank == 1 and self.step_num == 3:
+            with torch.no_grad():
+                next(self.model.parameters()).view(-1)[0] += 1e-6
+
+
+def test_ranks_that_drift_apart_after_a_synchronization_stop_the_run():
+    with pytest.raises(ExoframeError) as stopped:
+        testing.run(DriftsOnRankOne, nodes=3, steps=6)
+    assert str(stopped.value) == (
+        "divergence check: ranks diverged: after the synchronization of step 3, rank(s) 1 "
+        "hold parameters that differ from rank 0's, where driftsonrankone leaves every rank "
+        "equal (their checksums differ): a rank computed differently (a nondeterministic "
+        "operation), or the strategy changes a rank's parameters after synchronizing.")
+    assert stopped.value.rows and [r["step"] for r in stopped.value.rows] == [1, 2]
+
+
+CRASHES_ON_RANK_3 = '''
+import torch
+from exoframe import distributed
+from exoframe.workloads.mlp import mlp
+
+
+class Crashes(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, 0
+
+    def forward(self, batch):
+        self.calls += 1
+        if distributed._comm is not None and distributed.get_rank() == 3 and self.calls == 3:
+            raise RuntimeError("boom on rank 3")
+        return self.inner(batch)
+
+
+def make():
+    workload = mlp()
+    build = workload.build_model
+    workload.build_model = lambda: Crashes(build())
+    return workload
+'''
+
+
+def test_a_rank_that_dies_under_torchrun_is_named_with_its_host(tmp_path):
+    (tmp_path / "crashy.py").write_text(CRASHES_ON_RANK_3)
+    port = free_port()
+    args = ["--workload", "crashy:make", "--steps", "20"]
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+         "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+         "--rdzv-id", f"crash{port}", "-m", "exoframe", "run", "--out", "runs", *args],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=exoframe_env()) for _ in range(2)]
+    results = finish(agents)
+    assert all(code != 0 for code, _ in results)
+    said = "".join(output for _, output in results)
+    assert f"error: rank 3 on {socket.gethostname()}: RuntimeError: boom on rank 3" in said, said
+    summary_file, = glob.glob(str(tmp_path / "runs" / "*" / "summary.json"))
+    assert json.loads(Path(summary_file).read_text())["status"] == "failed"
+
+
+def test_a_run_across_machines_needs_a_shared_token(capsys, monkeypatch):
+    """torchrun's store is open to whoever reaches it: across machines the token must come
+    from EXOFRAME_TOKEN, set on every machine, not from the store."""
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "192.0.2.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("EXOFRAME_TOKEN", raising=False)
+    err = one_line_error(capsys, "run", "--workload", "mlp", "--steps", "2")
+    assert err.startswith("error: EXOFRAME_TOKEN: a run across machines needs a shared secret")

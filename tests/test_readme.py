@@ -13,6 +13,7 @@ import json
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -222,6 +223,32 @@ def not_rerun_here(argv):
     return None
 
 
+def run_torchrun(argv, cli) -> str | None:
+    """A torchrun line: its --nnodes agents, all on this machine with the rendezvous on
+    loopback (HOST), the exoframe command shrunk; what failed, or None."""
+    at = argv.index("-m")
+    flags, args = argv[1:at], shrink(argv[at + 1:], cli.cwd)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if "--rdzv-endpoint" in flags:
+        flags = with_option(flags, "--rdzv-endpoint", f"127.0.0.1:{port}")
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *flags, "-m",
+                                "exoframe", *args], cwd=cli.cwd, env=cli.env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(int(option(flags, "--nnodes") or 1))]
+    outputs = [agent.communicate(timeout=300) for agent in agents]  # a hang guard
+    failed = [(agent.returncode, err) for agent, (_, err) in zip(agents, outputs)
+              if agent.returncode]
+    if failed:
+        return f"exit {failed[0][0]}: {failed[0][1][-1500:]}"
+    try:
+        CHECKS[args[0]](args, "".join(out for out, _ in outputs), cli.cwd)
+    except AssertionError as e:
+        return f"ran: exoframe {shlex.join(args)}\n  {e}"
+    return None
+
+
 # Commands run two at a time (one per core): most of each is start-up. A command that
 # reads an earlier one's output (`runs/<run>`) waits for all before it, and runs alone.
 BATCH = 2
@@ -257,6 +284,12 @@ def test_every_readme_command_runs_shrunk(cli):
             if example.returncode != 0:
                 failures.append(f"{command.line}\n  exit {example.returncode}: "
                                 f"{example.stderr[-1500:]}")
+            continue
+        if command.argv[0] == "torchrun":
+            finish_all()
+            failure = run_torchrun(command.argv, cli)
+            if failure:
+                failures.append(f"{command.line}\n  {failure}")
             continue
         if command.argv[0] != "exoframe":
             if not_rerun_here(command.argv) is None:

@@ -196,9 +196,20 @@ def test_the_network_model_imports_without_torch():
 
     code = ("import sys; sys.modules['torch'] = None\n"
             "import exoframe, exoframe.sim, exoframe.sim.replay, exoframe.sim.protocol\n"
+            "import exoframe.sim.transport\n"
             "assert sys.modules['torch'] is None and exoframe.__version__\n")
     repo = Path(__file__).resolve().parent.parent
     subprocess.run([sys.executable, "-c", code], check=True, cwd=repo)
+
+
+def test_a_replayed_wait_for_an_operation_never_started_is_one_error():
+    from exoframe.sim.replay import ReplayError, replay
+
+    topology = Topology.uniform(2, B, ALPHA)
+    with pytest.raises(ReplayError, match="rank 0 waits for operation 5, which it did not start"):
+        replay([[["c", 1.0], ["w", 5]], [["c", 1.0]]], topology, BUILTIN)
+    with pytest.raises(ReplayError, match=r"deadlock: rank 0 waits for the transfer 0 -> 1"):
+        replay([[["o", 0, 0, "send", 8.0, [0, 1], 0, True]], []], topology, BUILTIN)
 
 
 def test_the_network_model_imports_nothing_above_it():

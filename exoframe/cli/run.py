@@ -94,6 +94,8 @@ def run(config_file, params, workload_params, optimizer_params, sinks, progress,
     if sinks:
         overrides["sinks"] = [item for text in sinks for item in sink_items(text)]
     config = resolve_config(config_file, overrides)
+    if cluster is not None:
+        cluster.check_config(config)
     check_out_folder(config.out, "--out")
     job = job_from_config(config)
     record = config_to_dict(config)
@@ -105,7 +107,7 @@ def run(config_file, params, workload_params, optimizer_params, sinks, progress,
         run_cluster_rank(job, cluster, record)  # does not return
     result = execute(job, out=config.out, config_record=record,
                      progress=progress_mode(progress, progress_every),
-                     progress_every=progress_every)
+                     progress_every=progress_every, cluster=cluster)
     show_result(result)
 
 

@@ -15,9 +15,9 @@ rows and stop verdicts for every rank over these connections, exactly as over a 
 run's pipes, so the metrics and simulated clocks equal a local run's.
 
 The connection proves the run's token both ways (exoframe/sim/transport.py): the
-EXOFRAME_TOKEN environment variable when set on every machine (it then never crosses the
-network), else a random one that rank 0 publishes in the rendezvous store, which is as
-private as torchrun's store itself.
+EXOFRAME_TOKEN environment variable, which a run across machines requires (set the same on
+every machine: it never crosses the network); on one machine (the rendezvous on loopback)
+rank 0 may instead make one and publish it in the rendezvous store.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ import torch.distributed as dist
 
 from .. import __version__
 from ..errors import ExoframeError
-from ..sim.transport import HANDSHAKE_SECONDS, Listener, TransportError, connect, connect_raw
+from ..sim.transport import (HANDSHAKE_SECONDS, HandshakeError, Listener, TransportError, connect,
+                             connect_raw)
 from .messages import Hello, Refused, Welcome
 
 SERVICE_KEY = "service"
@@ -52,6 +53,7 @@ class ClusterEnv:
     run_id: str
     attempt: int  # TORCHELASTIC_RESTART_COUNT
     agent_store: bool  # torchrun's agent hosts the store; else rank 0 does
+    local_world_size: int = 1  # ranks on this machine
 
     @classmethod
     def from_environ(cls, environ=os.environ) -> "ClusterEnv | None":
@@ -67,6 +69,7 @@ class ClusterEnv:
         try:
             rank, world, port = (int(environ[n]) for n in ("RANK", "WORLD_SIZE", "MASTER_PORT"))
             local_rank = int(environ.get("LOCAL_RANK", rank))
+            local_world = int(environ.get("LOCAL_WORLD_SIZE", 1))
             attempt = int(environ.get("TORCHELASTIC_RESTART_COUNT", 0))
         except ValueError:
             raise ExoframeError("RANK, WORLD_SIZE, LOCAL_RANK and MASTER_PORT must be integers; "
@@ -76,12 +79,22 @@ class ClusterEnv:
                                 f"0..{world - 1}.")
         return cls(rank, world, local_rank, environ["MASTER_ADDR"], port,
                    environ.get("TORCHELASTIC_RUN_ID", "none"), attempt,
-                   environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true")
+                   environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+                   local_world)
 
     def check_nodes(self, nodes: int):
         if nodes != self.world_size:
             raise ExoframeError(f"nodes: {nodes}, but torchrun started {self.world_size} ranks "
                                 "(WORLD_SIZE): drop --nodes under torchrun, or make them agree.")
+
+    def check_config(self, config):
+        """What a run across machines needs, and what it cannot do yet."""
+        if not self.is_loopback():
+            self.token()  # EXOFRAME_TOKEN is set
+        if config.checkpoint_every is not None:
+            raise ExoframeError("checkpoint_every: checkpoints are not supported under torchrun "
+                                "yet (each rank would save on its own machine); drop "
+                                "--checkpoint-every, or run on one machine.")
 
     @property
     def prefix(self) -> str:
@@ -89,11 +102,34 @@ class ClusterEnv:
         return f"exoframe/{self.run_id}/{self.attempt}/"
 
     def is_loopback(self) -> bool:
+        """Whether the rendezvous is named on loopback (localhost, 127.0.0.1, ::1): every rank
+        on this machine. Read from the name itself, so that every rank decides alike (a
+        machine's own name may resolve to 127.0.1.1 there and to its address elsewhere)."""
+        if self.master_addr == "localhost":
+            return True
         try:
-            return all(ipaddress.ip_address(info[4][0]).is_loopback
-                       for info in socket.getaddrinfo(self.master_addr, None))
-        except (OSError, ValueError):
+            return ipaddress.ip_address(self.master_addr).is_loopback
+        except ValueError:
             return False
+
+    def listen_address(self) -> str:
+        """Rank 0's service: on loopback when every rank is on this machine, else on every
+        interface (its connections must prove the token)."""
+        return self.master_addr if self.is_loopback() else ""
+
+    def token(self, published: str | None = None) -> bytes:
+        """The run's token: EXOFRAME_TOKEN, else (every rank on this machine) one that rank 0
+        makes and publishes in the rendezvous store (`published`, on the other ranks)."""
+        shared = os.environ.get("EXOFRAME_TOKEN")
+        if shared:
+            return shared.encode()
+        if not self.is_loopback():
+            raise ExoframeError(
+                "EXOFRAME_TOKEN: a run across machines needs a shared secret, and torchrun's "
+                "rendezvous store is open to anyone who reaches it. Set the same one on every "
+                "machine, e.g. export EXOFRAME_TOKEN=$(python -c 'import secrets; "
+                "print(secrets.token_hex(16))').")
+        return secrets.token_bytes(32) if published is None else bytes.fromhex(published)
 
 
 def open_store(env: ClusterEnv, timeout: float) -> dist.Store:
@@ -133,45 +169,56 @@ def config_difference(mine: dict, theirs: dict) -> str | None:
 class Service:
     """Rank 0's side: listen, publish where, accept every other rank's Hello."""
 
-    def __init__(self, env: ClusterEnv, timeout: float, config: dict):
-        self.env, self.timeout, self.config = env, timeout, config
+    def __init__(self, env: ClusterEnv, timeout: float, config: dict, device: str):
+        """config: the run's configuration; device: the device it resolved to here."""
+        self.env, self.timeout, self.config, self.device = env, timeout, config, device
+        token = env.token()
         self.store = open_store(env, timeout)
-        shared = os.environ.get("EXOFRAME_TOKEN")
-        self.token = shared.encode() if shared else secrets.token_bytes(32)
-        self.listener = Listener(env.master_addr, self.token)
+        self.listener = Listener(env.listen_address(), token)
         published = {"port": self.listener.address[1]}
-        if not shared:
-            published["token"] = self.token.hex()
+        if not os.environ.get("EXOFRAME_TOKEN"):
+            published["token"] = token.hex()
         self.store.set(SERVICE_KEY, json.dumps(published))
         self.tcp_store = (env.master_addr, env.master_port, env.prefix)
         self.hosts = {0: socket.gethostname()}
 
     def accept_ranks(self) -> dict:
-        """rank -> connection, for every rank but 0, once all have said Hello."""
+        """rank -> connection, for every rank but 0, once all have said Hello. On a failure
+        every connection is closed: a rank waiting on it learns that the run stopped."""
         joined, deadline = {}, time.monotonic() + self.timeout
-        while len(joined) < self.env.world_size - 1:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = [r for r in range(1, self.env.world_size) if r not in joined]
-                raise ExoframeError(
-                    f"rank(s) {', '.join(map(str, missing))} did not join within "
-                    f"{self.timeout:g} s (--connect-timeout): start every machine's torchrun "
-                    "with the same command, or raise --connect-timeout.")
-            if not select.select([self.listener], [], [], left)[0]:
-                continue
-            conn = self.listener.accept()
-            hello = _first_message(conn)
-            if hello is None:
-                continue
-            refusal = self._check(hello, joined)
-            if refusal is not None:
-                conn.send(Refused(refusal))
-                raise ExoframeError(refusal)
-            conn.send(Welcome())
-            joined[hello.rank] = conn
-            self.hosts[hello.rank] = hello.host
-        self.listener.close()  # nobody else may join: nothing listens any more
+        try:
+            while len(joined) < self.env.world_size - 1:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [r for r in range(1, self.env.world_size) if r not in joined]
+                    raise ExoframeError(
+                        f"rank(s) {', '.join(map(str, missing))} did not join within "
+                        f"{self.timeout:g} s (--connect-timeout): start every machine's "
+                        "torchrun with the same command, or raise --connect-timeout.")
+                if select.select([self.listener], [], [], left)[0]:
+                    self._admit(self.listener.accept(), joined)
+        except BaseException:
+            for conn in joined.values():
+                conn.close()
+            raise
+        finally:
+            self.listener.close()  # nobody else may join: nothing listens any more
         return joined
+
+    def _admit(self, conn, joined: dict):
+        hello = _first_message(conn)
+        if hello is None:
+            return
+        refusal = self._check(hello, joined)
+        if refusal is not None:
+            try:
+                conn.send(Refused(refusal))
+            finally:
+                conn.close()
+            raise ExoframeError(refusal)
+        conn.send(Welcome())
+        joined[hello.rank] = conn
+        self.hosts[hello.rank] = hello.host
 
     def _check(self, hello: Hello, joined: dict) -> str | None:
         fix = "start every rank with the same command and config"
@@ -186,6 +233,9 @@ class Service:
         difference = config_difference(self.config, hello.config)
         if difference is not None:
             return f"rank {hello.rank} on {hello.host} was started with {difference}: {fix}."
+        if hello.device != self.device:
+            return (f"rank {hello.rank} on {hello.host} resolved --device to {hello.device} "
+                    f"where rank 0 has {self.device}: name the same device on every machine.")
         return None
 
     def close(self):
@@ -201,14 +251,15 @@ def _first_message(conn):
             message = conn.recv()
             if isinstance(message, Hello):
                 return message
-    except (EOFError, OSError):
+    except Exception:  # a peer with the token that sends something unreadable
         pass
     conn.close()
     return None
 
 
-def join(env: ClusterEnv, timeout: float, config: dict):
-    """Another rank's side: find rank 0's launcher, say Hello; the connection once welcome."""
+def join(env: ClusterEnv, timeout: float, config: dict, device: str):
+    """Another rank's side: find rank 0's launcher, say Hello; the connection once welcome.
+    config: the run's configuration; device: the device it resolved to here."""
     store = open_store(env, timeout)
     try:
         published = json.loads(store.get(SERVICE_KEY))
@@ -216,19 +267,21 @@ def join(env: ClusterEnv, timeout: float, config: dict):
         raise ExoframeError(f"rank {env.rank}: rank 0 did not open the run within {timeout:g} s "
                             "(--connect-timeout): check that rank 0 started, with the same "
                             f"command ({str(e).strip()[:200]}).") from None
-    shared = os.environ.get("EXOFRAME_TOKEN")
-    token = shared.encode() if shared else bytes.fromhex(published.get("token", ""))
+    token = env.token(published.get("token", ""))
     try:
         conn = connect(env.master_addr, published["port"], token, timeout)
     except TransportError as e:
-        raise ExoframeError(f"rank {env.rank}: rank 0's launcher: {e}; if EXOFRAME_TOKEN is set, "
-                            "set the same on every machine.") from None
-    conn.send(Hello(env.rank, env.world_size, socket.gethostname(), __version__, config))
-    if not conn.poll(timeout):
-        raise ExoframeError(f"rank {env.rank}: rank 0's launcher did not answer within "
-                            f"{timeout:g} s (--connect-timeout).")
-    reply = conn.recv()
+        hint = ("; set the same EXOFRAME_TOKEN on every machine"
+                if isinstance(e, HandshakeError) else "")
+        raise ExoframeError(f"rank {env.rank}: rank 0's launcher: {e}{hint}.") from None
+    conn.send(Hello(env.rank, env.world_size, socket.gethostname(), __version__, config, device))
+    try:
+        reply = conn.recv() if conn.poll(timeout) else None
+    except (EOFError, OSError):
+        reply = None
     if isinstance(reply, Refused):
         raise ExoframeError(reply.message)
-    assert isinstance(reply, Welcome), reply
+    if not isinstance(reply, Welcome):
+        raise ExoframeError(f"rank {env.rank}: rank 0's launcher did not welcome this rank "
+                            f"within {timeout:g} s (--connect-timeout); see rank 0's error.")
     return conn

@@ -121,12 +121,13 @@ def bind_to_loopback():
     os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)  # NCCL's bootstrap sockets
 
 
-def launch(job: Job, on_row=None, config: dict | None = None) -> LaunchResult:
+def launch(job: Job, on_row=None, config: dict | None = None,
+           cluster: ClusterEnv | None = None) -> LaunchResult:
     """Run `job` on job.nodes forked ranks. `on_row(row)` is called for each finished step.
-    Under torchrun (engine/cluster.py), rank 0's process launches rank 0 and serves the
-    ranks on the other processes, which must have been started with the same `config`."""
+    With `cluster` (rank 0's process under torchrun, engine/cluster.py), launch rank 0 and
+    serve the ranks of the other processes, which must have been started with the same
+    `config`."""
     start = time.perf_counter()
-    cluster = ClusterEnv.from_environ()
     batches, val_shards = prepare(job)
     if cluster is None or cluster.is_loopback():
         bind_to_loopback()
@@ -138,15 +139,14 @@ def launch(job: Job, on_row=None, config: dict | None = None) -> LaunchResult:
 
 
 def run_cluster_rank(job: Job, cluster: ClusterEnv, config: dict):
-    """A rank that torchrun started on a process other than rank 0's: join rank 0's
-    launcher, train, exit (the process ends here)."""
-    conn = join(cluster, job.connect_timeout, config)
+    """A rank that torchrun started on a process other than rank 0's: prepare as rank 0
+    does, join rank 0's launcher, train, exit (the process ends here)."""
     batches, _ = prepare(job)
     if cluster.is_loopback():
         bind_to_loopback()
-    folder = tempfile.mkdtemp(prefix="exoframe-rank-")  # for the watchdog's stack dumps
+    conn = join(cluster, job.connect_timeout, config, job.device)
     child_entry(cluster.rank, train, (cluster.rank, job, batches[cluster.rank]), conn,
-                stack_file(folder, cluster.rank), forked=False)
+                stack_path=None, forked=False)
 
 
 def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) -> LaunchResult:
@@ -173,7 +173,7 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
         for _, child in pipes:
             child.close()
         if cluster is not None:  # (after the forks: no child holds the listening socket)
-            service = Service(cluster, job.connect_timeout, config or {})
+            service = Service(cluster, job.connect_timeout, config or {}, job.device)
             remote = service.accept_ranks()  # every rank's connection, in rank order
             conns = [conns[0], *(remote[r] for r in range(1, job.nodes)), conns[-1]]
             processes = [processes[0], *[None] * (job.nodes - 1), processes[-1]]
@@ -181,7 +181,8 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
                           hosts=service.hosts if service is not None else None)
         # gloo's own timeout outlasts the watchdog, which sees every rank and names the
         # right one; a rank timing out sees only that its peer is late.
-        meet = Rendezvous(None if service else store_path, watchdog + 60,
+        backend = devices.backend(job.device, cluster.local_world_size if cluster else job.nodes)
+        meet = Rendezvous(None if service else store_path, watchdog + 60, backend,
                           service.tcp_store if service else None)
         for conn in conns[:job.nodes]:
             conn.send(meet)

@@ -21,6 +21,7 @@ class Rendezvous:
     (`tcp_store`: host, port, key prefix)."""
     store_path: Optional[str]
     timeout_seconds: float
+    backend: str  # gloo or nccl, as the launcher chose for every rank
     tcp_store: Optional[tuple] = None
 
 
@@ -32,6 +33,7 @@ class Hello:
     host: str
     version: str  # exoframe's
     config: dict  # the run's configuration as this rank resolved it
+    device: str  # the device it resolved to on this rank's machine
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class StepDone:
     step: int
     record: dict  # loss, lr, bytes_sent, sim_time, the strategy's metrics
     state: Optional[Any]  # its ModelState (engine/model_state.py) at evaluation steps
+    checksum: Optional[tuple] = None  # its parameters' after a synchronization (replicas.py)
 
 
 @dataclass(frozen=True)

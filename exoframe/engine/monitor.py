@@ -26,6 +26,7 @@ from .messages import (AskStop, CheckpointLate, CheckpointNow, Checkpointed, Chi
                        Evaluate, RankDone, SimRequest, StepDone, StepState, StopAnswer,
                        Validated)
 from .processes import STOP_SIGNALS, RunInterrupted, child_name, interrupted, stack_file
+from .replicas import ReplicaCheck
 from .step_rows import StepRows
 from .target import StopVerdicts
 from .watchdog import describe_stall, dump_stacks
@@ -36,8 +37,9 @@ EVALUATOR = "evaluator"
 class RankFailed(ExoframeError):
     """A child process failed; `who` is its rank, or "evaluator", or "simulator"."""
 
-    def __init__(self, who, message: str, details: str, user_error: bool):
-        super().__init__(f"{child_name(who)}: {message}")
+    def __init__(self, who, message: str, details: str, user_error: bool, host: str = ""):
+        """host: the machine of a rank on another one (torchrun)."""
+        super().__init__(f"{child_name(who)}{f' on {host}' if host else ''}: {message}")
         self.who, self.details, self.user_error = who, details, user_error
 
 
@@ -56,6 +58,7 @@ class Monitor:
         self.who = [*range(job.nodes), EVALUATOR]
         self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
         self.rows = StepRows(job.nodes)
+        self.replicas = ReplicaCheck(job.nodes, job.strategy_name)
         resumed = job.resume_from  # a Checkpoint: its simulator inputs first, its rows kept
         self.feed = Feed(self.sim, resumed.sim_inputs if resumed else None,
                          record=job.checkpoint_every is not None)
@@ -85,6 +88,10 @@ class Monitor:
             if self.first_step_at is None:
                 self.first_step_at = time.perf_counter()
             self.feed.step_end(rank, message.record["sim_time"])
+            try:
+                self.replicas.add(rank, step, message.checksum)
+            except ExoframeError as e:
+                raise RankFailed("divergence check", str(e), "", True) from None
             averaged = self.rows.add(rank, step, message.record, message.state)
             row = self.rows.rows.get(step)
             if row is not None and self.verdicts is not None:  # every rank finished `step`
@@ -218,10 +225,16 @@ class Monitor:
             raise RunInterrupted(f"{error} The run saved a checkpoint at step "
                                  f"{self.commits.committed}: `exoframe resume` goes on from it.")
 
+    def remote_host(self, who) -> str:
+        """The machine of rank `who` when it runs on another one (torchrun), else ''."""
+        on_another = isinstance(who, int) and self.processes[who] is None
+        return self.hosts.get(who, "") if on_another else ""
+
     def raise_first_error(self):
         if self.errors:  # the earliest failure is the cause; later ones are its echoes
             first = min(self.errors, key=lambda m: m.at)
-            raise RankFailed(first.who, first.message, first.details, first.user_error)
+            raise RankFailed(first.who, first.message, first.details, first.user_error,
+                             self.remote_host(first.who))
 
     def finished(self) -> bool:
         return all(r is not None for r in self.results) and self.rows.next_step > self.last_step()
@@ -278,8 +291,8 @@ class Monitor:
         self.raise_first_error()
         finished = self.results[i] is not None if i < self.job.nodes else self.finished()
         if not finished and self.processes[i] is None:
-            raise RankFailed(self.who[i], f"lost the connection to it (on {self.hosts[i]}): "
-                             "its process died or its machine stopped", "", False)
+            raise RankFailed(self.who[i], "lost the connection to it: its process died or "
+                             "its machine stopped", "", False, self.hosts[i])
         if not finished:
             self.processes[i].join()
             raise RankFailed(self.who[i], "process died with exit code "

@@ -42,17 +42,19 @@ def stack_file(folder: str, who) -> str:
     return os.path.join(folder, f"stack-{who}")
 
 
-def child_entry(who, target, args, conn, stack_path: str, forked: bool = True):
+def child_entry(who, target, args, conn, stack_path: str | None, forked: bool = True):
     """Run target(*args, conn) and exit. forked: a child of the launcher, which handles stop
     signals for everyone; else a rank that torchrun started, whose agent stops it and which
-    says its own error too (on its host's terminal)."""
+    says its own error too (on its host's terminal). stack_path: where to write the stack
+    when the watchdog asks (None: a rank on another machine, out of the watchdog's reach)."""
     if forked:
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
         die_with_parent(who)
-    # faulthandler writes from its C signal handler: it answers even when Python code is
-    # stuck in a sleep or a C call. The file stays open for the process's life.
-    faulthandler.register(STACK_SIGNAL, file=open(stack_path, "w"), all_threads=True)
+    if stack_path is not None:
+        # faulthandler writes from its C signal handler: it answers even when Python code
+        # is stuck in a sleep or a C call. The file stays open for the process's life.
+        faulthandler.register(STACK_SIGNAL, file=open(stack_path, "w"), all_threads=True)
     code = 0
     try:
         target(*args, conn)
@@ -60,6 +62,9 @@ def child_entry(who, target, args, conn, stack_path: str, forked: bool = True):
         code = 1
         user_error = isinstance(e, ExoframeError)
         message = str(e) if user_error else f"{type(e).__name__}: {e}"
+        if not forked and _launcher_gone(conn):
+            user_error = True  # rank 0's launcher stopped the run and says why
+            message = "lost the connection to rank 0's launcher: the run stopped there."
         details = traceback.format_exc()
         if not forked:
             print(f"exoframe: {child_name(who)}: {message}"
@@ -72,6 +77,17 @@ def child_entry(who, target, args, conn, stack_path: str, forked: bool = True):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # skip interpreter teardown: a half-open process group can hang in it
+
+
+def _launcher_gone(conn) -> bool:
+    """Whether the launcher closed this rank's connection (the run stopped there: a rank
+    then fails in whatever it was doing, a recv or a collective with a stopped peer)."""
+    try:
+        while conn.poll(0):
+            conn.recv()  # what the launcher sent before it closed
+        return False
+    except (EOFError, OSError):
+        return True
 
 
 def interrupted(e: KeyboardInterrupt) -> RunInterrupted:

@@ -22,6 +22,7 @@ from .loop import Precision, forward_backward, set_lr
 from .messages import (AskStop, CheckpointLate, Checkpointed, PipeSimPort, RankDone, Rendezvous,
                        StepDone, StepState)
 from .model_state import snapshot
+from .replicas import checksum
 from .schedule import lr_at
 
 
@@ -85,8 +86,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
     device = devices.for_rank(job.device, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL's communicator and the default CUDA stream
-    p2p_group = join_group(rank, job.nodes, rendezvous, devices.backend(job.device, job.nodes),
-                           device)
+    p2p_group = join_group(rank, job.nodes, rendezvous, rendezvous.backend, device)
     torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
     model = job.model.to(device)
     port = PipeSimPort(conn, rank)
@@ -106,6 +106,8 @@ def train(rank: int, job: Job, batches: Batches, conn):
                                    *pieces) + 1
     checkpoints = rank_state.RankCheckpoints(job.checkpoint_every, job.run_dir, rank)
 
+    # Under simulated failures a rank that is down misses synchronizations: no check.
+    check_replicas = job.strategy_cls.replicas_equal_after_sync and not job.faults.active
     model.train()
     clock.skip()
     for step in range(first, job.steps + 1):
@@ -129,6 +131,8 @@ def train(rank: int, job: Job, batches: Batches, conn):
             precision.update()
         clock.charge()
         clock.end_step(step)
+        # (bookkeeping, as what follows: the clock.skip() below leaves its time out)
+        synced = checksum(model) if check_replicas and strategy.synced_at == step else None
         record = {"loss": loss, "lr": lr, "bytes_sent": comm.traffic.bytes_sent,
                   "sim_time": clock.now, **precision.metrics(), **strategy.metrics()}
         if job.clip_grad_norm is not None:
@@ -137,7 +141,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
             record["nodes_down"] = int(down)
         evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
         state = snapshot(model, rank) if evaluate else None
-        conn.send(StepDone(rank, step, record, state))
+        conn.send(StepDone(rank, step, record, state, synced))
         stop = job.asks_to_stop(step) and stop_after(port, rank, step)
         if stop and state is None:  # the final model and its validation need this step's
             conn.send(StepState(rank, step, snapshot(model, rank)))

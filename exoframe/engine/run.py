@@ -36,11 +36,12 @@ class RunResult:
 
 def execute(job: Job, out: str | None = None, config_record: dict | None = None,
             progress="off", progress_every: float = 30.0, on_row=None,
-            resume_dir=None) -> RunResult:
+            resume_dir=None, cluster=None) -> RunResult:
     """Run `job`; with `out`, in a new run folder under it; with `resume_dir`, on from
     job.resume_from, the latest checkpoint of that run folder (see engine/resume.py).
     on_row(row): after each step. progress: "bar" (or True), "lines" (one every
-    `progress_every` seconds) or "off"."""
+    `progress_every` seconds) or "off". cluster: under torchrun, what it told rank 0's
+    process (engine/cluster.py: `exoframe run` passes it)."""
     if resume_dir is not None:
         folder = RunFolder(Path(resume_dir))
     else:
@@ -72,7 +73,7 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
 
     summary, completed = None, False
     try:
-        result = launch(job, handle_row, config_record)
+        result = launch(job, handle_row, config_record, cluster)
         bar.close()
         load(job.model, result.final_state)
         if folder and job.checkpoint_every is not None:  # the run's final (averaged) model

@@ -147,6 +147,13 @@ class NoCompute:
         pass
 
 
+class NoTrace(list):
+    """A trace that keeps nothing."""
+
+    def append(self, event):
+        pass
+
+
 class TraceClock(RankClock):
     """The clock of a replayed rank: a live rank's clock (the same conversation with the
     simulator), whose compute comes from the trace, plus the compute stream of projected
@@ -154,6 +161,7 @@ class TraceClock(RankClock):
 
     def __init__(self, rank: int, port, topology: Topology, algorithms: dict):
         super().__init__(rank, port, NoCompute(), topology.algorithms, algorithms, topology)
+        self.trace = NoTrace()  # the trace is what is replayed: no second copy
         self.compute_free = 0.0  # when the compute stream has done what was queued on it
         self.ready: list[float] = []  # end of each queued compute not yet waited for
         self.step_times: dict = {}
@@ -185,8 +193,9 @@ class TraceClock(RankClock):
         return reply
 
     def stats(self) -> dict:
-        return {"simulated_seconds": self.now, "compute_seconds": self.compute_seconds,
-                "comm_seconds": self.comm_seconds, "idle_seconds": self.idle_seconds}
+        stats = super().stats()
+        del stats["down_seconds"]  # replays refuse traces with failures
+        return stats
 
 
 @dataclass
@@ -233,18 +242,16 @@ def replay(traces: list[list], topology: Topology, algorithms: dict, seed: int =
     pairs = [in_process(arrivals, tag=r) for r in range(len(traces))]
     clocks = [TraceClock(r, rank_end, topology, algorithms)
               for r, (_, rank_end) in enumerate(pairs)]
-    threads = [threading.Thread(target=_play, args=(events, clock), daemon=True,
-                                name=f"replay-rank-{clock.rank}")
-               for events, clock in zip(traces, clocks)]
-    for thread in threads:
-        thread.start()
-    ends = [sim_end for sim_end, _ in pairs]
+    ends, threads = [sim_end for sim_end, _ in pairs], []
     try:
+        for events, clock in zip(traces, clocks):
+            threads.append(threading.Thread(target=_play, args=(events, clock), daemon=True,
+                                            name=f"replay-rank-{clock.rank}"))
+            threads[-1].start()
         _drive(feed, ends, arrivals)
     finally:
-        for end in ends:
+        for end, thread in zip(ends, threads):  # a rank still waiting stops
             end.send(STOP)
-        for thread in threads:
             thread.join()
     return ReplayResult(clocks)
 
@@ -268,14 +275,24 @@ def _drive(feed: Feed, ends: list, arrivals: Arrivals):
         for rank, reply in replies:
             ends[rank].send(reply)
         if not replies and done < len(ends):
+            waiting = [r for r in range(len(ends)) if sim.blocked[r] and not sim.finished[r]]
             stuck = sim.stuck()
-            if stuck:
-                raise ReplayError(stuck)
+            if stuck or (not sim.inbox and not sim.network.busy() and
+                         len(waiting) + done == len(ends)):
+                raise ReplayError(stuck or f"ranks {waiting} never got their answers")
 
 
 def _play(events: list, clock: TraceClock):
     """Rank `clock.rank`'s recorded events, through its clock."""
     port, ids = clock.port, {}  # recorded op id -> this replay's
+
+    def replayed_id(recorded):
+        op_id = ids.get(frozen(recorded))
+        if op_id is None:
+            raise ReplayError(f"rank {clock.rank} waits for operation {recorded!r}, which it "
+                              "did not start (or waited for already)")
+        return op_id
+
     try:
         for event in events:
             tag = event[0]
@@ -291,9 +308,10 @@ def _play(events: list, clock: TraceClock):
                 if not blocking:
                     ids[frozen(op_id)] = submitted.op_id
             elif tag == "w":
-                clock.wait(ids.pop(frozen(event[1])))
+                clock.wait(replayed_id(event[1]))
+                del ids[frozen(event[1])]
             elif tag == "t":
-                if clock.is_done(ids[frozen(event[1])]) != event[2]:
+                if clock.is_done(replayed_id(event[1])) != event[2]:
                     raise ReplayError(
                         f"rank {clock.rank}: an operation that was "
                         f"{'done' if event[2] else 'not done'} at this point of the recorded "

@@ -7,10 +7,14 @@ send(obj), recv(), poll(timeout) and close(). The messages are typed dataclasses
 - `in_process()`: both ends in one process (replays, unit tests); thread-safe.
 - pipes: `multiprocessing.Pipe()`, between the launcher and the ranks it forks.
 - TCP: `Listener` and `connect()`, for ranks on other machines. Both ends prove that they
-  hold the run's token (an HMAC challenge and response each way, as multiprocessing's
-  authkey does) before a message is read, so a foreign connection, or one sending garbage,
-  is refused and logged without disturbing the run; the pickled messages that follow come
-  only from a peer that holds the token.
+  hold the run's token (an HMAC of both sides' fresh nonces and their role) before a
+  message is read, so a foreign connection, or one sending garbage, is refused and logged
+  without disturbing the run. The connection is authenticated at its start, not encrypted
+  or signed message by message: on a network where someone could take over a connection
+  in flight, run the ranks inside a VPN or SSH tunnel.
+
+A QueueConnection's close() does not wake its peer (a pipe's or socket's recv() raises
+EOFError once the other end is closed): in-process ends stop by a message.
 """
 from __future__ import annotations
 
@@ -31,6 +35,10 @@ HANDSHAKE_SECONDS = 5.0  # a peer that has not proved itself by then is dropped
 
 class TransportError(Exception):
     pass
+
+
+class HandshakeError(TransportError):
+    """The peer answered but did not prove that it holds the run's token."""
 
 
 class QueueConnection:
@@ -92,8 +100,10 @@ def in_process(arrivals: Arrivals | None = None, tag=None) -> tuple[QueueConnect
     return a, b
 
 
-def _digest(token: bytes, nonce: bytes) -> bytes:
-    return hmac.new(token, MAGIC + nonce, "sha256").digest()
+def _digest(token: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    """What a side proves: the token's HMAC of its role and both sides' fresh nonces (so a
+    proof cannot be replayed, nor reflected from one role to the other)."""
+    return hmac.new(token, MAGIC + role + server_nonce + client_nonce, "sha256").digest()
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes:
@@ -101,29 +111,31 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
     while len(data) < size:
         chunk = sock.recv(size - len(data))
         if not chunk:
-            raise TransportError("the peer closed the connection")
+            raise HandshakeError("the peer closed the connection")
         data += chunk
     return data
 
 
-def _prove_and_check(sock: socket.socket, token: bytes, first: bool):
-    """The handshake: each side sends a nonce and checks the other's digest of it.
-    `first`: this side (the listener) sends its nonce first."""
-    mine = os.urandom(NONCE_BYTES)
-    if first:
-        sock.sendall(MAGIC + mine)
-        theirs_digest = _read_exactly(sock, DIGEST_BYTES)
-        theirs = _read_exactly(sock, NONCE_BYTES)
-        if not hmac.compare_digest(theirs_digest, _digest(token, mine)):
-            raise TransportError("it did not present this run's token")
-        sock.sendall(_digest(token, theirs))
+def _prove_and_check(sock: socket.socket, token: bytes, server: bool):
+    """The handshake. The listening side sends its nonce; the connecting one answers with
+    its own nonce and its proof; the listening side checks it and sends its own proof."""
+    if server:
+        server_nonce = os.urandom(NONCE_BYTES)
+        sock.sendall(MAGIC + server_nonce)
+        client_nonce = _read_exactly(sock, NONCE_BYTES)
+        proof = _read_exactly(sock, DIGEST_BYTES)
+        if not hmac.compare_digest(proof, _digest(token, b"client", server_nonce,
+                                                  client_nonce)):
+            raise HandshakeError("it did not present this run's token")
+        sock.sendall(_digest(token, b"server", server_nonce, client_nonce))
     else:
         if _read_exactly(sock, len(MAGIC)) != MAGIC:
-            raise TransportError("it is not an exoframe service")
-        theirs = _read_exactly(sock, NONCE_BYTES)
-        sock.sendall(_digest(token, theirs) + mine)
-        if not hmac.compare_digest(_read_exactly(sock, DIGEST_BYTES), _digest(token, mine)):
-            raise TransportError("it did not present this run's token")
+            raise HandshakeError("it is not an exoframe service")
+        server_nonce, client_nonce = _read_exactly(sock, NONCE_BYTES), os.urandom(NONCE_BYTES)
+        sock.sendall(client_nonce + _digest(token, b"client", server_nonce, client_nonce))
+        if not hmac.compare_digest(_read_exactly(sock, DIGEST_BYTES),
+                                   _digest(token, b"server", server_nonce, client_nonce)):
+            raise HandshakeError("it did not present this run's token")
 
 
 class Listener:
@@ -141,10 +153,15 @@ class Listener:
     def accept(self, log=None) -> Connection | None:
         """Accept one connection; None (logged) when the peer does not prove it holds the
         token within HANDSHAKE_SECONDS."""
-        sock, peer = self.sock.accept()
+        try:
+            sock, peer = self.sock.accept()
+        except OSError as e:  # the peer gave up at once, or no descriptors left
+            print(f"exoframe: a connection failed as it was accepted ({e}).",
+                  file=log or sys.stderr, flush=True)
+            return None
         sock.settimeout(HANDSHAKE_SECONDS)
         try:
-            _prove_and_check(sock, self.token, first=True)
+            _prove_and_check(sock, self.token, server=True)
         except (OSError, TransportError) as e:
             sock.close()
             why = str(e) if isinstance(e, TransportError) else f"its handshake failed ({e})"
@@ -177,10 +194,10 @@ def connect(host: str, port: int, token: bytes, timeout: float) -> Connection:
     sock = connect_raw(host, port, timeout)
     sock.settimeout(max(0.1, min(HANDSHAKE_SECONDS, deadline - time.monotonic())))
     try:
-        _prove_and_check(sock, token, first=False)
+        _prove_and_check(sock, token, server=False)
     except (OSError, TransportError) as e:
         sock.close()
-        raise TransportError(f"{host}:{port} refused the handshake: {e}") from None
+        raise HandshakeError(f"{host}:{port} refused the handshake: {e}") from None
     return _connection(sock)
 
 

@@ -125,6 +125,11 @@ class Strategy:
     #: True when the strategy makes remote calls (exoframe.distributed): its ranks then
     #: serve calls at each step end and, after the last step, until every rank is done.
     remote_calls: ClassVar[bool] = False
+    #: True when every rank holds the same parameters at the end of each step that ran a
+    #: `with self.sync():` block (DDP, DiLoCo, local SGD): the engine then compares their
+    #: checksums at those steps and stops the run, naming the ranks, if they differ.
+    #: Subclasses inherit it: one that keeps ranks apart sets it False.
+    replicas_equal_after_sync: ClassVar[bool] = False
 
     @dataclass
     class Params:
@@ -148,6 +153,7 @@ class Strategy:
         self.step_num = 0  # set by the engine: the 1-based number of the step being finished
         self.lr = optimizer.lr  # set by the engine each step: the schedule's current lr
         self.total_steps = total_steps  # steps the run asks for (a stopping rule may end it early)
+        self.synced_at = None  # the step_num of the latest synchronization (sync())
         self.optimizer = optimizer.build(self.trainable_parameters())
         self.setup()
 
@@ -215,6 +221,7 @@ class Strategy:
         self.comm.quorum(self.recovery_tensors)
         yield
         self.comm.heal()
+        self.synced_at = self.step_num
 
     def recovery_tensors(self) -> list[torch.Tensor]:
         """What a node back from a failure takes from a live one, written in place: the

@@ -16,6 +16,7 @@ class DDP(Strategy):
 
     gradient_all_reduce_after_backward = True
     survives_failures = True
+    replicas_equal_after_sync = True
 
     @dataclass
     class Params:

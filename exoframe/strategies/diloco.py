@@ -22,6 +22,7 @@ class DiLoCo(Strategy):
     """Inner optimizer for H steps, then one all-reduce of the outer gradient and an outer Nesterov step."""
 
     outer_sync_overlaps_backward = True
+    replicas_equal_after_sync = True
     survives_failures = True
 
     @dataclass

@@ -14,6 +14,7 @@ class LocalSGD(Strategy):
     """H local steps, then average parameters."""
 
     survives_failures = True
+    replicas_equal_after_sync = True
 
     @dataclass
     class Params:

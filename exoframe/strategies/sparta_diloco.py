@@ -22,6 +22,8 @@ class SpartaDiLoCo(Sparta, DiLoCo):
     # The exchange right after each step's compute is SPARTA's sparse average, not the
     # outer sync a projection would stream through the backward pass.
     outer_sync_overlaps_backward = False
+    # SPARTA's sparse averages leave the ranks apart between outer steps.
+    replicas_equal_after_sync = False
 
     @dataclass
     class Params:
