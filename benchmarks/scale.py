@@ -1,0 +1,123 @@
+"""How far the node count goes on this machine: start-up, peak memory and seconds per step
+of `exoframe run --workload mlp --strategy fedavg --nodes N`, next to a plain
+single-process loop training N models one after another (the same compute).
+
+    python benchmarks/scale.py [--nodes 16,64,128] [--steps 20] [--strategy fedavg]
+
+- start-up: summary.json's startup_seconds (the launch to the first finished step);
+- per step: (elapsed - startup) / (steps - 1), from the same summary;
+- peak memory: the largest sum, sampled every 0.2 s, of the proportional set size (PSS:
+  shared pages split among the processes that share them) of the run's process tree,
+  minus nothing: the whole run, launcher included;
+- plain loop: N copies of the model, each with its AdamW and its own batch of the same
+  size, stepped in turn by one process with one thread: seconds per step of all N.
+A run that fails (out of memory: the kernel kills a rank) is reported as such.
+"""
+import argparse
+import glob
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+
+def tree(pid: int) -> list[int]:
+    found = [pid]
+    for children in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            found += [d for child in Path(children).read_text().split() for d in tree(int(child))]
+        except OSError:
+            pass
+    return found
+
+
+def pss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class PeakMemory(threading.Thread):
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.running = pid, 0, True
+
+    def run(self):
+        while self.running:
+            self.peak = max(self.peak, sum(pss_bytes(p) for p in tree(self.pid)))
+            time.sleep(0.2)
+
+
+def exoframe_run(nodes: int, steps: int, strategy: str) -> dict:
+    out = tempfile.mkdtemp(prefix="exoframe-scale-")
+    proc = subprocess.Popen([sys.executable, "-m", "exoframe", "run", "--workload", "mlp",
+                             "--strategy", strategy, "--nodes", str(nodes), "--steps", str(steps),
+                             "--eval-every", str(steps), "--out", out],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    memory = PeakMemory(proc.pid)
+    memory.start()
+    _, err = proc.communicate()
+    memory.running = False
+    memory.join()
+    if proc.returncode != 0:
+        return {"failed": err.strip().splitlines()[-1] if err.strip() else
+                f"exit {proc.returncode}", "peak_gb": memory.peak / 1e9}
+    [path] = glob.glob(f"{out}/*/summary.json")
+    said = json.loads(Path(path).read_text())
+    return {"startup": said["startup_seconds"], "peak_gb": memory.peak / 1e9,
+            "per_step": (said["elapsed_seconds"] - said["startup_seconds"]) / (steps - 1)}
+
+
+def plain_loop(nodes: int, steps: int) -> float:
+    """Seconds per step of N mlp models trained one after another in this process."""
+    from exoframe.config import RunConfig
+    from exoframe.engine import job_from_config
+    from exoframe.engine.data import Batches
+
+    torch.set_num_threads(1)
+    job = job_from_config(RunConfig(workload="mlp", nodes=nodes, steps=steps))
+    models = [job_from_config(RunConfig(workload="mlp", nodes=nodes, steps=steps, seed=r)).model
+              for r in range(nodes)]
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=job.optimizer.lr) for m in models]
+    batches = [Batches(job.dataset(r, nodes, "train"), job.batch_size, 0, r, True, True)
+               for r in range(nodes)]
+    start = None
+    for step in range(steps):
+        if step == 1:
+            start = time.perf_counter()  # the first step warms up
+        for model, optimizer, data in zip(models, optimizers, batches):
+            model(next(data)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return (time.perf_counter() - start) / (steps - 1)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", default="16,64,128")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--strategy", default="fedavg")
+    options = parser.parse_args()
+    for nodes in map(int, options.nodes.split(",")):
+        run = exoframe_run(nodes, options.steps, options.strategy)
+        plain = plain_loop(nodes, options.steps)
+        if "failed" in run:
+            print(f"N={nodes}: failed ({run['failed']}), peak memory {run['peak_gb']:.1f} GB; "
+                  f"plain loop {plain * 1000:.1f} ms/step")
+            continue
+        print(f"N={nodes}: start-up {run['startup']:.1f} s, peak memory {run['peak_gb']:.1f} GB, "
+              f"{run['per_step'] * 1000:.1f} ms/step; plain loop {plain * 1000:.1f} ms/step "
+              f"(ratio {run['per_step'] / plain:.2f})")
+
+
+if __name__ == "__main__":
+    main()
