@@ -6,9 +6,9 @@ single-process loop training N models one after another (the same compute).
 
 - start-up: summary.json's startup_seconds (the launch to the first finished step);
 - per step: (elapsed - startup) / (steps - 1), from the same summary;
-- peak memory: the largest sum, sampled every 0.2 s, of the proportional set size (PSS:
-  shared pages split among the processes that share them) of the run's process tree,
-  minus nothing: the whole run, launcher included;
+- peak memory: the most memory in use on the machine during the run above what was in use
+  before it (MemTotal - MemAvailable, sampled every 0.1 s): the whole run, launcher
+  included (run it on an otherwise idle machine);
 - plain loop: N copies of the model, each with its AdamW and its own batch of the same
   size, stepped in turn by one process with one thread: seconds per step of all N.
 A run that fails (out of memory: the kernel kills a rank) is reported as such.
@@ -26,45 +26,33 @@ from pathlib import Path
 import torch
 
 
-def tree(pid: int) -> list[int]:
-    found = [pid]
-    for children in glob.glob(f"/proc/{pid}/task/*/children"):
-        try:
-            found += [d for child in Path(children).read_text().split() for d in tree(int(child))]
-        except OSError:
-            pass
-    return found
-
-
-def pss_bytes(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+def used_bytes() -> int:
+    """Memory in use on this machine: MemTotal - MemAvailable."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return (int(fields["MemTotal"].split()[0]) - int(fields["MemAvailable"].split()[0])) * 1024
 
 
 class PeakMemory(threading.Thread):
-    def __init__(self, pid: int):
+    """The most memory in use above what was in use before the run (sampled every 0.1 s)."""
+
+    def __init__(self):
         super().__init__(daemon=True)
-        self.pid, self.peak, self.running = pid, 0, True
+        self.before, self.peak, self.running = used_bytes(), 0, True
 
     def run(self):
         while self.running:
-            self.peak = max(self.peak, sum(pss_bytes(p) for p in tree(self.pid)))
-            time.sleep(0.2)
+            self.peak = max(self.peak, used_bytes() - self.before)
+            time.sleep(0.1)
 
 
 def exoframe_run(nodes: int, steps: int, strategy: str) -> dict:
     out = tempfile.mkdtemp(prefix="exoframe-scale-")
+    memory = PeakMemory()
+    memory.start()
     proc = subprocess.Popen([sys.executable, "-m", "exoframe", "run", "--workload", "mlp",
                              "--strategy", strategy, "--nodes", str(nodes), "--steps", str(steps),
                              "--eval-every", str(steps), "--out", out],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    memory = PeakMemory(proc.pid)
-    memory.start()
     _, err = proc.communicate()
     memory.running = False
     memory.join()
