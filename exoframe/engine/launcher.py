@@ -8,7 +8,8 @@ binds to loopback. While the run goes, monitor.py runs the simulator, which answ
 ranks over their pipes, and watches every pipe and process; on a failure, a stall (see
 watchdog.py), Ctrl-C, SIGTERM or SIGHUP every child is killed (processes.py), so that no
 process is left behind. In a run that checkpoints, a stop signal first has every rank save
-(monitor.py).
+(monitor.py). Under torchrun, rank 0's process launches only rank 0 and the evaluator, and
+serves the other ranks, which join it over TCP (cluster.py, run_cluster_rank).
 """
 from __future__ import annotations
 
