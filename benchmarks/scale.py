@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from node_packing import nodes_of, plain  # beside this file
 
 
 def used_bytes() -> int:
@@ -67,25 +68,11 @@ def exoframe_run(nodes: int, steps: int, strategy: str) -> dict:
 
 def plain_loop(nodes: int, steps: int) -> float:
     """Seconds per step of N mlp models trained one after another in this process."""
-    from exoframe.config import RunConfig
-    from exoframe.engine import job_from_config
-    from exoframe.engine.data import Batches
-
     torch.set_num_threads(1)
-    job = job_from_config(RunConfig(workload="mlp", nodes=nodes, steps=steps))
-    models = [job_from_config(RunConfig(workload="mlp", nodes=nodes, steps=steps, seed=r)).model
-              for r in range(nodes)]
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=job.optimizer.lr) for m in models]
-    batches = [Batches(job.dataset(r, nodes, "train"), job.batch_size, 0, r, True, True)
-               for r in range(nodes)]
-    start = None
-    for step in range(steps):
-        if step == 1:
-            start = time.perf_counter()  # the first step warms up
-        for model, optimizer, data in zip(models, optimizers, batches):
-            model(next(data)).backward()
-            optimizer.step()
-            optimizer.zero_grad()
+    step = nodes_of(nodes, steps)
+    plain(step, nodes, 1)  # the first step warms up
+    start = time.perf_counter()
+    plain(step, nodes, steps - 1)
     return (time.perf_counter() - start) / (steps - 1)
 
 
