@@ -27,6 +27,7 @@ from exoframe.sim.protocol import (Listen, Mail, Op, Post, Probe, Probed, Quorum
 from exoframe.errors import ExoframeError
 from exoframe.sim.transport import Listener, TransportError, connect, in_process
 from exoframe.strategies.ddp import DDP
+from exoframe.workloads.mlp import mlp
 
 MESSAGES = [
     Op(0.25, 3, ("c", (0, 1, 2), 7), "all_reduce", 4096.0, (0, 1, 2), 0, True),
@@ -58,13 +59,19 @@ def pipe_pair():
 @pytest.mark.parametrize("make_pair", [in_process, pipe_pair, tcp_pair],
                          ids=["in-process", "pipe", "tcp"])
 def test_typed_messages_round_trip_every_transport(make_pair):
+    """Every message, queued before any is read: none lost, none reordered, each equal to
+    what was sent and of its type; then echoed back the same way."""
     a, b = make_pair()
+    assert not b.poll(0)
     for message in MESSAGES:
         a.send(message)
-        got = b.recv()
-        assert type(got) is type(message) and got == message
-        b.send(got)
-        assert a.recv() == message
+    got = []
+    while b.poll(0.5 if len(got) < len(MESSAGES) else 0):
+        got.append(b.recv())
+    assert [type(m) for m in got] == [type(m) for m in MESSAGES] and got == MESSAGES
+    for message in got:
+        b.send(message)
+    assert [a.recv() for _ in MESSAGES] == MESSAGES
     assert not a.poll(0) and not b.poll(0)
 
 
@@ -244,11 +251,13 @@ def test_real_network_under_torchrun_reports_measured_times(tmp_path):
     assert all(code == 0 for code, _ in results), results
     said = summary(tmp_path)
     assert said["real_network"] and len(said["per_rank"]) == 4
-    for rank in said["per_rank"]:  # measured: positive times that add up
+    # A ring all-reduce of the gradients per step: each of n ranks sends 2(n-1)/n of them.
+    gradient_bytes = 4 * sum(p.numel() for p in mlp().build_model().parameters())
+    for rank in said["per_rank"]:
         assert rank["compute_seconds"] > 0 and rank["comm_seconds"] > 0
-        assert rank["compute_seconds"] + rank["comm_seconds"] == \
-            pytest.approx(rank["simulated_seconds"])
-        assert rank["bytes_sent"] > 0
+        # Not speed: measured time lies inside the launch that rank 0 timed on its own clock.
+        assert 0 < rank["simulated_seconds"] <= said["elapsed_seconds"]
+        assert rank["bytes_sent"] == 5 * round(2 * 3 / 4 * gradient_bytes)
 
 
 def test_a_wrong_master_port_is_one_clear_line(tmp_path):

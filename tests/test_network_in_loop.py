@@ -188,12 +188,11 @@ def test_the_real_network_trains_the_same_weights_and_measures_its_time(tmp_path
     assert testing.max_difference(real, simulated) == 0
     assert real.summary["net"] == "real"
     assert real.summary["bytes_sent_per_node"] == simulated.summary["bytes_sent_per_node"]
-    # Accounting, not speed: however slow the machine, the measured time splits into compute
-    # and the rest (no bound on either is asserted).
+    # Not speed: each rank's measured time lies inside the launch the launcher timed on its
+    # own clock, however slow the machine (no bound on either is asserted).
     for rank in real.summary["per_rank"]:
         assert rank["compute_seconds"] > 0 and rank["comm_seconds"] >= 0
-        assert rank["compute_seconds"] + rank["comm_seconds"] == pytest.approx(
-            rank["simulated_seconds"], rel=1e-12)
+        assert 0 < rank["simulated_seconds"] <= real.summary["elapsed_seconds"]
     [trace] = (tmp_path / "runs").glob("*/trace.json")
     with pytest.raises(ReplayError, match="real network"):
         check_trace(json.loads(trace.read_text()))

@@ -47,20 +47,14 @@ class Handle:
         return self._result
 
     def is_completed(self) -> bool:
-        if not self._done:
-            if self._comm.clock.real:  # --net real: the exchange itself knows
-                done = self._work is None or self._work.is_completed()
-            else:
-                done = self._comm.clock.is_done(self._op_id)
-            if done:
-                self._complete()
+        if not self._done and self._comm.clock.is_done(self._op_id, self._work):
+            self._complete()
         return self._done
 
     def _complete(self):
         if self._work is not None:
             self._work.wait()
-            if self._comm.clock.real:  # the time spent waiting is not compute
-                self._comm.clock.waited()
+            self._comm.clock.waited()  # (RealClock: the time spent waiting is not compute)
         if self._finish is not None:
             self._finish()
         self._done = True

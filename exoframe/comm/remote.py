@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
 from ..errors import ExoframeError
 
@@ -121,8 +120,8 @@ class RemoteCalls:
             return
         if self.comm.rank in self.comm.live:
             self._await(sorted(self.outstanding))
-        nccl = dist.is_initialized() and dist.get_backend(self.comm.group) == "nccl"
-        token = torch.zeros(1, device="cuda" if nccl else "cpu")
+        # gloo (staged through host memory) takes a CPU token; NCCL a GPU one.
+        token = torch.zeros(1, device="cpu" if self.comm._staged else "cuda")
         handle = self.comm.all_reduce(token, async_op=True)
         if handle._done:  # a rank that is down takes no part in the simulated one
             return

@@ -117,12 +117,22 @@ class ClusterEnv:
         interface (its connections must prove the token)."""
         return self.master_addr if self.is_loopback() else ""
 
+    @property
+    def shared_token(self) -> bytes | None:
+        """EXOFRAME_TOKEN: the secret set on every machine, if any."""
+        shared = os.environ.get("EXOFRAME_TOKEN")
+        return shared.encode() if shared else None
+
+    @property
+    def store_address(self) -> tuple:
+        """(host, port, key prefix) of this run in the rendezvous store."""
+        return self.master_addr, self.master_port, self.prefix
+
     def token(self, published: str | None = None) -> bytes:
         """The run's token: EXOFRAME_TOKEN, else (every rank on this machine) one that rank 0
         makes and publishes in the rendezvous store (`published`, on the other ranks)."""
-        shared = os.environ.get("EXOFRAME_TOKEN")
-        if shared:
-            return shared.encode()
+        if self.shared_token is not None:
+            return self.shared_token
         if not self.is_loopback():
             raise ExoframeError(
                 "EXOFRAME_TOKEN: a run across machines needs a shared secret, and torchrun's "
@@ -136,25 +146,24 @@ def open_store(env: ClusterEnv, timeout: float) -> dist.Store:
     """The rendezvous store, under this run's prefix. Rank 0 hosts it when torchrun's
     agent does not (ranks started by hand with the variables set)."""
     host_it = env.rank == 0 and not env.agent_store
+    def unreachable(why: str) -> ExoframeError:
+        return ExoframeError(
+            f"rank {env.rank}: could not reach the rendezvous store: {why} (--connect-timeout): "
+            "check MASTER_ADDR and MASTER_PORT (torchrun's --rdzv-endpoint) and that rank 0's "
+            "machine is up.")
+
     if not host_it:  # say so ourselves: torch would log a C++ stack per attempt first
         try:
             connect_raw(env.master_addr, env.master_port, timeout).close()
         except TransportError as e:
-            raise ExoframeError(
-                f"rank {env.rank}: could not reach the rendezvous store: {e} "
-                "(--connect-timeout): check MASTER_ADDR and MASTER_PORT (torchrun's "
-                "--rdzv-endpoint) and that rank 0's machine is up.") from None
+            raise unreachable(str(e)) from None
     try:
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size if host_it
                               else None, is_master=host_it, wait_for_workers=False,
                               timeout=datetime.timedelta(seconds=timeout))
     except (RuntimeError, TimeoutError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ExoframeError(
-            f"rank {env.rank}: could not reach the rendezvous store at {env.master_addr}:"
-            f"{env.master_port} within {timeout:g} s (--connect-timeout): check MASTER_ADDR "
-            f"and MASTER_PORT (torchrun's --rdzv-endpoint) and that rank 0's machine is up "
-            f"({first[:200]}).") from None
+        raise unreachable(f"{env.master_addr}:{env.master_port}: {first[:200]}") from None
     return dist.PrefixStore(env.prefix, store)
 
 
@@ -176,11 +185,10 @@ class Service:
         self.store = open_store(env, timeout)
         self.listener = Listener(env.listen_address(), token)
         published = {"port": self.listener.address[1]}
-        if not os.environ.get("EXOFRAME_TOKEN"):
+        if env.shared_token is None:
             published["token"] = token.hex()
         self.store.set(SERVICE_KEY, json.dumps(published))
-        self.tcp_store = (env.master_addr, env.master_port, env.prefix)
-        self.hosts = {0: socket.gethostname()}
+        self.hosts = {}  # rank -> its machine, for the ranks that joined
 
     def accept_ranks(self) -> dict:
         """rank -> connection, for every rank but 0, once all have said Hello. On a failure

@@ -24,6 +24,7 @@ from pathlib import Path
 from ..errors import ExoframeError
 from ..files import replacing
 from .job import job_from_config
+from .progress import Off
 from .replay import Projection, replay_trace, save_replay
 from .run import execute
 from .run_folder import RunFolder
@@ -45,7 +46,7 @@ class SweepPoint:
         return sum(c.steps for c in self.configs) + len(self.replays)
 
 
-def run_point(point: SweepPoint, out: str, bar=None, recorded_out: str | None = None
+def run_point(point: SweepPoint, out: str, bar=Off(), recorded_out: str | None = None
               ) -> list[Path]:
     """Train and replay `point` with run folders under `out`; the run folders.
     recorded_out: the folder the runs' config.yaml names (where they end up), if not out."""
@@ -56,19 +57,15 @@ def run_point(point: SweepPoint, out: str, bar=None, recorded_out: str | None = 
     for config, setup in zip(point.configs, point.setups):
         record = dataclasses.asdict(dataclasses.replace(config, out=recorded_out or out))
         config = dataclasses.replace(config, out=out)
-        if bar is not None:
-            bar.describe(f"sweep: {config.strategy} seed {config.seed} on {setup.net}"
-                         + (f" with faults {config.faults}" if config.faults else ""))
-        result = execute(job_from_config(config, pm, setup), out=out,
-                         config_record=record,
-                         on_row=None if bar is None else (lambda row: bar.update(1, row)))
+        bar.describe(f"sweep: {config.strategy} seed {config.seed} on {setup.net}"
+                     + (f" with faults {config.faults}" if config.faults else ""))
+        result = execute(job_from_config(config, pm, setup), out=out, config_record=record,
+                         on_row=lambda row: bar.update(1, row))
         run_dirs.append(Path(result.run_dir))
         for other in point.replays:
-            if bar is not None:
-                bar.describe(f"sweep: replay {config.strategy} on {other.net}")
+            bar.describe(f"sweep: replay {config.strategy} on {other.net}")
             save_replay(result.run_dir, replay_trace(result.trace, other, point.projection))
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
     return run_dirs
 
 
@@ -144,7 +141,7 @@ def _ray_point(point: SweepPoint, cwd: str, path: list, runs_dir: str
 
 
 def _write_run_folder(runs_dir: Path, name: str, files: dict) -> Path:
-    folder = RunFolder.create(runs_dir, name.split("-", 2)[-1]).path
+    folder = RunFolder.claim(runs_dir, name).path  # the name the worker's run folder had
     for relative, content in files.items():
         target = folder / relative
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -88,18 +88,24 @@ def preload():
     import torch._dynamo  # noqa: F401
 
 
-def prepare(job: Job) -> tuple[list, list]:
-    """Everything a run checks and counts before its ranks start: each rank's batches and
-    validation shard. Under torchrun every rank's process does it, and gets the same."""
+def prepare(job: Job, rank: int | None = None) -> tuple[dict, list | None]:
+    """Everything a run checks and counts before its ranks start: each rank's batches
+    (rank -> Batches) and validation shard. Under torchrun the process of `rank` does it
+    for its own rank: its batches (and rank 0's, which the checks read), no validation
+    shards (the evaluator runs beside rank 0)."""
     if job.device.startswith("cuda") and torch.cuda.is_initialized():
         raise ExoframeError(
             "device: CUDA is already initialized in this process (a model or tensor was put on "
             "a GPU before the run), and the ranks, forked from it, could not use it. Keep the "
             "model and data on the CPU: exoframe moves them to --device.")
-    batches = [Batches(job.dataset(rank, job.nodes, "train"), job.batch_size, job.seed, rank,
-                       job.shuffle, job.drop_last) for rank in range(job.nodes)]
-    val_shards = [job.dataset(rank, job.nodes, "val") for rank in range(job.nodes)]
-    if job.target_loss is not None and not any(map(has_examples, val_shards)):
+    ranks = range(job.nodes) if rank is None else sorted({0, rank})
+    batches = {r: Batches(job.dataset(r, job.nodes, "train"), job.batch_size, job.seed, r,
+                          job.shuffle, job.drop_last) for r in ranks}
+    val_shards = None
+    if rank is None:
+        val_shards = [job.dataset(r, job.nodes, "val") for r in range(job.nodes)]
+    if val_shards is not None and job.target_loss is not None and \
+            not any(map(has_examples, val_shards)):
         raise ExoframeError("target_loss needs validation data: the time to target is read "
                             "from the validation loss. Give validation data or drop target_loss.")
     warn_about_measured_compute(job)
@@ -142,7 +148,7 @@ def launch(job: Job, on_row=None, config: dict | None = None,
 def run_cluster_rank(job: Job, cluster: ClusterEnv, config: dict):
     """A rank that torchrun started on a process other than rank 0's: prepare as rank 0
     does, join rank 0's launcher, train, exit (the process ends here)."""
-    batches, _ = prepare(job)
+    batches, _ = prepare(job, cluster.rank)
     if cluster.is_loopback():
         bind_to_loopback()
     conn = join(cluster, job.connect_timeout, config, job.device)
@@ -184,7 +190,7 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
         # right one; a rank timing out sees only that its peer is late.
         backend = devices.backend(job.device, cluster.local_world_size if cluster else job.nodes)
         meet = Rendezvous(None if service else store_path, watchdog + 60, backend,
-                          service.tcp_store if service else None)
+                          cluster.store_address if cluster else None)
         for conn in conns[:job.nodes]:
             conn.send(meet)
         try:

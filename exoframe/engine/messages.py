@@ -59,7 +59,7 @@ class StepDone:
     step: int
     record: dict  # loss, lr, bytes_sent, sim_time, the strategy's metrics
     state: Optional[Any]  # its ModelState (engine/model_state.py) at evaluation steps
-    checksum: Optional[tuple] = None  # its parameters' after a synchronization (replicas.py)
+    checksum: Optional[int] = None  # its parameters' after a synchronization (replicas.py)
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,8 @@ class Monitor:
                  hosts: dict | None = None):
         """conns: each rank's connection, then the evaluator's; processes: the same children's
         processes, None for a rank on another machine (torchrun: engine/cluster.py), whose
-        host `hosts` names. folder: the run's private temporary folder, where children write
-        their stacks."""
+        host `hosts` names (rank -> host, for those ranks only). folder: the run's private
+        temporary folder, where children write their stacks."""
         self.job, self.conns, self.processes, self.on_row = job, conns, processes, on_row
         self.watchdog, self.folder, self.hosts = watchdog, folder, hosts or {}
         self.who = [*range(job.nodes), EVALUATOR]
@@ -225,16 +225,11 @@ class Monitor:
             raise RunInterrupted(f"{error} The run saved a checkpoint at step "
                                  f"{self.commits.committed}: `exoframe resume` goes on from it.")
 
-    def remote_host(self, who) -> str:
-        """The machine of rank `who` when it runs on another one (torchrun), else ''."""
-        on_another = isinstance(who, int) and self.processes[who] is None
-        return self.hosts.get(who, "") if on_another else ""
-
     def raise_first_error(self):
         if self.errors:  # the earliest failure is the cause; later ones are its echoes
             first = min(self.errors, key=lambda m: m.at)
             raise RankFailed(first.who, first.message, first.details, first.user_error,
-                             self.remote_host(first.who))
+                             self.hosts.get(first.who, ""))
 
     def finished(self) -> bool:
         return all(r is not None for r in self.results) and self.rows.next_step > self.last_step()

@@ -26,7 +26,7 @@ from .replicas import checksum
 from .schedule import lr_at
 
 
-def join_group(rank: int, world_size: int, rendezvous: Rendezvous, backend: str = "gloo",
+def join_group(rank: int, world_size: int, rendezvous: Rendezvous,
                device: torch.device | None = None):
     """Meet the other ranks through a file in the launcher's private folder (no port), or
     under torchrun through its rendezvous store. Returns the group for point-to-point
@@ -35,6 +35,7 @@ def join_group(rank: int, world_size: int, rendezvous: Rendezvous, backend: str 
     NCCL makes its communicators eagerly here (device_id), but would make one per pair of
     ranks at their first send/recv, blocking until both are there, while the simulator may
     hold the peer back: under NCCL, point-to-point goes through a gloo group."""
+    backend = rendezvous.backend
     timeout = datetime.timedelta(seconds=rendezvous.timeout_seconds)
     if rendezvous.tcp_store is not None:
         host, port, prefix = rendezvous.tcp_store
@@ -86,7 +87,7 @@ def train(rank: int, job: Job, batches: Batches, conn):
     device = devices.for_rank(job.device, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL's communicator and the default CUDA stream
-    p2p_group = join_group(rank, job.nodes, rendezvous, rendezvous.backend, device)
+    p2p_group = join_group(rank, job.nodes, rendezvous, device)
     torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
     model = job.model.to(device)
     port = PipeSimPort(conn, rank)
@@ -107,7 +108,8 @@ def train(rank: int, job: Job, batches: Batches, conn):
     checkpoints = rank_state.RankCheckpoints(job.checkpoint_every, job.run_dir, rank)
 
     # Under simulated failures a rank that is down misses synchronizations: no check.
-    check_replicas = job.strategy_cls.replicas_equal_after_sync and not job.faults.active
+    check_replicas = (job.strategy_cls.replicas_equal_after_sync and job.nodes > 1
+                      and not job.faults.active)
     model.train()
     clock.skip()
     for step in range(first, job.steps + 1):

@@ -14,22 +14,21 @@ from ..errors import ExoframeError
 INTEGER_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def checksum(model: torch.nn.Module) -> tuple:
-    """Per parameter, the sum of its values' bit patterns as integers: exact (the same on
-    any machine, whatever the order of summation) and equal for equal weights, NaNs
-    included."""
+def checksum(model: torch.nn.Module) -> int:
+    """The sum of the parameters' bit patterns read as integers: exact (the same on any
+    machine, whatever the order of summation) and equal for equal weights, NaNs included."""
     with torch.no_grad():
         sums = [p.detach().view(INTEGER_OF_SIZE[p.element_size()]).sum(dtype=torch.int64)
                 for p in model.parameters()]
-    return tuple(torch.stack(sums).tolist()) if sums else ()
+    return int(torch.stack(sums).sum()) if sums else 0
 
 
 class ReplicaCheck:
     def __init__(self, nodes: int, strategy: str):
         self.nodes, self.strategy = nodes, strategy
-        self.pending: dict[int, dict[int, tuple]] = {}  # step -> rank -> checksum
+        self.pending: dict[int, dict[int, int]] = {}  # step -> rank -> checksum
 
-    def add(self, rank: int, step: int, value: tuple | None):
+    def add(self, rank: int, step: int, value: int | None):
         """Rank `rank` synchronized at `step` (value: its checksum) or did not (None)."""
         if value is None:
             return

@@ -22,9 +22,13 @@ class RunFolder:
     @classmethod
     def create(cls, parent, label: str) -> "RunFolder":
         """A new folder under `parent`, never an existing one."""
+        return cls.claim(parent, f"{time.strftime('%Y%m%d-%H%M%S')}-{label}")
+
+    @classmethod
+    def claim(cls, parent, stem: str) -> "RunFolder":
+        """A new folder `stem` under `parent` (`stem-1`, ... if taken)."""
         parent = Path(parent)
         parent.mkdir(parents=True, exist_ok=True)
-        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{label}"
         for attempt in range(10_000):
             path = parent / (stem if attempt == 0 else f"{stem}-{attempt}")
             try:

@@ -28,8 +28,6 @@ class Submitted:
 
 
 class RankClock:
-    real = False  # a simulated clock (RealClock: --net real)
-
     def __init__(self, rank: int, port, compute: ComputeClock, topology_algorithms: dict,
                  algorithms: dict, topology: Topology | None = None):
         """port: the way to the simulator, with send(message) and recv() of the messages in
@@ -97,17 +95,14 @@ class RankClock:
             key = ("p", *participants, self._next_in(("p", participants)))
         else:
             key = ("c", participants, self._next_in(("c", participants)))
-        plan = self.plans.of(kind, len(participants), root, participants)
-        index = participants.index(self.rank)
+        sent, received = self.plans.bytes_moved(kind, participants, root, self.rank, nbytes)
         op_id = self._next_id
         self._next_id += 1
         self._send(Op(self.now, op_id, key, kind, nbytes, participants, root, blocking))
         self.trace.append(["o", op_id, key, kind, nbytes, participants, root, blocking])
         if blocking:
             self._receive_wait()
-        compiled = plan.compiled
-        return Submitted(op_id, round(compiled.sent[index] * nbytes),
-                         round(compiled.received[index] * nbytes))
+        return Submitted(op_id, sent, received)
 
     def wait(self, op_id: int):
         self.charge()
@@ -115,8 +110,12 @@ class RankClock:
         self.trace.append(["w", op_id])
         self._receive_wait()
 
-    def is_done(self, op_id: int) -> bool:
-        """Has the operation completed by this rank's simulated now?"""
+    def waited(self):
+        """The real exchange behind an operation was waited for (see RealClock)."""
+
+    def is_done(self, op_id: int, work=None) -> bool:
+        """Has the operation completed by this rank's simulated now? (work: the real
+        exchange, which only RealClock asks)"""
         self.charge()
         self._count_poll()
         self._send(Probe(self.now, op_id))
@@ -235,7 +234,6 @@ class SoloClock:
     nothing leaves the rank, so every operation is done at once and moves no bytes."""
 
     now = 0.0
-    real = False
 
     def __init__(self):
         self._next_id = 0
@@ -250,7 +248,10 @@ class SoloClock:
     def wait(self, op_id):
         pass
 
-    def is_done(self, op_id) -> bool:
+    def waited(self):
+        pass
+
+    def is_done(self, op_id, work=None) -> bool:
         return True
 
     def add_compute(self, seconds):
@@ -267,17 +268,15 @@ class RealClock:
     between exchanges (the main thread's CPU time, or a GPU timer), and communication the
     rest (transfers and waiting for peers: they cannot be told apart here). Bytes are counted
     per operation as the network's algorithm would move them. Operations complete for real:
-    Handles ask the exchange itself whether it is done."""
-
-    real = True
+    is_done() asks the exchange itself."""
 
     def __init__(self, rank: int, timer, topology_algorithms: dict, algorithms: dict,
-                 topology: Topology | None = None, wall=None):
+                 topology: Topology | None = None):
         import time
 
         self.rank = rank
         self.plans = Plans(topology_algorithms, algorithms, topology)
-        self._wall = wall or time.perf_counter
+        self._wall = time.perf_counter
         self._timer = timer
         self._started = self._charged_at = self._wall()
         self._mark = timer()
@@ -324,22 +323,14 @@ class RealClock:
     def submit(self, kind: str, nbytes: int, participants: tuple, root: int = 0,
                blocking: bool = True) -> Submitted:
         self.charge()
-        plan = self.plans.of(kind, len(participants), root, participants)
-        index = participants.index(self.rank)
         op_id, self._next_id = self._next_id, self._next_id + 1
-        compiled = plan.compiled
-        return Submitted(op_id, round(compiled.sent[index] * nbytes),
-                         round(compiled.received[index] * nbytes))
+        return Submitted(op_id, *self.plans.bytes_moved(kind, participants, root, self.rank,
+                                                        nbytes))
 
     def wait(self, op_id: int):
         pass
 
-    def quorum(self, down_until):
-        raise ExoframeError("simulated failures need the simulated network; drop --faults "
-                            "with --net real.")
-
-    def post(self, dst: int, nbytes: int, payload) -> int:
-        raise ExoframeError("remote calls travel through the simulated network; with --net "
-                            "real use a strategy without them.")
-
-    listen = post
+    def is_done(self, op_id: int, work=None) -> bool:
+        """Whether the real exchange has completed (gloo's point-to-point handles say so
+        only once waited for: timing-dependent strategies are refused with --net real)."""
+        return work is None or work.is_completed()

@@ -278,6 +278,13 @@ class Plans:
             raise ExoframeError(f"collective algorithm '{self.names.get(kind)}' cannot plan "
                                 f"{kind} among {n} participants{group}: {e}") from None
 
+    def bytes_moved(self, kind: str, participants: tuple, root: int, rank: int,
+                    nbytes: float) -> tuple[int, int]:
+        """(sent, received): the bytes `rank` moves in the operation, by its plan."""
+        compiled = self.of(kind, len(participants), root, participants).compiled
+        index = participants.index(rank)
+        return round(compiled.sent[index] * nbytes), round(compiled.received[index] * nbytes)
+
     def sites(self, participants: Iterable[int]) -> Sites:
         """The Sites of a group of ranks (memoized per group)."""
         key = tuple(participants)

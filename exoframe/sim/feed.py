@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from .protocol import Listen, Op, Post, Probe, Quorum, Wait, frozen
+from .protocol import Done, Listen, Op, Post, Probe, Quorum, StepEnd, Wait, frozen
 from .simulator import Simulator
 
-STEP_END, DONE = "s", "d"
+STEP_END = "s"
 
 
 class Feed:
@@ -33,20 +33,23 @@ class Feed:
         self.record = record
         self.log = [list(inputs) if record else [] for inputs in recorded]  # every input
         # Inputs not yet given to the simulator, each with whether it is a replayed one.
-        self.queue = [deque((record, True) for record in inputs) for inputs in recorded]
+        self.queue = [deque((from_record(r), True) for r in inputs) for inputs in recorded]
         self.replay_waits = [False] * nodes  # a replayed input waits for its (dropped) answer
         for rank in range(nodes):
             self._pump(rank)
 
-    def message(self, rank: int, message: Op | Wait | Probe | Quorum | Post | Listen):
-        self._put(rank, as_record(message))
+    def message(self, rank: int, message: Op | Wait | Probe | Quorum | Post | Listen | StepEnd):
+        if self.record:
+            self.log[rank].append(as_record(message))
+        self.queue[rank].append((message, False))
+        self._pump(rank)
 
     def step_end(self, rank: int, t: float):
-        self._put(rank, [STEP_END, t])
+        self.message(rank, StepEnd(t))
 
     def rank_done(self, rank: int):
         """The rank sends nothing more (after its inputs still queued)."""
-        self.queue[rank].append(([DONE], False))
+        self.queue[rank].append((Done(), False))
         self._pump(rank)
 
     def replaying(self) -> bool:
@@ -67,30 +70,25 @@ class Feed:
             if not fed:
                 return replies
 
-    def _put(self, rank: int, record: list):
-        if self.record:
-            self.log[rank].append(record)
-        self.queue[rank].append((record, False))
-        self._pump(rank)
-
     def _pump(self, rank: int):
         queue = self.queue[rank]
         while queue and not self.replay_waits[rank]:
-            record, replayed = queue.popleft()
-            if record[0] == STEP_END:
-                self.sim.note_clock(rank, record[1])
+            message, replayed = queue.popleft()
+            if isinstance(message, StepEnd):
+                self.sim.note_clock(rank, message.t)
                 continue
-            if record[0] == DONE:
+            if isinstance(message, Done):
                 self.sim.rank_done(rank)
                 continue
-            message = from_record(record)
             self.sim.receive(rank, message)
             if replayed and (isinstance(message, (Wait, Probe, Quorum, Listen)) or
                              isinstance(message, Op) and message.blocking):
                 self.replay_waits[rank] = True
 
 
-def as_record(message: Op | Wait | Probe | Quorum | Post | Listen) -> list:
+def as_record(message: Op | Wait | Probe | Quorum | Post | Listen | StepEnd) -> list:
+    if isinstance(message, StepEnd):
+        return [STEP_END, message.t]
     if isinstance(message, Quorum):
         return ["q", message.t, message.seq, message.down_until]
     if isinstance(message, Post):
@@ -103,8 +101,10 @@ def as_record(message: Op | Wait | Probe | Quorum | Post | Listen) -> list:
     return ["w" if isinstance(message, Wait) else "t", message.t, message.op_id]
 
 
-def from_record(record: list) -> Op | Wait | Probe | Quorum:
+def from_record(record: list) -> Op | Wait | Probe | Quorum | Post | Listen | StepEnd:
     tag = record[0]
+    if tag == STEP_END:
+        return StepEnd(record[1])
     if tag == "q":
         return Quorum(*record[1:])
     if tag == "p":

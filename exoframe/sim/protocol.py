@@ -76,7 +76,7 @@ class Listen:
 class StepEnd:
     """The rank ended a training step at `t`: it sends nothing earlier from now on."""
     t: float
-    step: int
+    step: int | None = None  # which one (the simulator needs only `t`)
 
 
 @dataclass(frozen=True, slots=True)

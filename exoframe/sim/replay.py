@@ -186,6 +186,10 @@ class TraceClock(RankClock):
             reply = Waited(reply.end, idle, reply.end - hidden_until - idle)
         super()._waited(reply)
 
+    def end_step(self, step: int):
+        self.step_times[step] = self.now
+        self.port.send(StepEnd(self.now, step))
+
     def _receive(self):
         reply = super()._receive()
         if reply is STOP:
@@ -262,9 +266,7 @@ def _drive(feed: Feed, ends: list, arrivals: Arrivals):
     while done < len(ends):
         for rank in arrivals.wait():  # one tag per message, in the order they were sent
             message = ends[rank].recv()
-            if isinstance(message, StepEnd):
-                feed.step_end(rank, message.t)
-            elif isinstance(message, Done):
+            if isinstance(message, Done):
                 feed.rank_done(rank)
                 done += 1
             elif isinstance(message, PlayFailed):
@@ -318,8 +320,7 @@ def _play(events: list, clock: TraceClock):
                         f"run is {'not done' if event[2] else 'done'} on this network: the "
                         "strategy's behaviour depends on timing; re-run it instead.")
             elif tag == "s":
-                clock.step_times[event[1]] = clock.now
-                port.send(StepEnd(clock.now, event[1]))
+                clock.end_step(event[1])
         port.send(Done())
     except StopReplay:
         pass

@@ -49,7 +49,6 @@ class QueueConnection:
         self._inbox, self._inbox_ready = inbox, inbox_ready
         self._outbox, self._outbox_ready = outbox, outbox_ready
         self._arrivals, self._tag = arrivals, tag
-        self.closed = False
 
     def send(self, obj):
         with self._outbox_ready:
@@ -68,7 +67,7 @@ class QueueConnection:
             return bool(self._inbox_ready.wait_for(lambda: self._inbox, timeout))
 
     def close(self):
-        self.closed = True
+        pass  # nothing to release; the peer stops by a message (see the module docstring)
 
 
 class Arrivals:
