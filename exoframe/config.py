@@ -13,20 +13,14 @@ from .errors import ExoframeError, did_you_mean, shorten
 from .sim.inputs import build_dataclass, load_yaml, read_text, safe_load
 from .sinks import parse_sink
 
-# Each node is a process on this machine: more than this many per core only thrashes (on 2
-# cores and 24 GiB, 128 ranks ran and 256 ran out of memory), and the simulator's
-# collectives are planned for at most MAX_NODES ranks.
-NODES_PER_CORE = 64
+# The simulator's collectives are planned for at most MAX_NODES ranks; past a few nodes per
+# core, nodes share worker processes (engine/packing.py), so memory is not the limit.
 MAX_NODES = 1024
 
 
 ON_NONFINITE = ("stop", "continue")
 SCHEDULES = ("constant", "linear", "cosine", "wsd")
 PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-def max_nodes() -> int:
-    return min(MAX_NODES, NODES_PER_CORE * (os.cpu_count() or 1))
 
 
 @dataclass
@@ -38,6 +32,9 @@ class RunConfig:
     strategy: str = "ddp"
     strategy_params: dict = field(default_factory=dict)
     nodes: int = 2
+    # Nodes sharing a worker process (engine/packing.py); unset: a process per node up to 4
+    # per core, else one worker per core.
+    nodes_per_process: typing.Optional[int] = None
     steps: int = 300
     batch_size: typing.Optional[int] = None
     optimizer: str = "adamw"  # any torch.optim class by name, or a plugin's (exoframe optimizers)
@@ -94,17 +91,17 @@ class RunConfig:
             positive["epochs"] = self.epochs
         if self.batch_size is not None:
             positive["batch_size"] = self.batch_size
+        if self.nodes_per_process is not None:
+            positive["nodes_per_process"] = self.nodes_per_process
         for name in ("eval_every", "checkpoint_every"):
             if getattr(self, name) is not None:
                 positive[name] = getattr(self, name)
         for name, value in positive.items():
             if value < 1:
                 raise ExoframeError(f"{name} must be at least 1, got {value}.")
-        if self.nodes > max_nodes():
-            raise ExoframeError(
-                f"nodes: {self.nodes} is more than this machine can run: each node is a "
-                f"process, at most {NODES_PER_CORE} per CPU core ({os.cpu_count()} here) and "
-                f"{MAX_NODES} in all, so at most {max_nodes()}.")
+        if self.nodes > MAX_NODES:
+            raise ExoframeError(f"nodes: {self.nodes} is more than the simulator plans "
+                                f"collectives for; give at most {MAX_NODES}.")
         cores = os.cpu_count() or 1
         if self.threads > cores:
             raise ExoframeError(f"threads: {self.threads} threads per rank, but this machine "

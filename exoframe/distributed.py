@@ -47,9 +47,15 @@ _comm = None  # this rank's Communicator: the engine binds it when the rank star
 
 
 def bind(comm) -> None:
-    """Make `comm` this process's rank (the engine does, for each rank)."""
+    """Make `comm` this process's rank (the engine does, for each rank; engine/packing.py
+    for each node as it resumes)."""
     global _comm
     _comm = comm
+
+
+def current():
+    """The Communicator bound by bind(), or None."""
+    return _comm
 
 
 # -- world info --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from .options import (split_names, progress_mode, progress_options, projection_f
 @click.option("--points", type=int, default=8, help="Points in the --bandwidth grid. [8]")
 @click.option("--seeds", help="Seeds, comma-separated. [the config's seed, else 0]")
 @click.option("--nodes", type=int, help="Nodes per run. [2]")
+@click.option("--nodes-per-process", type=int, help="Nodes sharing a worker process. [auto]")
 @click.option("--steps", type=int, help="Training steps per run. [300]")
 @click.option("--workload", help="Workload. [gpt]")
 @click.option("--compute", help="Compute model (see `exoframe run --help`). [measured]")

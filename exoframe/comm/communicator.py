@@ -13,20 +13,15 @@ is no participant in the simulated one; a mean divides by the live count.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from ..errors import ExoframeError
 from ..sim.clock import SoloClock
+from .exchange import TorchExchange
 from .flat import flatten_bytes, unflatten_bytes_into
 from .remote import RemoteCalls
 from .traffic import TrafficStats
 
-# torch renamed the flat-buffer collectives; older releases (>= 2.1) have only the old names.
-_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-               "min": dist.ReduceOp.MIN}
+_REDUCE_OPS = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}  # what is exchanged
 _NEUTRAL = {"sum": 0.0, "mean": 0.0, "max": -float("inf"), "min": float("inf")}
 
 
@@ -63,17 +58,18 @@ class Handle:
 
 class Communicator:
     def __init__(self, rank: int, world_size: int, clock=None, group=None, p2p_group=None,
-                 faults=None):
+                 faults=None, exchange=None):
         """clock: the rank's exoframe.sim.clock.RankClock (the engine makes it); without
         one, a Communicator serves a single process (world size 1). p2p_group: the group for
         send and recv when it is not `group` (gloo beside NCCL, see engine/rank.py).
-        faults: the rank's comm.faults.RankFaults under simulated failures, else None."""
+        faults: the rank's comm.faults.RankFaults under simulated failures, else None.
+        exchange: what moves the tensors (comm/exchange.py; default: torch.distributed in
+        `group` and `p2p_group`)."""
         self.rank = rank
         self.world_size = world_size
         self.clock = clock if clock is not None else SoloClock()
-        self.group, self.p2p_group = group, p2p_group if p2p_group is not None else group
-        self.ranks = tuple(range(world_size)) if group is None else \
-            tuple(dist.get_process_group_ranks(group))
+        self.exchange = exchange if exchange is not None else TorchExchange(group, p2p_group)
+        self.ranks = self.exchange.ranks(world_size)
         self.traffic = TrafficStats()
         self.faults = faults
         self.live = self.ranks  # the members whose contributions count (see quorum())
@@ -83,8 +79,8 @@ class Communicator:
         self._pending: set[Handle] = set()
         # gloo exchanges host memory: a tensor on a GPU travels through a host copy (ranks
         # may share one GPU, which NCCL refuses); NCCL exchanges GPU memory directly.
-        self._staged = _exchanges_host_memory(world_size, self.group)
-        self._p2p_staged = _exchanges_host_memory(world_size, self.p2p_group)
+        self._staged = self.exchange.exchanges_host_memory(world_size)
+        self._p2p_staged = self.exchange.exchanges_host_memory(world_size, p2p=True)
         self.remote = RemoteCalls(self)  # calls through exoframe.distributed
 
     # -- collectives ---------------------------------------------------------------------
@@ -102,7 +98,7 @@ class Communicator:
         finish = (lambda: tensor.div_(members)) if op == "mean" else None
         return self._submit("all_reduce", _wire(tensor, wire_bytes), async_op, tensor,
                             _back(host, tensor, finish),
-                            lambda: dist.all_reduce(host, reduce_op, self.group, True))
+                            lambda: self.exchange.all_reduce(host, reduce_op))
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False,
                   wire_bytes: int | None = None):
@@ -112,7 +108,7 @@ class Communicator:
         host = self._host(tensor)
         return self._submit("broadcast", _wire(tensor, wire_bytes), async_op, tensor,
                             _back(host, tensor),
-                            lambda: dist.broadcast(host, src, self.group, True),
+                            lambda: self.exchange.broadcast(host, src),
                             root=self.ranks.index(src))
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False,
@@ -124,7 +120,7 @@ class Communicator:
         host_out, host_in = self._host(output), self._host(input)
         return self._submit("all_gather", _wire(output, wire_bytes), async_op, output,
                             _back(host_out, output),
-                            lambda: _all_gather_flat(host_out, host_in, self.group, True))
+                            lambda: self.exchange.all_gather(host_out, host_in))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
                        async_op: bool = False, wire_bytes: int | None = None):
@@ -138,21 +134,21 @@ class Communicator:
         return self._submit(
             "reduce_scatter", _wire(input, wire_bytes), async_op, output,
             _back(host_out, output, finish),
-            lambda: _reduce_scatter_flat(host_out, host_in, reduce_op, self.group, True))
+            lambda: self.exchange.reduce_scatter(host_out, host_in, reduce_op))
 
     # -- point to point ------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False,
              wire_bytes: int | None = None):
         host = self._host(tensor, self._p2p_staged)
         return self._submit("send", _wire(tensor, wire_bytes), async_op, None, None,
-                            lambda: dist.isend(host, dst, self.p2p_group),
+                            lambda: self.exchange.send(host, dst),
                             peers=(self.rank, dst))
 
     def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False,
              wire_bytes: int | None = None):
         host = self._host(tensor, self._p2p_staged)
         return self._submit("recv", _wire(tensor, wire_bytes), async_op, tensor,
-                            _back(host, tensor), lambda: dist.irecv(host, src, self.p2p_group),
+                            _back(host, tensor), lambda: self.exchange.recv(host, src),
                             peers=(src, self.rank))
 
     # -- membership under simulated failures -------------------------------------------------
@@ -184,7 +180,7 @@ class Communicator:
                 sum(t.numel() * t.element_size() for t in self._state), dtype=torch.uint8)
             self._incoming_handle = self._submit(
                 "recv", host.numel(), True, host, None,
-                lambda: dist.irecv(host, self.leader, self.p2p_group),
+                lambda: self.exchange.recv(host, self.leader),
                 peers=(self.leader, self.rank), recovery=True)
 
     def heal(self):
@@ -277,10 +273,6 @@ class Communicator:
             return handle
         handle._complete()  # the clock has already waited for it
         return result
-
-
-def _exchanges_host_memory(world_size: int, group) -> bool:
-    return world_size > 1 and dist.is_initialized() and dist.get_backend(group) == "gloo"
 
 
 def _back(host: torch.Tensor, tensor: torch.Tensor, then=None):

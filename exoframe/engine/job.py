@@ -20,6 +20,7 @@ from ..sinks import sink_spec
 from ..strategies.base import OptimizerSpec, Strategy
 from ..workloads.base import DatasetFactory, Workload, call_with_params
 from . import devices
+from .packing import nodes_per_process
 from .target import LAG
 
 
@@ -35,6 +36,9 @@ class Job:
     steps: int
     batch_size: int
     sim: SimSetup
+    # Nodes per worker process, exchanging in memory (engine/packing.py); None: a process
+    # per node, exchanging through torch.distributed.
+    nodes_per_process: Optional[int] = None
     seed: int = 0
     eval_every: int = 50
     eval_batches: int = 8
@@ -134,7 +138,7 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         optimizer=OptimizerSpec(optimizer.name, config.lr or workload.lr, config.weight_decay,
                                 config.momentum, dict(config.optimizer_params), optimizer.obj),
         nodes=config.nodes, steps=steps, batch_size=batch_size,
-        sim=sim, seed=config.seed, target_loss=config.target_loss,
+        nodes_per_process=resolve_packing(config, sim), sim=sim, seed=config.seed, target_loss=config.target_loss,
         # A target is judged at every step, so the time to reach it is resolved to one step.
         eval_every=1 if config.target_loss is not None else
         config.eval_every or max(1, steps // 10),
@@ -152,6 +156,26 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         checkpoint_every=checked_checkpoints(config, strategy_cls, strategy_name,
                                              strategy_params),
         faults=parse_faults(config.faults))
+
+
+def resolve_packing(config: RunConfig, sim: SimSetup) -> Optional[int]:
+    """Packed nodes run on the CPU under the simulator, launched here (not by torchrun)."""
+    per_process = nodes_per_process(config.nodes, config.nodes_per_process)
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # (engine/cluster.py)
+    if config.nodes_per_process is None:
+        automatic = per_process > 1 and devices.resolve(config.device) == "cpu" \
+            and not sim.real and not torchrun
+        return per_process if automatic else None
+    if devices.resolve(config.device) != "cpu":
+        raise ExoframeError("nodes_per_process: nodes share a process on the CPU only; drop "
+                            "it (a process per node on the GPU) or use --device cpu.")
+    if sim.real:
+        raise ExoframeError("nodes_per_process: packed nodes run in turn, so the real network's "
+                            "wall-clock would mix them; drop it with --net real.")
+    if torchrun:
+        raise ExoframeError("nodes_per_process: under torchrun each process is one rank; "
+                            "drop it.")
+    return per_process
 
 
 def check_real_network(config: RunConfig, strategy_cls: type, strategy_name: str):

@@ -34,7 +34,8 @@ from .cluster import ClusterEnv, Service, join
 from .loop import check_loss
 from .messages import EvaluatorStop, Rendezvous
 from .model_state import ModelState
-from .monitor import EVALUATOR, Monitor, RankFailed  # noqa: F401 - RankFailed: part of the API
+from .monitor import EVALUATOR, Channel, Monitor, RankFailed  # noqa: F401 - RankFailed: API
+from .packing import NodeLink, Outbox, packed, run_nodes
 from .processes import (RunInterrupted, catch_stop_signals, child_entry, interrupted,
                         restore_signals, stack_file, stop_all)
 from .rank import train
@@ -156,6 +157,23 @@ def run_cluster_rank(job: Job, cluster: ClusterEnv, config: dict):
                 stack_path=None, forked=False)
 
 
+def packed_children(job: Job, batches: dict, context):
+    """The workers of packed nodes (engine/packing.py): (first rank, run_nodes, its
+    arguments) each, their ranks, and the ends of the pipes between every pair of workers."""
+    groups = packed(job.nodes, job.nodes_per_process)
+    home = [i for i, group in enumerate(groups) for _ in group]
+    pairs = {(a, b): context.Pipe() for a in range(len(groups)) for b in range(a + 1, len(groups))}
+    ends = [end for pair in pairs.values() for end in pair]
+    children = []
+    for i, group in enumerate(groups):
+        peers = {**{b: pipe[0] for (a, b), pipe in pairs.items() if a == i},
+                 **{a: pipe[1] for (a, b), pipe in pairs.items() if b == i}}
+        others = [end for end in ends if end not in peers.values()]
+        children.append((group[0], run_nodes, (group, job, {r: batches[r] for r in group},
+                                                home, i, peers, others)))
+    return children, groups, ends
+
+
 def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) -> LaunchResult:
     """folder: the run's private temporary folder (the rendezvous store, stack dumps);
     cluster: under torchrun, what it told rank 0's process, else None (all ranks forked)."""
@@ -163,7 +181,11 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
     store_path = os.path.join(folder, "store")
     context = mp.get_context("fork")
     local = [0] if cluster is not None else list(range(job.nodes))
-    children = [(rank, train, (rank, job, batches[rank])) for rank in local]
+    if job.nodes_per_process is None:
+        children = [(rank, train, (rank, job, batches[rank])) for rank in local]
+        groups, peer_pipes = [[rank] for rank in local], []
+    else:
+        children, groups, peer_pipes = packed_children(job, batches, context)
     children.append((EVALUATOR, evaluate, (job, val_shards)))
     pipes = [context.Pipe() for _ in children]
     processes = [context.Process(target=child_entry,
@@ -171,28 +193,41 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
                                  daemon=True, name=f"exoframe-{who}")
                  for (who, target, args), (_, child) in zip(children, pipes)]
     conns = [parent for parent, _ in pipes]
+    channels = None
+    if job.nodes_per_process is not None:  # a NodeLink per rank into its worker's outbox
+        outboxes = [Outbox(conn) for conn in conns[:-1]]
+        channels = [*(Channel(conn, tuple(group), outbox)
+                      for conn, group, outbox in zip(conns, groups, outboxes)),
+                    Channel(conns[-1], (job.nodes,))]
+        conns = [*(NodeLink(outbox, rank) for outbox, group in zip(outboxes, groups)
+                   for rank in group), conns[-1]]
+        processes = [*(p for p, group in zip(processes, groups) for _ in group), processes[-1]]
     remote = {}
     monitor = service = None
     previous = catch_stop_signals()
     try:
-        for p in processes:
+        for p in dict.fromkeys(processes):
             p.start()
         for _, child in pipes:
             child.close()
+        for end in peer_pipes:  # (the workers' own)
+            end.close()
         if cluster is not None:  # (after the forks: no child holds the listening socket)
             service = Service(cluster, job.connect_timeout, config or {}, job.device)
             remote = service.accept_ranks()  # every rank's connection, in rank order
             conns = [conns[0], *(remote[r] for r in range(1, job.nodes)), conns[-1]]
             processes = [processes[0], *[None] * (job.nodes - 1), processes[-1]]
         monitor = Monitor(job, conns, processes, on_row, watchdog, folder,
-                          hosts=service.hosts if service is not None else None)
+                          hosts=service.hosts if service is not None else None,
+                          channels=channels)
         # gloo's own timeout outlasts the watchdog, which sees every rank and names the
         # right one; a rank timing out sees only that its peer is late.
         backend = devices.backend(job.device, cluster.local_world_size if cluster else job.nodes)
         meet = Rendezvous(None if service else store_path, watchdog + 60, backend,
                           cluster.store_address if cluster else None)
-        for conn in conns[:job.nodes]:
-            conn.send(meet)
+        if job.nodes_per_process is None:
+            for conn in conns[:job.nodes]:
+                conn.send(meet)
         try:
             monitor.run()
         except (ExoframeError, KeyboardInterrupt) as e:
@@ -213,7 +248,7 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
         raise error from None
     finally:
         restore_signals(previous)
-        stop_all([p for p in processes if p is not None])
+        stop_all([p for p in dict.fromkeys(processes) if p is not None])
         if service is not None:
             service.close()
         for conn in remote.values():  # a rank still waiting learns that the run ended

@@ -14,7 +14,7 @@ import multiprocessing.connection
 import signal
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..errors import ExoframeError
 from ..sim import SimulationError, Simulator
@@ -25,6 +25,7 @@ from .job import Job
 from .messages import (AskStop, CheckpointLate, CheckpointNow, Checkpointed, ChildFailed,
                        Evaluate, RankDone, SimRequest, StepDone, StepState, StopAnswer,
                        Validated)
+from .packing import Bundle
 from .processes import STOP_SIGNALS, RunInterrupted, child_name, interrupted, stack_file
 from .replicas import ReplicaCheck
 from .step_rows import StepRows
@@ -32,6 +33,15 @@ from .target import StopVerdicts
 from .watchdog import describe_stall, dump_stacks
 
 EVALUATOR = "evaluator"
+
+
+@dataclass(frozen=True)
+class Channel:
+    """A pipe the monitor reads: a child's, whose members (indices in Monitor.who) speak
+    through it; outbox: the packed nodes' outgoing bundle (engine/packing.py), else None."""
+    conn: object
+    members: tuple
+    outbox: object = None
 
 
 class RankFailed(ExoframeError):
@@ -48,12 +58,15 @@ class Monitor:
     order, and raises on the first failure."""
 
     def __init__(self, job: Job, conns, processes, on_row, watchdog: float, folder: str,
-                 hosts: dict | None = None):
+                 hosts: dict | None = None, channels: list | None = None):
         """conns: each rank's connection, then the evaluator's; processes: the same children's
         processes, None for a rank on another machine (torchrun: engine/cluster.py), whose
         host `hosts` names (rank -> host, for those ranks only). folder: the run's private
-        temporary folder, where children write their stacks."""
+        temporary folder, where children write their stacks. channels: where packed nodes
+        (engine/packing.py) share a process, its pipe and its members (Channel each):
+        conns[rank] is then a NodeLink into the pipe's outbox, flushed once per pass."""
         self.job, self.conns, self.processes, self.on_row = job, conns, processes, on_row
+        self.channels = channels or [Channel(conn, (i,)) for i, conn in enumerate(conns)]
         self.watchdog, self.folder, self.hosts = watchdog, folder, hosts or {}
         self.who = [*range(job.nodes), EVALUATOR]
         self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
@@ -127,13 +140,14 @@ class Monitor:
             self.final_state = averaged  # steps complete in order
 
     def read(self, conn) -> bool:
-        """Handle one message; False when the pipe is closed."""
+        """Handle one message (or Bundle of them); False when the pipe is closed."""
         try:
             message = conn.recv()
         except (EOFError, OSError):
             return False
         self.last_progress = time.monotonic()
-        self.handle(message)
+        for one in message.messages if isinstance(message, Bundle) else (message,):
+            self.handle(one)
         return True
 
     def simulate(self):
@@ -235,8 +249,10 @@ class Monitor:
         return all(r is not None for r in self.results) and self.rows.next_step > self.last_step()
 
     def run(self):
-        open_conns = {conn: i for i, conn in enumerate(self.conns)}
-        sentinels = {p.sentinel: i for i, p in enumerate(self.processes) if p is not None}
+        open_conns = {channel.conn: channel for channel in self.channels}
+        sentinels = {self.processes[channel.members[0]].sentinel: channel
+                     for channel in self.channels
+                     if self.processes[channel.members[0]] is not None}
         self.last_progress = time.monotonic()
         checkpoints = self.commits is not None and \
             threading.current_thread() is threading.main_thread()
@@ -258,6 +274,8 @@ class Monitor:
                                    timeout=min(5.0, self.watchdog / 2))
         if not ready and time.monotonic() - self.last_progress > self.watchdog:
             line, stuck = describe_stall(self, self.watchdog)
+            first = {i: channel.members[0] for channel in self.channels for i in channel.members}
+            stuck = sorted({first[i] for i in stuck})  # a worker of packed nodes: once
             stacks = dump_stacks([(child_name(self.who[i]), self.processes[i].pid,
                                    stack_file(self.folder, self.who[i])) for i in stuck])
             raise RankFailed("watchdog", line, stacks, False)
@@ -267,28 +285,41 @@ class Monitor:
                 while alive and obj.poll():  # drain: one simulator pass per batch
                     alive = self.read(obj)
                 if not alive:
-                    i = open_conns.pop(obj)
-                    if self.processes[i] is None:  # a remote rank: its connection is its life
-                        self._check_exit(i, open_conns)
+                    channel = open_conns.pop(obj)
+                    if self.processes[channel.members[0]] is None:  # a remote rank: its
+                        self._check_exit(channel, open_conns)  # connection is its life
         self.raise_first_error()
         self.simulate()
         self.emit()
         self.release_stalled_verdicts()
+        self.flush_outboxes()
         for obj in ready:
             if obj in sentinels:
                 self._check_exit(sentinels.pop(obj), open_conns)
 
-    def _check_exit(self, i, open_conns):
-        """Child i exited: drain what it said, then fail unless it had finished."""
-        conn = self.conns[i]
+    def flush_outboxes(self):
+        for channel in self.channels:
+            if channel.outbox is not None:
+                try:
+                    channel.outbox.flush()
+                except OSError:
+                    pass  # the worker died; its sentinel says so
+
+    def _check_exit(self, channel, open_conns):
+        """A child exited: drain what it said, then fail unless it had finished."""
+        conn = channel.conn
         while conn in open_conns and conn.poll() and self.read(conn):
             pass
         self.raise_first_error()
-        finished = self.results[i] is not None if i < self.job.nodes else self.finished()
+        finished = all(self.results[i] is not None if i < self.job.nodes else self.finished()
+                       for i in channel.members)
+        i = channel.members[0]
         if not finished and self.processes[i] is None:
             raise RankFailed(self.who[i], "lost the connection to it: its process died or "
                              "its machine stopped", "", False, self.hosts[i])
         if not finished:
             self.processes[i].join()
-            raise RankFailed(self.who[i], "process died with exit code "
+            who = self.who[i] if len(channel.members) == 1 else \
+                f"the worker of ranks {channel.members[0]}-{channel.members[-1]}"
+            raise RankFailed(who, "process died with exit code "
                              f"{self.processes[i].exitcode}", "", False)

@@ -60,6 +60,7 @@ def child_entry(who, target, args, conn, stack_path: str | None, forked: bool = 
         target(*args, conn)
     except BaseException as e:  # report, then exit: the launcher stops the other children
         code = 1
+        who = getattr(e, "failed_rank", who)  # a packed node (engine/packing.py)
         user_error = isinstance(e, ExoframeError)
         message = str(e) if user_error else f"{type(e).__name__}: {e}"
         if not forked and _launcher_gone(conn):

@@ -1,16 +1,20 @@
 """What one rank process does: join the group, build its clock and strategy, train."""
 from __future__ import annotations
 
+import copy
 import datetime
 import math
 import resource
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from .. import distributed
 from ..comm import Communicator
+from ..comm.exchange import TorchExchange
 from ..comm.faults import RankFaults
 from ..errors import ExoframeError
 from ..sim.clock import RankClock, RealClock
@@ -57,9 +61,19 @@ def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
             "fix the model, or train on anyway with --on-nonfinite continue.")
 
 
-def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device):
+@dataclass
+class PackedNode:
+    """A node that shares its worker process with others (engine/packing.py): how it
+    exchanges tensors, and its own CPU time."""
+    exchange: object  # comm.memory.MemoryExchange
+    timer: Callable[[], float]
+
+
+def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device, timer=None):
+    """timer: the compute timer (default: the thread's CPU time, or a GPU timer)."""
     sim = job.sim
-    timer = devices.gpu_timer(device) if device.type == "cuda" else time.thread_time
+    if timer is None:
+        timer = devices.gpu_timer(device) if device.type == "cuda" else time.thread_time
     if sim.real:
         return RealClock(rank, timer, sim.topology.algorithms, sim.algorithms, sim.topology)
     compute = ComputeClock(sim.compute, sim.stragglers.for_rank(rank, job.seed), timer)
@@ -74,27 +88,30 @@ def stop_after(port: PipeSimPort, rank: int, step: int) -> bool:
     return port.recv().stop
 
 
-def train(rank: int, job: Job, batches: Batches, conn):
+def train(rank: int, job: Job, batches: Batches, conn, packed: PackedNode | None = None):
     """batches: this rank's data, made by the launcher before the fork. Every rank inherits
-    the launcher's model through the fork, so all start identical.
+    the launcher's model through the fork (a packed node copies it), so all start identical.
 
     At evaluation steps the rank sends its model state (weights and buffers) with its step
     record; the launcher averages them and an evaluator process validates the average, so
     no rank waits for another outside the simulated network. With a target loss, every step
     is evaluated and the rank asks the launcher whether to stop (see engine/target.py)."""
-    torch.set_num_threads(job.threads)
-    rendezvous = conn.recv()
-    device = devices.for_rank(job.device, rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # NCCL's communicator and the default CUDA stream
-    p2p_group = join_group(rank, job.nodes, rendezvous, device)
+    if packed is None:
+        torch.set_num_threads(job.threads)
+        rendezvous = conn.recv()
+        device = devices.for_rank(job.device, rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL's communicator and the default CUDA stream
+        exchange = TorchExchange(p2p_group=join_group(rank, job.nodes, rendezvous, device))
+        model = job.model.to(device)
+    else:
+        device, exchange, model = torch.device("cpu"), packed.exchange, copy.deepcopy(job.model)
     torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
-    model = job.model.to(device)
     port = PipeSimPort(conn, rank)
-    clock = make_clock(rank, job, port, device)
+    clock = make_clock(rank, job, port, device, packed.timer if packed else None)
     faults = RankFaults(rank, job.faults.plan(job.nodes, job.seed), job.strategy_name,
                         job.strategy_cls.survives_failures) if job.faults.active else None
-    comm = Communicator(rank, job.nodes, clock, p2p_group=p2p_group, faults=faults)
+    comm = Communicator(rank, job.nodes, clock, faults=faults, exchange=exchange)
     comm.remote.declared = job.strategy_cls.remote_calls
     distributed.bind(comm)
     strategy = job.strategy_cls(model, comm, job.optimizer, job.strategy_params, seed=job.seed,

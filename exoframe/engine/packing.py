@@ -1,0 +1,273 @@
+"""Many simulated nodes per worker process: each node is a greenlet running the same rank
+code (rank.py's train) with its own model, optimizer, strategy, data and simulated clock;
+the process's hub resumes them in turn.
+
+Why greenlets: a node gives way only where it waits (for the simulator, a verdict, an
+exchange's parts), so nodes step one after another as a plain loop over N models would
+(benchmarks/node_packing.py: ×1.00 of that loop; threads handing a baton ×1.8, free threads
+×3–7.5 on 2 cores), and no process per node, no gloo full mesh: 1024 nodes fit one machine.
+
+What a node holds of the process's globals is swapped in and out with it: torch's and
+Python's random generators (dropout, a user's random draws), and the rank that
+exoframe.distributed serves. Its compute, under `--compute measured`, is the CPU time of the
+process's thread while it runs (its `timer`), not the process's.
+
+The hub talks to the launcher over one pipe, messages for many nodes bundled per round
+(Bundle, NodeMessage), and to the other workers over a pipe per pair (comm/memory.py's
+Contributions). One thread sends everything, so that a worker never blocks in a send while
+its peer blocks in one to it.
+"""
+from __future__ import annotations
+
+import multiprocessing.connection
+import os
+import queue
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+from greenlet import greenlet
+
+from .. import distributed
+from ..comm.memory import Contribution, MemoryExchange, Pack
+from .messages import StepDone
+
+# A process per node up to this many nodes per core (forked ranks start in well under a
+# second each and train in parallel); above it, nodes are packed, a worker per core.
+PROCESS_PER_NODE_UP_TO = 4
+
+
+def nodes_per_process(nodes: int, asked: int | None, cores: int | None = None) -> int:
+    """asked: the user's --nodes-per-process (None: chosen from the node count and cores)."""
+    if asked is not None:
+        return min(asked, nodes)
+    cores = cores or os.cpu_count() or 1
+    if nodes <= PROCESS_PER_NODE_UP_TO * cores:
+        return 1
+    return -(-nodes // cores)
+
+
+def packed(nodes: int, per_process: int) -> list[list[int]]:
+    """The ranks of each worker process: consecutive, per_process each (the last fewer)."""
+    return [list(range(start, min(start + per_process, nodes)))
+            for start in range(0, nodes, per_process)]
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """Messages sent together over one pipe (one write per round of the hub or the monitor)."""
+    messages: tuple
+
+
+@dataclass(frozen=True)
+class NodeMessage:
+    """A message from the launcher for one node of a worker."""
+    rank: int
+    message: object
+
+
+class Outbox:
+    """Messages for one pipe, sent as one Bundle at flush()."""
+
+    def __init__(self, conn, send=None):
+        self.conn, self.pending = conn, []
+        self._send = send or conn.send
+
+    def flush(self):
+        if self.pending:
+            bundle, self.pending = Bundle(tuple(self.pending)), []
+            self._send(bundle)
+
+
+class NodeLink:
+    """The launcher's connection to one packed node: what it sends goes into the worker's
+    outbox (the monitor flushes it)."""
+
+    def __init__(self, outbox: Outbox, rank: int):
+        self.outbox, self.rank = outbox, rank
+
+    def send(self, message):
+        self.outbox.pending.append(NodeMessage(self.rank, message))
+
+    def close(self):
+        pass
+
+
+class Node:
+    """One simulated node of a worker: its greenlet and what it keeps of the globals."""
+
+    def __init__(self, rank: int, run, hub: "Hub"):
+        """run(node): the node's life."""
+        self.rank, self.hub = rank, hub
+        self.glet = greenlet(lambda: run(self), parent=hub.main)
+        self.inbox: deque = deque()
+        self.ready = None  # while it waits: what must hold for it to go on
+        self.cpu, self.resumed_at = 0.0, None
+        # A node starts from the process's state, as a forked rank from the launcher's.
+        self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
+        self.bound = None  # its Communicator, for exoframe.distributed
+
+    def timer(self) -> float:
+        """The CPU time this node has run (its compute under --compute measured)."""
+        running = time.thread_time() - self.resumed_at if self.resumed_at is not None else 0.0
+        return self.cpu + running
+
+
+class NodeConn:
+    """A node's side of its connection to the launcher (as a rank's pipe: send, recv, poll)."""
+
+    def __init__(self, node: Node):
+        self.node = node
+
+    def send(self, message):
+        self.node.hub.launcher.pending.append(message)
+        if isinstance(message, StepDone):
+            # A node gives way at each step end, so that the nodes step in lockstep, as a
+            # plain loop over N models does, and the launcher's rows fill in step order.
+            self.node.hub.block(lambda: True, give_way=True)
+
+    def recv(self):
+        inbox = self.node.inbox
+        self.node.hub.block(lambda: bool(inbox))
+        return inbox.popleft()
+
+    def poll(self, timeout=0) -> bool:
+        return bool(self.node.inbox)
+
+
+class Sender(threading.Thread):
+    """Sends every outgoing bundle in order, off the hub's thread."""
+
+    def __init__(self):
+        super().__init__(daemon=True, name="exoframe-sender")
+        self.queue: queue.Queue = queue.Queue()
+        self.error = None
+
+    def run(self):
+        while (item := self.queue.get()) is not None:
+            conn, message = item
+            try:
+                conn.send(message)
+            except OSError as e:  # the peer is gone: the launcher reports why
+                self.error = e
+
+    def sender_for(self, conn):
+        return lambda message: self.queue.put((conn, message))
+
+    def close(self):
+        self.queue.put(None)
+        self.join()
+
+
+class Hub:
+    """Runs a worker's nodes until all are done: resumes every node that can go on, sends
+    what they said, reads what came, and again."""
+
+    def __init__(self, conn, peers: dict, index: int, home: list):
+        """conn: the pipe to the launcher; peers: worker index -> pipe to it."""
+        self.main = greenlet.getcurrent()
+        self.sender = Sender()
+        self.sender.start()
+        self.launcher = Outbox(conn, self.sender.sender_for(conn))
+        self.peers = {i: Outbox(c, self.sender.sender_for(c)) for i, c in peers.items()}
+        self.reading = [conn, *peers.values()]
+        self.pack = Pack(home, index, self.post, self.block)
+        self.nodes: dict[int, Node] = {}
+        self.current: Node | None = None
+
+    def post(self, process: int, message: Contribution):
+        self.peers[process].pending.append(message)
+
+    def add(self, rank: int, run):
+        """run(node): what the node does, in its greenlet."""
+        self.nodes[rank] = Node(rank, run, self)
+
+    def block(self, ready, give_way: bool = False):
+        """Called by a node: give way until ready() holds (give_way: even if it does)."""
+        if ready() and not give_way:
+            return
+        node = self.current
+        node.ready = ready
+        self.main.switch()
+
+    def run(self):
+        try:
+            while self.nodes:
+                ran = self._run_ready()
+                self._flush()
+                self._receive(block=not ran)
+        finally:
+            self._flush()
+            self.sender.close()
+
+    def _run_ready(self) -> bool:
+        ran = False
+        for node in list(self.nodes.values()):
+            if node.ready is None or node.ready():
+                node.ready = None
+                self._resume(node)
+                ran = True
+        return ran
+
+    def _resume(self, node: Node):
+        self.current = node
+        torch.set_rng_state(node.torch_rng)
+        random.setstate(node.python_rng)
+        distributed.bind(node.bound)
+        node.resumed_at = time.thread_time()
+        try:
+            node.glet.switch()
+        except BaseException as e:
+            e.failed_rank = node.rank  # (processes.child_entry names it)
+            raise
+        finally:
+            node.cpu += time.thread_time() - node.resumed_at
+            node.resumed_at = None
+            self.current = None
+        node.torch_rng, node.python_rng = torch.get_rng_state(), random.getstate()
+        node.bound = distributed.current()
+        if node.glet.dead:
+            del self.nodes[node.rank]
+
+    def _flush(self):
+        self.launcher.flush()
+        for outbox in self.peers.values():
+            outbox.flush()
+
+    def _receive(self, block: bool):
+        ready = multiprocessing.connection.wait(self.reading, timeout=None if block else 0)
+        for conn in ready:
+            while conn.poll():
+                try:
+                    bundle = conn.recv()
+                except EOFError:
+                    if conn is self.launcher.conn:
+                        raise
+                    self.reading.remove(conn)  # a peer whose nodes are all done
+                    break
+                for message in bundle.messages:
+                    if isinstance(message, NodeMessage):
+                        self.nodes[message.rank].inbox.append(message.message)
+                    else:
+                        self.pack.receive(message)
+
+
+def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: dict,
+              others: list, conn):
+    """A worker process: train `ranks` as nodes of one hub (see train in rank.py). peers:
+    worker index -> the pipe to it; others: the ends of other workers' pipes, inherited
+    through the fork and closed here (so that a worker gone is seen as gone)."""
+    from .rank import PackedNode, train
+
+    for end in others:
+        end.close()
+    torch.set_num_threads(job.threads)
+    hub = Hub(conn, peers, index, home)
+    for rank in ranks:
+        hub.add(rank, lambda node: train(
+            node.rank, job, batches[node.rank], NodeConn(node),
+            PackedNode(MemoryExchange(node.rank, hub.pack), node.timer)))
+    hub.run()

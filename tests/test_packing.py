@@ -1,0 +1,174 @@
+"""Many nodes per worker process (engine/packing.py): the packing changes nothing a run
+computes, each node is charged its own compute, and a failing node stops the run."""
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import exoframe
+from exoframe import testing
+from exoframe.comm.memory import Gather, reduce_in_rank_order
+from exoframe.config import RunConfig
+from exoframe.engine import execute, job_from_config
+from exoframe.engine.launcher import RankFailed
+from exoframe.engine.packing import nodes_per_process, packed
+from exoframe.errors import ExoframeError
+
+
+def run(strategy, params, packing, nodes=16, steps=6, **fit):
+    return testing.run(strategy, params, nodes=nodes, steps=steps, net="wan-100mbps",
+                       compute="fixed:10ms", nodes_per_process=packing, eval_every=3, **fit)
+
+
+def simulated_clocks(said: dict) -> list:
+    """The run's simulated clock and each rank's (fixed compute: the network model's output)."""
+    return [said["simulated_seconds"], *(r["simulated_seconds"] for r in said["per_rank"])]
+
+
+@pytest.mark.parametrize("strategy,params", [("ddp", {}), ("diloco", {"H": 2}),
+                                             ("gossip", {})])
+def test_a_run_is_the_same_whatever_the_packing(strategy, params):
+    """1 node per process (16 workers), 16 per process (one), and uneven (5, 5, 5, 1): the
+    same metrics, weights and simulated clocks, bit for bit; and the same, up to the order
+    of floating-point sums, as a process per node exchanging through gloo."""
+    runs = {packing: run(strategy, params, packing) for packing in (1, 16, 5, None)}
+    alone = runs[1]
+    for packing in (16, 5):
+        assert runs[packing].metrics == alone.metrics
+        assert testing.max_difference(runs[packing], alone) == 0
+        assert simulated_clocks(runs[packing].summary) == simulated_clocks(alone.summary)
+        assert runs[packing].summary["bytes_sent_per_node"] == alone.summary["bytes_sent_per_node"]
+    gloo = runs[None]
+    assert simulated_clocks(gloo.summary) == simulated_clocks(alone.summary)
+    assert [r["loss"] for r in gloo.metrics] == pytest.approx([r["loss"] for r in alone.metrics],
+                                                             rel=1e-5)
+    assert testing.max_difference(gloo, alone) < 1e-5
+
+
+def test_reductions_add_in_rank_order():
+    """A sum of float32 parts whose value depends on the order: rank order, as a loop does."""
+    parts = [torch.tensor([1e8]), torch.tensor([1.0]), torch.tensor([-1e8]), torch.tensor([1.0])]
+    gather = Gather(1)
+    gather.parts = dict(enumerate(parts))
+    expected = torch.tensor([0.0])
+    for part in parts:
+        expected += part
+    assert reduce_in_rank_order(gather, (0, 1, 2, 3), parts[0], "sum").item() == expected.item()
+    assert expected.item() == 1.0  # (1e8 + 1 rounds to 1e8 in float32)
+
+
+class Unequal(exoframe.Strategy):
+    """Rank r spends (r + 1) × 30 ms of its thread's CPU time in each step."""
+
+    @dataclass
+    class Params:
+        pass
+
+    def step(self):
+        end = time.thread_time() + 0.03 * (self.rank + 1)
+        while time.thread_time() < end:
+            pass
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+
+def test_measured_compute_is_each_nodes_own_time():
+    """Four nodes in one process, computing 30, 60, 90 and 120 ms a step: each is charged
+    at least its own work and not the others' (CPU time: a busy machine changes nothing)."""
+    result = testing.run(Unequal, {}, nodes=4, steps=3, compute="measured",
+                         nodes_per_process=4)
+    compute = [r["compute_seconds"] for r in result.summary["per_rank"]]
+    for rank, seconds in enumerate(compute):
+        assert seconds >= 3 * 0.03 * (rank + 1)
+    assert compute[0] < 3 * 0.06  # less than rank 1's work alone: nobody else's counted
+    assert compute[3] < sum(compute[:3])
+
+
+class FailsOnRankTwo(exoframe.Strategy):
+    @dataclass
+    class Params:
+        pass
+
+    def step(self):
+        if self.rank == 2 and self.step_num == 2:
+            raise RuntimeError("rank two broke")
+        self.comm.all_reduce(torch.zeros(3))
+        self.optimizer.step()
+
+
+def test_a_failing_node_stops_the_run_naming_its_rank():
+    config = RunConfig(workload="mlp", nodes=6, steps=5, compute="fixed:1ms",
+                       nodes_per_process=3).validate()
+    job = job_from_config(config)
+    job.strategy_cls, job.strategy_params = FailsOnRankTwo, FailsOnRankTwo.Params()
+    with pytest.raises(RankFailed, match="rank 2: RuntimeError: rank two broke") as failed:
+        execute(job)
+    assert "FailsOnRankTwo" in failed.value.details or "rank two broke" in failed.value.details
+    assert not [p for p in os.listdir("/proc") if p.isdigit()
+                and _parent(int(p)) == os.getpid() and _alive(int(p))]
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_packing_is_chosen_from_the_node_count_and_the_cores():
+    assert nodes_per_process(8, None, cores=2) == 1  # a process per node
+    assert nodes_per_process(9, None, cores=2) == 5  # a worker per core
+    assert nodes_per_process(1024, None, cores=2) == 512
+    assert nodes_per_process(1024, None, cores=16) == 64
+    assert nodes_per_process(4, 16, cores=2) == 4
+    assert packed(10, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"nodes_per_process": 0}, "nodes_per_process must be at least 1, got 0."),
+    ({"nodes_per_process": 2, "net": "real"}, "nodes_per_process: packed nodes run in turn"),
+])
+def test_bad_packing_is_one_clear_line(fields, message):
+    with pytest.raises(ExoframeError, match=message):
+        job_from_config(RunConfig(workload="mlp", nodes=4, **fields).validate())
+
+
+def test_a_packed_runs_trace_replays_as_a_packed_rerun():
+    """The trace of packed nodes replays through another network as a packed run on it."""
+    from exoframe.engine.replay import replay_trace
+    from exoframe.plugins import get_plugin_manager
+    from exoframe.sim import resolve_sim
+
+    runs = {net: testing.run("diloco", {"H": 2}, nodes=8, steps=4, net=net,
+                             compute="fixed:10ms", nodes_per_process=3)
+            for net in ("wan-10mbps", "geo-2dc")}
+    replayed = replay_trace(runs["wan-10mbps"].trace,
+                            resolve_sim("geo-2dc", "measured", "", 8, get_plugin_manager()))
+    rerun = runs["geo-2dc"]
+    assert [r["simulated_seconds"] for r in replayed["per_rank"]] == \
+        pytest.approx([r["simulated_seconds"] for r in rerun.summary["per_rank"]], rel=1e-9)
+    assert rerun.summary["simulated_seconds"] != runs["wan-10mbps"].summary["simulated_seconds"]
+
+
+def test_the_cli_takes_the_packing_and_records_it(tmp_path, capsys):
+    from exoframe.cli import main
+
+    main(["run", "--workload", "mlp", "--strategy", "diloco", "-p", "H=2", "--nodes", "6",
+          "--steps", "4", "--compute", "fixed:10ms", "--nodes-per-process", "4",
+          "--no-progress", "--out", str(tmp_path)])
+    [folder] = tmp_path.glob("*")
+    said = json.loads((folder / "summary.json").read_text())
+    assert len(said["per_rank"]) == 6
+    assert "nodes_per_process: 4" in (folder / "config.yaml").read_text()
