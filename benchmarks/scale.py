@@ -2,7 +2,12 @@
 of `exoframe run --workload mlp --strategy fedavg --nodes N`, next to a plain
 single-process loop training N models one after another (the same compute).
 
-    python benchmarks/scale.py [--nodes 16,64,128] [--steps 20] [--strategy fedavg]
+    python benchmarks/scale.py [--nodes 64,256,1024] [--steps 20] [--strategy fedavg]
+                               [--nodes-per-process N]
+
+Past 8 nodes on 2 cores the run packs its nodes into a worker per core (engine/packing.py);
+--nodes-per-process sets the packing (N = the node count: one worker, the plain loop's
+single process).
 
 - start-up: summary.json's startup_seconds (the launch to the first finished step);
 - per step: (elapsed - startup) / (steps - 1), from the same summary;
@@ -46,13 +51,14 @@ class PeakMemory(threading.Thread):
             time.sleep(0.1)
 
 
-def exoframe_run(nodes: int, steps: int, strategy: str) -> dict:
+def exoframe_run(nodes: int, steps: int, strategy: str, per_process: int | None) -> dict:
     out = tempfile.mkdtemp(prefix="exoframe-scale-")
     memory = PeakMemory()
     memory.start()
     proc = subprocess.Popen([sys.executable, "-m", "exoframe", "run", "--workload", "mlp",
                              "--strategy", strategy, "--nodes", str(nodes), "--steps", str(steps),
-                             "--eval-every", str(steps), "--out", out],
+                             "--eval-every", str(steps), "--out", out,
+                             *(["--nodes-per-process", str(per_process)] if per_process else [])],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _, err = proc.communicate()
     memory.running = False
@@ -78,12 +84,13 @@ def plain_loop(nodes: int, steps: int) -> float:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--nodes", default="16,64,128")
+    parser.add_argument("--nodes", default="64,256,1024")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--strategy", default="fedavg")
+    parser.add_argument("--nodes-per-process", type=int)
     options = parser.parse_args()
     for nodes in map(int, options.nodes.split(",")):
-        run = exoframe_run(nodes, options.steps, options.strategy)
+        run = exoframe_run(nodes, options.steps, options.strategy, options.nodes_per_process)
         plain = plain_loop(nodes, options.steps)
         if "failed" in run:
             print(f"N={nodes}: failed ({run['failed']}), peak memory {run['peak_gb']:.1f} GB; "

@@ -33,7 +33,7 @@ class RunConfig:
     strategy_params: dict = field(default_factory=dict)
     nodes: int = 2
     # Nodes sharing a worker process (engine/packing.py); unset: a process per node up to 4
-    # per core, else one worker per core.
+    # per core and 32 in all, else one worker per core.
     nodes_per_process: typing.Optional[int] = None
     steps: int = 300
     batch_size: typing.Optional[int] = None

@@ -132,6 +132,8 @@ def test_the_packing_is_chosen_from_the_node_count_and_the_cores():
     assert nodes_per_process(9, None, cores=2) == 5  # a worker per core
     assert nodes_per_process(1024, None, cores=2) == 512
     assert nodes_per_process(1024, None, cores=16) == 64
+    assert nodes_per_process(48, None, cores=16) == 3  # (a process per node up to 32)
+    assert nodes_per_process(1024, None, cores=256) == 16  # (at most 64 workers)
     assert nodes_per_process(4, 16, cores=2) == 4
     assert packed(10, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
@@ -139,10 +141,12 @@ def test_the_packing_is_chosen_from_the_node_count_and_the_cores():
 @pytest.mark.parametrize("fields,message", [
     ({"nodes_per_process": 0}, "nodes_per_process must be at least 1, got 0."),
     ({"nodes_per_process": 2, "net": "real"}, "nodes_per_process: packed nodes run in turn"),
+    ({"nodes_per_process": 1, "nodes": 100}, "nodes_per_process: 100 nodes at 1 per process "
+                                             "make more than 64 workers.*give at least 2,"),
 ])
 def test_bad_packing_is_one_clear_line(fields, message):
     with pytest.raises(ExoframeError, match=message):
-        job_from_config(RunConfig(workload="mlp", nodes=4, **fields).validate())
+        job_from_config(RunConfig(workload="mlp", **{"nodes": 4, **fields}).validate())
 
 
 def test_a_packed_runs_trace_replays_as_a_packed_rerun():

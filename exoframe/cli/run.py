@@ -15,7 +15,7 @@ from .options import progress_mode, progress_options, sink_items, check_out_fold
 @click.option("--nodes", type=int, help="Number of simulated nodes. [2]")
 @click.option("--nodes-per-process", type=int, help="Nodes sharing a worker process, "
               "stepping in turn and exchanging in memory (CPU only). [a process per node up "
-              "to 4 per core, else a worker per core]")
+              "to 4 per core and 32 in all, else a worker per core]")
 @click.option("--steps", type=int, help="Training steps per rank. [300]")
 @click.option("--workload", help="Built-in workload name or package.module:function. [gpt]")
 @click.option("--seed", type=int, help="Seed for model init, data order and strategy masks. [0]")

@@ -42,8 +42,9 @@ class Gather:
         self.result = None
         self.consumers = consumers  # local nodes still to take the result
 
-    def has(self, ranks) -> bool:
-        return all(r in self.parts for r in ranks)
+    def has(self, needed: int | None, world_size: int) -> bool:
+        """needed: the one rank whose part is needed (None: every rank's)."""
+        return len(self.parts) == world_size if needed is None else needed in self.parts
 
     def part(self, rank: int, like: torch.Tensor) -> torch.Tensor:
         part = self.parts[rank]
@@ -83,11 +84,11 @@ class Pack:
         for rank, data in message.parts:
             gather.parts[rank] = data
 
-    def take(self, key: tuple, needed, compute):
-        """Wait until the parts of `needed` ranks are here; the result, computed once by
-        compute(gather), for one local node."""
-        gather = self.gather(key)
-        self.block(lambda: gather.has(needed))
+    def take(self, key: tuple, needed: int | None, compute):
+        """Wait until the part of rank `needed` (None: of every rank) is here; the result,
+        computed once by compute(gather), for one local node."""
+        gather, world_size = self.gather(key), len(self.home)
+        self.block(lambda: gather.has(needed, world_size))
         if gather.result is None:
             gather.result = compute(gather)
         gather.consumers -= 1
@@ -150,7 +151,7 @@ class MemoryExchange:
         key = self._collective(tensor)
 
         def wait():
-            total = self.pack.take(key, self.world,
+            total = self.pack.take(key, None,
                                    lambda g: reduce_in_rank_order(g, self.world, tensor, op))
             with torch.no_grad():
                 tensor.copy_(total)
@@ -160,7 +161,7 @@ class MemoryExchange:
         key = self._collective(tensor, contributes=self.rank == src)
 
         def wait():
-            value = self.pack.take(key, (src,), lambda g: g.part(src, tensor))
+            value = self.pack.take(key, src, lambda g: g.part(src, tensor))
             if self.rank != src:
                 with torch.no_grad():
                     tensor.copy_(value)
@@ -170,7 +171,7 @@ class MemoryExchange:
         key = self._collective(input)
 
         def wait():
-            gathered = self.pack.take(key, self.world, lambda g: torch.cat(
+            gathered = self.pack.take(key, None, lambda g: torch.cat(
                 [g.part(r, input).reshape(-1) for r in self.world]))
             with torch.no_grad():
                 output.copy_(gathered.view(output.shape))
@@ -180,7 +181,7 @@ class MemoryExchange:
         key = self._collective(input)
 
         def wait():
-            total = self.pack.take(key, self.world,
+            total = self.pack.take(key, None,
                                    lambda g: reduce_in_rank_order(g, self.world, input, op))
             chunk = output.numel()
             with torch.no_grad():
@@ -207,7 +208,7 @@ class MemoryExchange:
         key = self._transfer_key(src, self.rank)
 
         def wait():
-            value = self.pack.take(key, (src,), lambda g: g.part(src, tensor))
+            value = self.pack.take(key, src, lambda g: g.part(src, tensor))
             with torch.no_grad():
                 tensor.copy_(value)
         return MemoryWork(wait)

@@ -20,7 +20,7 @@ from ..sinks import sink_spec
 from ..strategies.base import OptimizerSpec, Strategy
 from ..workloads.base import DatasetFactory, Workload, call_with_params
 from . import devices
-from .packing import nodes_per_process
+from .packing import MAX_WORKERS, nodes_per_process
 from .target import LAG
 
 
@@ -166,6 +166,11 @@ def resolve_packing(config: RunConfig, sim: SimSetup) -> Optional[int]:
         automatic = per_process > 1 and devices.resolve(config.device) == "cpu" \
             and not sim.real and not torchrun
         return per_process if automatic else None
+    if -(-config.nodes // per_process) > MAX_WORKERS:
+        raise ExoframeError(f"nodes_per_process: {config.nodes} nodes at {per_process} per "
+                            f"process make more than {MAX_WORKERS} workers, each with a pipe "
+                            "to every other; give at least "
+                            f"{-(-config.nodes // MAX_WORKERS)}, or leave it unset.")
     if devices.resolve(config.device) != "cpu":
         raise ExoframeError("nodes_per_process: nodes share a process on the CPU only; drop "
                             "it (a process per node on the GPU) or use --device cpu.")

@@ -20,6 +20,7 @@ its peer blocks in one to it.
 from __future__ import annotations
 
 import multiprocessing.connection
+from multiprocessing.reduction import ForkingPickler
 import os
 import queue
 import random
@@ -35,9 +36,13 @@ from .. import distributed
 from ..comm.memory import Contribution, MemoryExchange, Pack
 from .messages import StepDone
 
-# A process per node up to this many nodes per core (forked ranks start in well under a
-# second each and train in parallel); above it, nodes are packed, a worker per core.
-PROCESS_PER_NODE_UP_TO = 4
+# A process per node up to this many nodes per core, and this many in all (forked ranks
+# start in well under a second each and train in parallel; a gloo group is a full mesh);
+# above it, nodes are packed, a worker per core.
+PROCESS_PER_NODE_PER_CORE = 4
+PROCESS_PER_NODE_UP_TO = 32
+# Workers talk over a pipe per pair: this many at most.
+MAX_WORKERS = 64
 
 
 def nodes_per_process(nodes: int, asked: int | None, cores: int | None = None) -> int:
@@ -45,9 +50,9 @@ def nodes_per_process(nodes: int, asked: int | None, cores: int | None = None) -
     if asked is not None:
         return min(asked, nodes)
     cores = cores or os.cpu_count() or 1
-    if nodes <= PROCESS_PER_NODE_UP_TO * cores:
+    if nodes <= min(PROCESS_PER_NODE_PER_CORE * cores, PROCESS_PER_NODE_UP_TO):
         return 1
-    return -(-nodes // cores)
+    return -(-nodes // min(cores, MAX_WORKERS))
 
 
 def packed(nodes: int, per_process: int) -> list[list[int]]:
@@ -139,23 +144,23 @@ class NodeConn:
 
 
 class Sender(threading.Thread):
-    """Sends every outgoing bundle in order, off the hub's thread."""
+    """Writes every outgoing bundle in order, off the hub's thread. A bundle is pickled by
+    the hub when flushed (a node may change its objects once it runs again)."""
 
     def __init__(self):
         super().__init__(daemon=True, name="exoframe-sender")
         self.queue: queue.Queue = queue.Queue()
-        self.error = None
 
     def run(self):
         while (item := self.queue.get()) is not None:
-            conn, message = item
+            conn, data = item
             try:
-                conn.send(message)
-            except OSError as e:  # the peer is gone: the launcher reports why
-                self.error = e
+                conn.send_bytes(data)
+            except OSError:
+                pass  # the peer is gone: the launcher reports why
 
     def sender_for(self, conn):
-        return lambda message: self.queue.put((conn, message))
+        return lambda message: self.queue.put((conn, ForkingPickler.dumps(message)))
 
     def close(self):
         self.queue.put(None)
