@@ -436,19 +436,30 @@ STUCK = textwrap.dedent('''
 ''')
 
 
-def test_a_stuck_rank_is_named_by_the_watchdog(cli):
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_stuck_rank_is_named_by_the_watchdog(cli, packed):
     write_plugin(cli.cwd, "stuck-plugin", "stuck", STUCK)
     proc = cli("run", "--strategy", "stuck", "--nodes", "3", "--steps", "10", *MLP,
-               "--hang-timeout", "2")
+               "--hang-timeout", "2", *(["--nodes-per-process", "3"] if packed else []))
     assert proc.returncode == 1, proc.stderr_text
     assert "Traceback" not in proc.stderr_text
     line = last_line(proc)
-    assert line.startswith("error: watchdog: no progress for 2 s: rank 2 made no progress; "
-                           "rank 0 waits for "), line
+    # A node that never gives way holds up the nodes of its worker, whose requests wait
+    # for the end of the worker's round: all made no progress.
+    stalled = "rank 0, rank 1, rank 2 made no progress." if packed else \
+        "rank 2 made no progress; rank 0 waits for "
+    assert line.startswith(f"error: watchdog: no progress for 2 s: {stalled}"), line
     # The stuck rank's Python stack, where it sleeps: the line of stuck.py that hangs.
-    stack = proc.stderr_text.split("Python stack of rank 2 (faulthandler):\n")[1]
-    assert 'stuck.py", line 10 in step' in stack.split("\n\n")[0], proc.stderr_text
-    assert "Python stack of rank 0" not in proc.stderr_text  # it waits, it is not stuck
+    if packed:  # the worker's: each node's stack, and which one runs
+        stack = proc.stderr_text.split("Python stack of the worker of ranks 0-2 "
+                                       "(faulthandler):\n")[1]
+        stuck = stack.split("rank 2 (running):\n")[1]
+        assert 'stuck.py", line 10, in step' in stuck, proc.stderr_text
+        assert "rank 0 (waiting):" in stack
+    else:
+        stack = proc.stderr_text.split("Python stack of rank 2 (faulthandler):\n")[1]
+        assert 'stuck.py", line 10 in step' in stack.split("\n\n")[0], proc.stderr_text
+        assert "Python stack of rank 0" not in proc.stderr_text  # it waits, it is not stuck
     assert cli.leftovers() == []
     assert summary(cli)["status"] == "failed"
 

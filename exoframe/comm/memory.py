@@ -4,10 +4,14 @@ over the pipes the launcher made between every pair of workers.
 
 Every exchange has a key that every node names alike: ("c", n) for a node's n-th collective
 (every node makes the same collectives in the same order; the simulator checks it),
-("p", src, dst, n) for the n-th transfer from src to dst. Each process gathers the parts of
-an exchange (one per rank that contributes) and computes its result once, from every part,
-in rank order: a reduction adds rank 0's part, then rank 1's, ..., so the result does not
-depend on how the nodes are packed into processes (gloo's ring adds in another order).
+("p", src, dst, n) for the n-th transfer from src to dst. A process gathers the parts of an
+exchange that it needs and computes the result once for its nodes.
+
+A reduction adds the parts in rank order: rank 0's, then rank 1's, ... Workers hold
+consecutive ranks, so they fold in a chain: worker 0 folds its nodes' parts and sends the
+partial result to worker 1, which goes on with its own, and so on; the last worker sends the
+result to all. Every packing thus makes the same additions in the same order, and gives the
+same bits (gloo's ring adds in another order), with one tensor-sized message per worker.
 """
 from __future__ import annotations
 
@@ -23,6 +27,15 @@ class Contribution:
     parts: tuple
 
 
+@dataclass(frozen=True)
+class Folded:
+    """A reduction folded in rank order through some rank, for the next worker (total:
+    through the last rank, the result, from the last worker to every other)."""
+    key: tuple
+    data: bytes
+    total: bool
+
+
 def to_bytes(tensor: torch.Tensor) -> bytes:
     flat = tensor.detach().contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
@@ -34,6 +47,21 @@ def from_bytes(data: bytes, like: torch.Tensor) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(like.dtype).view(like.shape)
 
 
+_COMBINE = {"sum": torch.Tensor.add_, "max": lambda a, b: torch.maximum(a, b, out=a),
+            "min": lambda a, b: torch.minimum(a, b, out=a)}
+
+
+def fold(total: torch.Tensor | None, parts, op: str) -> torch.Tensor:
+    """Combine `parts` into `total` one after another (None: start from the first part)."""
+    combine = _COMBINE[op]
+    parts = iter(parts)
+    if total is None:
+        total = next(parts).detach().clone()
+    for part in parts:
+        combine(total, part)
+    return total
+
+
 class Gather:
     """The parts of one exchange that reached this process, and its result once computed."""
 
@@ -41,10 +69,8 @@ class Gather:
         self.parts: dict = {}  # rank -> tensor (a local node's) or bytes (another process's)
         self.result = None
         self.consumers = consumers  # local nodes still to take the result
-
-    def has(self, needed: int | None, world_size: int) -> bool:
-        """needed: the one rank whose part is needed (None: every rank's)."""
-        return len(self.parts) == world_size if needed is None else needed in self.parts
+        self.op = self.like = None  # a reduction's, once a local node has contributed
+        self.folded = None  # a reduction: the previous worker's Folded data
 
     def part(self, rank: int, like: torch.Tensor) -> torch.Tensor:
         part = self.parts[rank]
@@ -54,14 +80,19 @@ class Gather:
 class Pack:
     """The exchanges of one worker process's nodes.
 
-    home[rank]: the index of the process that holds it; post(process, Contribution): send
-    to another process (the hub's outbox); block(ready): let the process's other nodes run
-    until ready() holds."""
+    home[rank]: the index of the process that holds it (consecutive ranks per process, in
+    process order); post(process, message): send to another process (the hub's outbox);
+    block(ready): let the process's other nodes run until ready() holds; off_clock(): a
+    context whose time is not the current node's compute."""
 
-    def __init__(self, home: list, index: int, post, block):
+    def __init__(self, home: list, index: int, post, block, off_clock):
+        if list(home) != sorted(home):
+            raise ValueError("workers must hold consecutive ranks, in order")
         self.home, self.index, self.post, self.block = home, index, post, block
+        self.off_clock = off_clock
         self.local = [r for r, p in enumerate(home) if p == index]
         self.others = sorted(set(home) - {index})
+        self.last = index == max(home)
         self.gathers: dict[tuple, Gather] = {}
 
     def gather(self, key: tuple) -> Gather:
@@ -75,22 +106,58 @@ class Pack:
         the result before touching it) and sent to the processes `to`."""
         self.gather(key).parts[rank] = tensor
         if to:
+            self.send_part(to, key, rank, tensor)
+
+    def send_part(self, to, key: tuple, rank: int, tensor: torch.Tensor):
+        """Send rank's part of exchange `key` to the processes `to` (and keep it not)."""
+        with self.off_clock():
             message = Contribution(key, ((rank, to_bytes(tensor)),))
-            for process in to:
-                self.post(process, message)
+        for process in to:
+            self.post(process, message)
 
-    def receive(self, message: Contribution):
+    def reduce(self, key: tuple, rank: int, tensor: torch.Tensor, op: str):
+        """Rank's part of a reduction: folded once every local part is here and the
+        previous worker's fold has come."""
+        gather = self.gather(key)
+        gather.parts[rank], gather.op, gather.like = tensor, op, tensor
+        with self.off_clock():
+            self._fold_if_ready(key, gather)
+
+    def receive(self, message: Contribution | Folded):
         gather = self.gather(message.key)
-        for rank, data in message.parts:
-            gather.parts[rank] = data
+        if isinstance(message, Contribution):
+            for rank, data in message.parts:
+                gather.parts[rank] = data
+        elif message.total:
+            gather.result = message.data
+        else:
+            gather.folded = message.data
+            self._fold_if_ready(message.key, gather)
 
-    def take(self, key: tuple, needed: int | None, compute):
-        """Wait until the part of rank `needed` (None: of every rank) is here; the result,
-        computed once by compute(gather), for one local node."""
-        gather, world_size = self.gather(key), len(self.home)
-        self.block(lambda: gather.has(needed, world_size))
-        if gather.result is None:
-            gather.result = compute(gather)
+    def _fold_if_ready(self, key: tuple, gather: Gather):
+        if len(gather.parts) < len(self.local) or (self.index > 0 and gather.folded is None):
+            return
+        start = None if self.index == 0 else from_bytes(gather.folded, gather.like)
+        total = fold(start, (gather.parts[r] for r in self.local), gather.op)
+        gather.parts.clear()
+        if self.last:
+            gather.result = total
+            message = Folded(key, to_bytes(total), total=True)
+            for process in self.others:
+                self.post(process, message)
+        else:
+            self.post(self.index + 1, Folded(key, to_bytes(total), total=False))
+
+    def take(self, key: tuple, ready, compute):
+        """Wait until ready(gather) holds; the result, computed once by compute(gather)
+        (outside the node's compute), for one local node."""
+        gather = self.gather(key)
+        self.block(lambda: ready(gather))
+        with self.off_clock():
+            if gather.result is None:
+                gather.result = compute(gather)
+            elif isinstance(gather.result, bytes):  # a reduction's, from the last worker
+                gather.result = from_bytes(gather.result, gather.like)
         gather.consumers -= 1
         if gather.consumers == 0:
             del self.gathers[key]
@@ -113,16 +180,16 @@ class MemoryWork:
         return self._done
 
 
-_COMBINE = {"sum": torch.Tensor.add_, "max": lambda a, b: torch.maximum(a, b, out=a),
-            "min": lambda a, b: torch.minimum(a, b, out=a)}
+def _has_every_part(world_size: int):
+    return lambda gather: len(gather.parts) == world_size
 
 
-def reduce_in_rank_order(gather: Gather, ranks, like: torch.Tensor, op: str) -> torch.Tensor:
-    combine = _COMBINE[op]
-    total = gather.part(ranks[0], like).clone()
-    for rank in ranks[1:]:
-        combine(total, gather.part(rank, like))
-    return total
+def _has_part_of(rank: int):
+    return lambda gather: rank in gather.parts
+
+
+def _has_result(gather: Gather) -> bool:
+    return gather.result is not None
 
 
 class MemoryExchange:
@@ -140,54 +207,51 @@ class MemoryExchange:
     def exchanges_host_memory(self, world_size: int, p2p: bool = False) -> bool:
         return True
 
-    def _collective(self, tensor: torch.Tensor, contributes: bool = True) -> tuple:
-        key = ("c", self._collectives)
+    def _next_collective(self) -> tuple:
         self._collectives += 1
-        if contributes:
-            self.pack.contribute(key, self.rank, tensor, self.pack.others)
+        return ("c", self._collectives - 1)
+
+    def _copy_into(self, tensor: torch.Tensor, value: torch.Tensor):
+        with self.pack.off_clock(), torch.no_grad():
+            tensor.copy_(value.view(tensor.shape))
+
+    def _reduction(self, tensor: torch.Tensor, op: str) -> tuple:
+        key = self._next_collective()
+        self.pack.reduce(key, self.rank, tensor, op)
         return key
 
     def all_reduce(self, tensor: torch.Tensor, op: str):
-        key = self._collective(tensor)
+        key = self._reduction(tensor, op)
+        return MemoryWork(lambda: self._copy_into(
+            tensor, self.pack.take(key, _has_result, None)))
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str):
+        key = self._reduction(input, op)
 
         def wait():
-            total = self.pack.take(key, None,
-                                   lambda g: reduce_in_rank_order(g, self.world, tensor, op))
-            with torch.no_grad():
-                tensor.copy_(total)
+            total, chunk = self.pack.take(key, _has_result, None), output.numel()
+            self._copy_into(output, total.reshape(-1)[self.rank * chunk:(self.rank + 1) * chunk])
         return MemoryWork(wait)
 
     def broadcast(self, tensor: torch.Tensor, src: int):
-        key = self._collective(tensor, contributes=self.rank == src)
+        key = self._next_collective()
+        if self.rank == src:
+            self.pack.contribute(key, src, tensor, self.pack.others)
 
         def wait():
-            value = self.pack.take(key, src, lambda g: g.part(src, tensor))
+            # (a copy: the source may change its tensor once its own wait returns)
+            value = self.pack.take(key, _has_part_of(src),
+                                   lambda g: g.part(src, tensor).detach().clone())
             if self.rank != src:
-                with torch.no_grad():
-                    tensor.copy_(value)
+                self._copy_into(tensor, value)
         return MemoryWork(wait)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor):
-        key = self._collective(input)
-
-        def wait():
-            gathered = self.pack.take(key, None, lambda g: torch.cat(
-                [g.part(r, input).reshape(-1) for r in self.world]))
-            with torch.no_grad():
-                output.copy_(gathered.view(output.shape))
-        return MemoryWork(wait)
-
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str):
-        key = self._collective(input)
-
-        def wait():
-            total = self.pack.take(key, None,
-                                   lambda g: reduce_in_rank_order(g, self.world, input, op))
-            chunk = output.numel()
-            with torch.no_grad():
-                output.copy_(total.reshape(-1)[self.rank * chunk:(self.rank + 1) * chunk]
-                             .view(output.shape))
-        return MemoryWork(wait)
+        key = self._next_collective()
+        self.pack.contribute(key, self.rank, input, self.pack.others)
+        return MemoryWork(lambda: self._copy_into(output, self.pack.take(
+            key, _has_every_part(len(self.world)),
+            lambda g: torch.cat([g.part(r, input).reshape(-1) for r in self.world]))))
 
     def _transfer_key(self, src: int, dst: int) -> tuple:
         count = self._transfers.get((src, dst), 0)
@@ -199,16 +263,14 @@ class MemoryExchange:
         key = self._transfer_key(self.rank, dst)
         home = self.pack.home[dst]
         if home == self.pack.index:
-            self.pack.contribute(key, self.rank, tensor.detach().clone(), ())
+            with self.pack.off_clock():
+                copy = tensor.detach().clone()
+            self.pack.contribute(key, self.rank, copy, ())
         else:
-            self.pack.post(home, Contribution(key, ((self.rank, to_bytes(tensor)),)))
+            self.pack.send_part((home,), key, self.rank, tensor)
         return MemoryWork()
 
     def recv(self, tensor: torch.Tensor, src: int):
         key = self._transfer_key(src, self.rank)
-
-        def wait():
-            value = self.pack.take(key, src, lambda g: g.part(src, tensor))
-            with torch.no_grad():
-                tensor.copy_(value)
-        return MemoryWork(wait)
+        return MemoryWork(lambda: self._copy_into(
+            tensor, self.pack.take(key, _has_part_of(src), lambda g: g.part(src, tensor))))

@@ -20,7 +20,11 @@ from ..sinks import sink_spec
 from ..strategies.base import OptimizerSpec, Strategy
 from ..workloads.base import DatasetFactory, Workload, call_with_params
 from . import devices
-from .packing import MAX_WORKERS, nodes_per_process
+from .packing import max_workers, nodes_per_process
+
+# A process per node (on a GPU, under --net real): more than this many per core only
+# thrashes (on 2 cores and 24 GiB, 128 ranks ran and 256 ran out of memory).
+PROCESSES_PER_CORE = 64
 from .target import LAG
 
 
@@ -163,14 +167,24 @@ def resolve_packing(config: RunConfig, sim: SimSetup) -> Optional[int]:
     per_process = nodes_per_process(config.nodes, config.nodes_per_process)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # (engine/cluster.py)
     if config.nodes_per_process is None:
-        automatic = per_process > 1 and devices.resolve(config.device) == "cpu" \
-            and not sim.real and not torchrun
-        return per_process if automatic else None
-    if -(-config.nodes // per_process) > MAX_WORKERS:
+        cpu = devices.resolve(config.device) == "cpu"
+        if per_process > 1 and cpu and not sim.real and not torchrun:
+            return per_process
+        cores = os.cpu_count() or 1
+        if not torchrun and config.nodes > PROCESSES_PER_CORE * cores:
+            why = "--net real" if sim.real else f"--device {config.device}"
+            raise ExoframeError(
+                f"nodes: {config.nodes} nodes are a process each with {why} (nodes share "
+                f"processes on the CPU only, under the simulator), and this machine runs at "
+                f"most {PROCESSES_PER_CORE} per CPU core ({cores} here): give at most "
+                f"{PROCESSES_PER_CORE * cores}.")
+        return None
+    workers = max_workers()
+    if -(-config.nodes // per_process) > workers:
         raise ExoframeError(f"nodes_per_process: {config.nodes} nodes at {per_process} per "
-                            f"process make more than {MAX_WORKERS} workers, each with a pipe "
+                            f"process make more than {workers} workers, each with a pipe "
                             "to every other; give at least "
-                            f"{-(-config.nodes // MAX_WORKERS)}, or leave it unset.")
+                            f"{-(-config.nodes // workers)}, or leave it unset.")
     if devices.resolve(config.device) != "cpu":
         raise ExoframeError("nodes_per_process: nodes share a process on the CPU only; drop "
                             "it (a process per node on the GPU) or use --device cpu.")

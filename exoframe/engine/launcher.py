@@ -35,7 +35,8 @@ from .loop import check_loss
 from .messages import EvaluatorStop, Rendezvous
 from .model_state import ModelState
 from .monitor import EVALUATOR, Channel, Monitor, RankFailed  # noqa: F401 - RankFailed: API
-from .packing import NodeLink, Outbox, packed, run_nodes
+from .packing import (NodeLink, Outbox, Sender, closing, packed, raise_open_files_limit,
+                      run_nodes)
 from .processes import (RunInterrupted, catch_stop_signals, child_entry, interrupted,
                         restore_signals, stack_file, stop_all)
 from .rank import train
@@ -157,9 +158,10 @@ def run_cluster_rank(job: Job, cluster: ClusterEnv, config: dict):
                 stack_path=None, forked=False)
 
 
-def packed_children(job: Job, batches: dict, context):
+def packed_children(job: Job, batches: dict, context, folder: str):
     """The workers of packed nodes (engine/packing.py): (first rank, run_nodes, its
     arguments) each, their ranks, and the ends of the pipes between every pair of workers."""
+    raise_open_files_limit()
     groups = packed(job.nodes, job.nodes_per_process)
     home = [i for i, group in enumerate(groups) for _ in group]
     pairs = {(a, b): context.Pipe() for a in range(len(groups)) for b in range(a + 1, len(groups))}
@@ -168,9 +170,11 @@ def packed_children(job: Job, batches: dict, context):
     for i, group in enumerate(groups):
         peers = {**{b: pipe[0] for (a, b), pipe in pairs.items() if a == i},
                  **{a: pipe[1] for (a, b), pipe in pairs.items() if b == i}}
-        others = [end for end in ends if end not in peers.values()]
-        children.append((group[0], run_nodes, (group, job, {r: batches[r] for r in group},
-                                                home, i, peers, others)))
+        mine = set(map(id, peers.values()))
+        others = [end for end in ends if id(end) not in mine]
+        children.append((group[0], closing(others, run_nodes),
+                         (group, job, {r: batches[r] for r in group}, home, i, peers,
+                          stack_file(folder, group[0]))))
     return children, groups, ends
 
 
@@ -185,17 +189,19 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
         children = [(rank, train, (rank, job, batches[rank])) for rank in local]
         groups, peer_pipes = [[rank] for rank in local], []
     else:
-        children, groups, peer_pipes = packed_children(job, batches, context)
-    children.append((EVALUATOR, evaluate, (job, val_shards)))
+        children, groups, peer_pipes = packed_children(job, batches, context, folder)
+    children.append((EVALUATOR, closing(peer_pipes, evaluate), (job, val_shards)))
     pipes = [context.Pipe() for _ in children]
     processes = [context.Process(target=child_entry,
                                  args=(who, target, args, child, stack_file(folder, who)),
                                  daemon=True, name=f"exoframe-{who}")
                  for (who, target, args), (_, child) in zip(children, pipes)]
     conns = [parent for parent, _ in pipes]
-    channels = None
+    channels = sender = None
     if job.nodes_per_process is not None:  # a NodeLink per rank into its worker's outbox
-        outboxes = [Outbox(conn) for conn in conns[:-1]]
+        sender = Sender()  # (a worker that stops reading cannot block the monitor)
+        sender.start()
+        outboxes = [Outbox(conn, sender.sender_for(conn)) for conn in conns[:-1]]
         channels = [*(Channel(conn, tuple(group), outbox)
                       for conn, group, outbox in zip(conns, groups, outboxes)),
                     Channel(conns[-1], (job.nodes,))]
@@ -249,6 +255,8 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
     finally:
         restore_signals(previous)
         stop_all([p for p in dict.fromkeys(processes) if p is not None])
+        if sender is not None:
+            sender.close(timeout=5)
         if service is not None:
             service.close()
         for conn in remote.values():  # a rank still waiting learns that the run ended

@@ -269,15 +269,17 @@ class Monitor:
         """Wait for messages or exits, handle them, run the simulator."""
         if self.stop_signal is not None and self.checkpoint_wanted is None:
             self.ask_checkpoint(max(self.reported) + 1)
+            self.flush_outboxes()
         self.checkpointed_stop()
         ready = mp.connection.wait([*open_conns, *sentinels],
                                    timeout=min(5.0, self.watchdog / 2))
         if not ready and time.monotonic() - self.last_progress > self.watchdog:
             line, stuck = describe_stall(self, self.watchdog)
-            first = {i: channel.members[0] for channel in self.channels for i in channel.members}
-            stuck = sorted({first[i] for i in stuck})  # a worker of packed nodes: once
-            stacks = dump_stacks([(child_name(self.who[i]), self.processes[i].pid,
-                                   stack_file(self.folder, self.who[i])) for i in stuck])
+            stuck = [channel for channel in self.channels if set(channel.members) & set(stuck)]
+            stacks = dump_stacks([(self.process_name(channel),
+                                   self.processes[channel.members[0]].pid,
+                                   stack_file(self.folder, self.who[channel.members[0]]))
+                                  for channel in stuck])
             raise RankFailed("watchdog", line, stacks, False)
         for obj in ready:
             if obj in open_conns:
@@ -296,14 +298,18 @@ class Monitor:
         for obj in ready:
             if obj in sentinels:
                 self._check_exit(sentinels.pop(obj), open_conns)
+        self.flush_outboxes()  # (what the exits' last messages made the monitor say)
+
+    def process_name(self, channel: Channel) -> str:
+        """"rank 3", "evaluator", or the worker of packed nodes (engine/packing.py)."""
+        if len(channel.members) == 1:
+            return child_name(self.who[channel.members[0]])
+        return f"the worker of ranks {channel.members[0]}-{channel.members[-1]}"
 
     def flush_outboxes(self):
         for channel in self.channels:
             if channel.outbox is not None:
-                try:
-                    channel.outbox.flush()
-                except OSError:
-                    pass  # the worker died; its sentinel says so
+                channel.outbox.flush()  # (through a thread: a dead worker raises nothing)
 
     def _check_exit(self, channel, open_conns):
         """A child exited: drain what it said, then fail unless it had finished."""
@@ -319,7 +325,5 @@ class Monitor:
                              "its machine stopped", "", False, self.hosts[i])
         if not finished:
             self.processes[i].join()
-            who = self.who[i] if len(channel.members) == 1 else \
-                f"the worker of ranks {channel.members[0]}-{channel.members[-1]}"
-            raise RankFailed(who, "process died with exit code "
+            raise RankFailed(self.process_name(channel), "process died with exit code "
                              f"{self.processes[i].exitcode}", "", False)

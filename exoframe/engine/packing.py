@@ -8,9 +8,11 @@ exchange's parts), so nodes step one after another as a plain loop over N models
 ×3–7.5 on 2 cores), and no process per node, no gloo full mesh: 1024 nodes fit one machine.
 
 What a node holds of the process's globals is swapped in and out with it: torch's and
-Python's random generators (dropout, a user's random draws), and the rank that
-exoframe.distributed serves. Its compute, under `--compute measured`, is the CPU time of the
-process's thread while it runs (its `timer`), not the process's.
+Python's random generators (dropout, a user's random draws), torch's grad mode, and the
+rank that exoframe.distributed serves. numpy's global generator is not (its state costs
+~60 µs to swap, a tenth of a small model's step): the nodes of a worker share it. Its
+compute, under `--compute measured`, is the CPU time of the process's thread while it runs
+(its `timer`), less the time its exchanges take (`off_clock`), not the process's.
 
 The hub talks to the launcher over one pipe, messages for many nodes bundled per round
 (Bundle, NodeMessage), and to the other workers over a pipe per pair (comm/memory.py's
@@ -19,12 +21,17 @@ its peer blocks in one to it.
 """
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import multiprocessing.connection
 from multiprocessing.reduction import ForkingPickler
 import os
 import queue
 import random
+import resource
+import signal
 import threading
+import traceback
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -41,8 +48,26 @@ from .messages import StepDone
 # above it, nodes are packed, a worker per core.
 PROCESS_PER_NODE_PER_CORE = 4
 PROCESS_PER_NODE_UP_TO = 32
-# Workers talk over a pipe per pair: this many at most.
+# Workers talk over a pipe per pair: this many at most, and as many as the open-file limit
+# allows (the launcher holds both ends of every pipe until the fork).
 MAX_WORKERS = 64
+
+
+def open_files_limit() -> int:
+    """The most files this process may open, once raised to the hard limit (launch does)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if hard == resource.RLIM_INFINITY or hard < soft else hard
+
+
+def raise_open_files_limit():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def max_workers() -> int:
+    """Workers with a pipe (two descriptors each end) per pair, and room for the rest."""
+    return max(1, min(MAX_WORKERS, int(((open_files_limit() - 256) / 2) ** 0.5)))
 
 
 def nodes_per_process(nodes: int, asked: int | None, cores: int | None = None) -> int:
@@ -52,7 +77,7 @@ def nodes_per_process(nodes: int, asked: int | None, cores: int | None = None) -
     cores = cores or os.cpu_count() or 1
     if nodes <= min(PROCESS_PER_NODE_PER_CORE * cores, PROCESS_PER_NODE_UP_TO):
         return 1
-    return -(-nodes // min(cores, MAX_WORKERS))
+    return -(-nodes // min(cores, max_workers()))
 
 
 def packed(nodes: int, per_process: int) -> list[list[int]]:
@@ -113,6 +138,7 @@ class Node:
         self.cpu, self.resumed_at = 0.0, None
         # A node starts from the process's state, as a forked rank from the launcher's.
         self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
+        self.grad = torch.is_grad_enabled()
         self.bound = None  # its Communicator, for exoframe.distributed
 
     def timer(self) -> float:
@@ -162,9 +188,9 @@ class Sender(threading.Thread):
     def sender_for(self, conn):
         return lambda message: self.queue.put((conn, ForkingPickler.dumps(message)))
 
-    def close(self):
+    def close(self, timeout: float | None = None):
         self.queue.put(None)
-        self.join()
+        self.join(timeout)
 
 
 class Hub:
@@ -179,7 +205,7 @@ class Hub:
         self.launcher = Outbox(conn, self.sender.sender_for(conn))
         self.peers = {i: Outbox(c, self.sender.sender_for(c)) for i, c in peers.items()}
         self.reading = [conn, *peers.values()]
-        self.pack = Pack(home, index, self.post, self.block)
+        self.pack = Pack(home, index, self.post, self.block, self.off_clock)
         self.nodes: dict[int, Node] = {}
         self.current: Node | None = None
 
@@ -189,6 +215,17 @@ class Hub:
     def add(self, rank: int, run):
         """run(node): what the node does, in its greenlet."""
         self.nodes[rank] = Node(rank, run, self)
+
+    @contextlib.contextmanager
+    def off_clock(self):
+        """Leave what runs inside out of the current node's compute: the work of an
+        exchange (gloo does it in its own threads). Nothing inside may give way."""
+        start = time.thread_time()
+        try:
+            yield
+        finally:
+            if self.current is not None:
+                self.current.cpu -= time.thread_time() - start
 
     def block(self, ready, give_way: bool = False):
         """Called by a node: give way until ready() holds (give_way: even if it does)."""
@@ -221,6 +258,7 @@ class Hub:
         self.current = node
         torch.set_rng_state(node.torch_rng)
         random.setstate(node.python_rng)
+        torch.set_grad_enabled(node.grad)
         distributed.bind(node.bound)
         node.resumed_at = time.thread_time()
         try:
@@ -233,7 +271,7 @@ class Hub:
             node.resumed_at = None
             self.current = None
         node.torch_rng, node.python_rng = torch.get_rng_state(), random.getstate()
-        node.bound = distributed.current()
+        node.grad, node.bound = torch.is_grad_enabled(), distributed.current()
         if node.glet.dead:
             del self.nodes[node.rank]
 
@@ -255,22 +293,47 @@ class Hub:
                     break
                 for message in bundle.messages:
                     if isinstance(message, NodeMessage):
-                        self.nodes[message.rank].inbox.append(message.message)
+                        node = self.nodes.get(message.rank)
+                        if node is not None:  # (a finished node needs nothing more)
+                            node.inbox.append(message.message)
                     else:
                         self.pack.receive(message)
 
 
+def write_stacks_on(signum: int, path: str, hub: Hub):
+    """On `signum` (the watchdog's), write every node's Python stack to `path`: where each
+    waits, which a dump of the process's thread (the hub's) would not show."""
+    def write(_signum, frame):
+        stacks = [f"rank {node.rank} ({'running' if node is hub.current else 'waiting'}):\n"
+                  + "".join(traceback.format_stack(frame if node is hub.current
+                                                   else node.glet.gr_frame))
+                  for node in hub.nodes.values()]
+        with open(path, "w") as f:
+            f.write("\n".join(stacks) or "no node left\n")
+    faulthandler.unregister(signum)
+    signal.signal(signum, write)
+
+
+def closing(ends: list, target):
+    """target, in a child that first closes the inherited pipe `ends` it has no use for
+    (so that a worker gone is seen as gone by its peers)."""
+    def run(*args):
+        for end in ends:
+            end.close()
+        return target(*args)
+    return run
+
+
 def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: dict,
-              others: list, conn):
+              stack_path: str, conn):
     """A worker process: train `ranks` as nodes of one hub (see train in rank.py). peers:
-    worker index -> the pipe to it; others: the ends of other workers' pipes, inherited
-    through the fork and closed here (so that a worker gone is seen as gone)."""
+    worker index -> the pipe to it; stack_path: where the watchdog reads the stacks."""
+    from .processes import STACK_SIGNAL
     from .rank import PackedNode, train
 
-    for end in others:
-        end.close()
     torch.set_num_threads(job.threads)
     hub = Hub(conn, peers, index, home)
+    write_stacks_on(STACK_SIGNAL, stack_path, hub)
     for rank in ranks:
         hub.add(rank, lambda node: train(
             node.rank, job, batches[node.rank], NodeConn(node),

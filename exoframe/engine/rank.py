@@ -4,11 +4,13 @@ from __future__ import annotations
 import copy
 import datetime
 import math
+import random
 import resource
 import time
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy
 import torch
 import torch.distributed as dist
 
@@ -106,7 +108,12 @@ def train(rank: int, job: Job, batches: Batches, conn, packed: PackedNode | None
         model = job.model.to(device)
     else:
         device, exchange, model = torch.device("cpu"), packed.exchange, copy.deepcopy(job.model)
-    torch.manual_seed(job.seed * 1_000_003 + rank)  # per-rank randomness (dropout, ...)
+    # Per-rank randomness (dropout, a user's draws), the same in every run of this seed
+    # (a forked process's Python generator is reseeded from the OS at the fork).
+    seed = job.seed * 1_000_003 + rank
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy.random.seed(seed % 2**32)
     port = PipeSimPort(conn, rank)
     clock = make_clock(rank, job, port, device, packed.timer if packed else None)
     faults = RankFaults(rank, job.faults.plan(job.nodes, job.seed), job.strategy_name,

@@ -36,20 +36,24 @@ from ..comm import flatten, unflatten_into
 from ..errors import ExoframeError
 from .base import Strategy
 
-_SERVER = None  # this rank's ParameterServer, when it holds a shard
+# rank -> its ParameterServer, for the ranks that hold a shard (one in a rank's process;
+# several where nodes share a process, engine/packing.py)
+_SERVERS: dict = {}
 
 
 def push(step: int, gradient: torch.Tensor, lr: float) -> None:
     """Served on a server: one worker's gradient shard for `step`, and that step's lr."""
-    _SERVER.take_push(step, gradient.to(_SERVER.shard.device), lr)
+    server = _SERVERS[distributed.get_rank()]
+    server.take_push(step, gradient.to(server.shard.device), lr)
 
 
 def pull(min_version: int) -> tuple[int, torch.Tensor]:
     """Served on a server: (the last step applied, its shard's weights), once that step is
     at least min_version."""
-    if _SERVER.version < min_version:
+    server = _SERVERS[distributed.get_rank()]
+    if server.version < min_version:
         raise distributed.NotYet
-    return _SERVER.version, _SERVER.shard.detach().clone()
+    return server.version, server.shard.detach().clone()
 
 
 class ParameterServer(Strategy):
@@ -72,7 +76,6 @@ class ParameterServer(Strategy):
                                  f"{self.staleness!r}")
 
     def setup(self):
-        global _SERVER
         if self.params.servers > self.world_size:
             raise ExoframeError(f"strategy 'param-server': servers={self.params.servers} but "
                                 f"the run has {self.world_size} nodes; use at most that many.")
@@ -87,7 +90,7 @@ class ParameterServer(Strategy):
             self.server_optimizer = self.optimizer_spec.build([self.shard])
             self.version = 0  # the last step whose update is applied
             self.sums = {}  # step -> (sum of the gradients pushed, how many)
-            _SERVER = self
+            _SERVERS[self.rank] = self
 
     def step(self):
         params = self.trainable_parameters()
