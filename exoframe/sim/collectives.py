@@ -26,7 +26,9 @@ algorithms are resolved (Plans), never by trying a call.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -70,42 +72,54 @@ class CompiledPlan:
 
     def __init__(self, plan: Plan):
         n, count = plan.n, len(plan)
-        self.successors = [[] for _ in range(count)]
-        self.gated = [[] for _ in range(n)]
-        self.waiting = [0] * count
-        self.touching = [0] * n
-        self.sent = [0.0] * n  # fraction of S each participant sends
-        self.received = [0.0] * n
-        for f in range(count):
-            src, dst, deps = plan.src[f], plan.dst[f], plan.deps[f]
+        srcs, dsts, fractions, all_deps = plan.src, plan.dst, plan.fraction, plan.deps
+        successors = self.successors = [[] for _ in range(count)]
+        gated = self.gated = [[] for _ in range(n)]
+        waiting = self.waiting = [0] * count
+        touching = self.touching = [0] * n
+        sent = self.sent = [0.0] * n  # fraction of S each participant sends
+        received = self.received = [0.0] * n
+        for f in range(count):  # (a ring among 1024 has 2M flows: kept lean)
+            src, dst, deps = srcs[f], dsts[f], all_deps[f]
             if not (0 <= src < n and 0 <= dst < n) or src == dst:
                 raise ValueError(f"flow {f}: bad ends {src} -> {dst} for {n} participants")
-            covered = set()
+            src_covered = dst_covered = False
             for d in deps:
                 if not 0 <= d < f:
                     raise ValueError(f"flow {f} depends on flow {d}, which is not before it")
-                self.successors[d].append(f)
-                covered.update((plan.src[d], plan.dst[d]))
-            self.waiting[f] = len(deps)
-            for end in {src, dst} - covered:
-                self.gated[end].append(f)
-                self.waiting[f] += 1
-            self.touching[src] += 1
-            self.touching[dst] += 1
-            self.sent[src] += plan.fraction[f]
-            self.received[dst] += plan.fraction[f]
+                successors[d].append(f)
+                ends = (srcs[d], dsts[d])
+                src_covered = src_covered or src in ends
+                dst_covered = dst_covered or dst in ends
+            count_waiting = len(deps)
+            if not src_covered:
+                gated[src].append(f)
+                count_waiting += 1
+            if not dst_covered:
+                gated[dst].append(f)
+                count_waiting += 1
+            waiting[f] = count_waiting
+            touching[src] += 1
+            touching[dst] += 1
+            sent[src] += fractions[f]
+            received[dst] += fractions[f]
 
 
 def _ring_rounds(plan: Plan, rounds: int, fraction: float, previous=None):
     """`rounds` rounds in which participant i sends `fraction` to i+1. Round r's send from i
     waits for i's send and i's receive of round r-1. Returns the last round's flow ids."""
     n = plan.n
+    ring_dst = [(i + 1) % n for i in range(n)]
     for _ in range(rounds):
-        current = []
-        for i in range(n):
-            deps = () if previous is None else (previous[(i - 1) % n], previous[i])
-            current.append(plan.add(i, (i + 1) % n, fraction, deps))
-        previous = current
+        first = len(plan.src)
+        plan.src.extend(range(n))
+        plan.dst.extend(ring_dst)
+        plan.fraction.extend([fraction] * n)
+        if previous is None:
+            plan.deps.extend([] for _ in range(n))
+        else:
+            plan.deps.extend([previous[i - 1], previous[i]] for i in range(n))  # (i-1: -1 wraps)
+        previous = range(first, first + n)
     return previous
 
 
@@ -224,14 +238,29 @@ def takes_topology(function) -> bool:
                for p in parameters)
 
 
+@contextlib.contextmanager
+def _without_cycle_collection():
+    """A plan is millions of small lists without cycles (a ring among 1024: 2M flows): the
+    cyclic collector, which their allocation keeps triggering, would only halve the speed
+    of making it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 @functools.lru_cache(maxsize=4096)  # a gossip over pairs has many groups
 def _cached_plan(function, kind: str, n: int, root: int, topology: Sites | None) -> Plan:
     """topology None: `function` takes three arguments."""
-    if topology is None:
-        plan = function(kind, n, root)
-    else:
-        plan = function(kind, n, root, topology=topology)
-    plan.compiled  # noqa: B018 - compile once, here
+    with _without_cycle_collection():
+        if topology is None:
+            plan = function(kind, n, root)
+        else:
+            plan = function(kind, n, root, topology=topology)
+        plan.compiled  # noqa: B018 - compile once, here
     return plan
 
 
