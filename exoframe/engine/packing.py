@@ -24,17 +24,17 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import multiprocessing.connection
-from multiprocessing.reduction import ForkingPickler
 import os
 import queue
 import random
 import resource
 import signal
 import threading
-import traceback
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 from greenlet import greenlet
@@ -66,8 +66,8 @@ def raise_open_files_limit():
 
 
 def max_workers() -> int:
-    """Workers with a pipe (two descriptors each end) per pair, and room for the rest."""
-    return max(1, min(MAX_WORKERS, int(((open_files_limit() - 256) / 2) ** 0.5)))
+    """W workers' W(W-1)/2 pipes are W(W-1) descriptors in the launcher, with room left."""
+    return max(1, min(MAX_WORKERS, int((open_files_limit() - 256) ** 0.5)))
 
 
 def nodes_per_process(nodes: int, asked: int | None, cores: int | None = None) -> int:
@@ -100,11 +100,10 @@ class NodeMessage:
 
 
 class Outbox:
-    """Messages for one pipe, sent as one Bundle at flush()."""
+    """Messages for one pipe, sent as one Bundle at flush() by send(bundle)."""
 
-    def __init__(self, conn, send=None):
-        self.conn, self.pending = conn, []
-        self._send = send or conn.send
+    def __init__(self, conn, send):
+        self.conn, self.pending, self._send = conn, [], send
 
     def flush(self):
         if self.pending:
@@ -170,8 +169,9 @@ class NodeConn:
 
 
 class Sender(threading.Thread):
-    """Writes every outgoing bundle in order, off the hub's thread. A bundle is pickled by
-    the hub when flushed (a node may change its objects once it runs again)."""
+    """Writes every outgoing bundle in order, off the thread that flushes it (the hub's or
+    the monitor's), which pickles it then: a node may change its objects once it runs
+    again."""
 
     def __init__(self):
         super().__init__(daemon=True, name="exoframe-sender")
@@ -303,13 +303,18 @@ class Hub:
 def write_stacks_on(signum: int, path: str, hub: Hub):
     """On `signum` (the watchdog's), write every node's Python stack to `path`: where each
     waits, which a dump of the process's thread (the hub's) would not show."""
+    def stack(node: Node, frame) -> str:
+        if node is hub.current:
+            return f"rank {node.rank} (running):\n" + "".join(traceback.format_stack(frame))
+        if node.glet.gr_frame is None:
+            return f"rank {node.rank} (not started)\n"
+        return f"rank {node.rank} (waiting):\n" + "".join(
+            traceback.format_stack(node.glet.gr_frame))
+
     def write(_signum, frame):
-        stacks = [f"rank {node.rank} ({'running' if node is hub.current else 'waiting'}):\n"
-                  + "".join(traceback.format_stack(frame if node is hub.current
-                                                   else node.glet.gr_frame))
-                  for node in hub.nodes.values()]
         with open(path, "w") as f:
-            f.write("\n".join(stacks) or "no node left\n")
+            f.write("\n".join(stack(node, frame) for node in hub.nodes.values())
+                    or "no node left\n")
     faulthandler.unregister(signum)
     signal.signal(signum, write)
 
