@@ -92,6 +92,10 @@ def test_reductions_add_in_rank_order():
     assert fold(None, parts, "sum").item() == 1.0
     assert fold(fold(None, parts[:1], "sum"), parts[1:], "sum").item() == 1.0  # in a chain
     assert fold(None, parts[::-1], "sum").item() == 0.0  # another order, another sum
+    weights = [torch.nn.Parameter(torch.tensor([float(r), -float(r)])) for r in range(3)]
+    for op, expected in (("max", [2.0, 0.0]), ("min", [0.0, -2.0]), ("sum", [3.0, -3.0])):
+        total = fold(None, weights, op)  # (parameters: as gloo's, no graph is recorded)
+        assert total.tolist() == expected and not total.requires_grad
 
 
 class Unequal(exoframe.Strategy):

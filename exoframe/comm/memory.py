@@ -51,12 +51,13 @@ _COMBINE = {"sum": torch.Tensor.add_, "max": lambda a, b: torch.maximum(a, b, ou
             "min": lambda a, b: torch.minimum(a, b, out=a)}
 
 
+@torch.no_grad()  # (a part may require grad: a reduction records nothing, as gloo's)
 def fold(total: torch.Tensor | None, parts, op: str) -> torch.Tensor:
     """Combine `parts` into `total` one after another (None: start from the first part)."""
     combine = _COMBINE[op]
     parts = iter(parts)
     if total is None:
-        total = next(parts).detach().clone()
+        total = next(parts).detach().clone(memory_format=torch.contiguous_format)
     for part in parts:
         combine(total, part)
     return total
@@ -140,6 +141,7 @@ class Pack:
         start = None if self.index == 0 else from_bytes(gather.folded, gather.like)
         total = fold(start, (gather.parts[r] for r in self.local), gather.op)
         gather.parts.clear()
+        gather.folded = None
         if self.last:
             gather.result = total
             message = Folded(key, to_bytes(total), total=True)
@@ -153,7 +155,7 @@ class Pack:
         (outside the node's compute), for one local node."""
         gather = self.gather(key)
         self.block(lambda: ready(gather))
-        with self.off_clock():
+        with self.off_clock(), torch.no_grad():
             if gather.result is None:
                 gather.result = compute(gather)
             elif isinstance(gather.result, bytes):  # a reduction's, from the last worker
@@ -264,7 +266,7 @@ class MemoryExchange:
         home = self.pack.home[dst]
         if home == self.pack.index:
             with self.pack.off_clock():
-                copy = tensor.detach().clone()
+                copy = tensor.detach().clone(memory_format=torch.contiguous_format)
             self.pack.contribute(key, self.rank, copy, ())
         else:
             self.pack.send_part((home,), key, self.rank, tensor)

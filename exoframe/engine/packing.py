@@ -67,7 +67,7 @@ def raise_open_files_limit():
 
 def max_workers() -> int:
     """W workers' W(W-1)/2 pipes are W(W-1) descriptors in the launcher, with room left."""
-    return max(1, min(MAX_WORKERS, int((open_files_limit() - 256) ** 0.5)))
+    return max(1, min(MAX_WORKERS, int(max(0, open_files_limit() - 256) ** 0.5)))
 
 
 def nodes_per_process(nodes: int, asked: int | None, cores: int | None = None) -> int:
@@ -241,9 +241,13 @@ class Hub:
                 ran = self._run_ready()
                 self._flush()
                 self._receive(block=not ran)
-        finally:
-            self._flush()
-            self.sender.close()
+        except BaseException:
+            # What the nodes said goes to the launcher; nothing more to peers, which may
+            # not be reading either (a bug on every node): the failure is reported at once.
+            self.launcher.flush()
+            self.sender.close(timeout=5)
+            raise
+        self.sender.close()
 
     def _run_ready(self) -> bool:
         ran = False
