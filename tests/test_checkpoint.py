@@ -130,7 +130,10 @@ def test_killed_and_resumed_run_equals_the_run_never_stopped(cli, monkeypatch, s
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
-@pytest.mark.parametrize("strategy, params", [("ddp", []), ("diloco", ["-p", "H=3"])])
+@pytest.mark.parametrize("strategy, params", [
+    ("ddp", []), ("diloco", ["-p", "H=3"]),
+    ("diloco", ["-p", "H=3", "--nodes-per-process", "2"]),  # nodes sharing a worker
+])
 def test_a_stop_signal_checkpoints_first_and_the_resume_equals_the_run_never_stopped(
         cli, monkeypatch, strategy, params):
     (cli.cwd / "hanging.py").write_text(HANGING_WORKLOAD)
