@@ -136,13 +136,15 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
     sim = sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)
     if sim.real:
         check_real_network(config, strategy_cls, strategy_name)
+    device = devices.resolve(config.device)
     return Job(
         model=model, dataset=workload.dataset, strategy_cls=strategy_cls,
         strategy_name=strategy_name, strategy_params=strategy_params,
         optimizer=OptimizerSpec(optimizer.name, config.lr or workload.lr, config.weight_decay,
                                 config.momentum, dict(config.optimizer_params), optimizer.obj),
         nodes=config.nodes, steps=steps, batch_size=batch_size,
-        nodes_per_process=resolve_packing(config, sim), sim=sim, seed=config.seed, target_loss=config.target_loss,
+        nodes_per_process=resolve_packing(config, sim, device), sim=sim, seed=config.seed,
+        target_loss=config.target_loss,
         # A target is judged at every step, so the time to reach it is resolved to one step.
         eval_every=1 if config.target_loss is not None else
         config.eval_every or max(1, steps // 10),
@@ -152,7 +154,7 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         schedule=config.schedule, warmup_steps=config.warmup_steps,
         min_lr_ratio=config.min_lr_ratio, clip_grad_norm=config.clip_grad_norm,
         accumulate=config.accumulate, precision=config.precision,
-        device=devices.resolve(config.device), shuffle=config.shuffle,
+        device=device, shuffle=config.shuffle,
         drop_last=config.drop_last,
         time_budget=None if config.time_budget is None else budget_seconds(config.time_budget),
         metrics=workload.metrics, tokens_per_sample=workload.tokens_per_sample,
@@ -162,13 +164,13 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         faults=parse_faults(config.faults))
 
 
-def resolve_packing(config: RunConfig, sim: SimSetup) -> Optional[int]:
-    """Packed nodes run on the CPU under the simulator, launched here (not by torchrun)."""
+def resolve_packing(config: RunConfig, sim: SimSetup, device: str) -> Optional[int]:
+    """Packed nodes run on the CPU under the simulator, launched here (not by torchrun).
+    device: config.device, resolved."""
     per_process = nodes_per_process(config.nodes, config.nodes_per_process)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # (engine/cluster.py)
     if config.nodes_per_process is None:
-        cpu = devices.resolve(config.device) == "cpu"
-        if per_process > 1 and cpu and not sim.real and not torchrun:
+        if per_process > 1 and device == "cpu" and not sim.real and not torchrun:
             return per_process
         cores = os.cpu_count() or 1
         if not torchrun and config.nodes > PROCESSES_PER_CORE * cores:
@@ -180,12 +182,12 @@ def resolve_packing(config: RunConfig, sim: SimSetup) -> Optional[int]:
                 f"{PROCESSES_PER_CORE * cores}.")
         return None
     workers = max_workers()
-    if -(-config.nodes // per_process) > workers:
+    if math.ceil(config.nodes / per_process) > workers:
         raise ExoframeError(f"nodes_per_process: {config.nodes} nodes at {per_process} per "
                             f"process make more than {workers} workers, each with a pipe "
                             "to every other; give at least "
-                            f"{-(-config.nodes // workers)}, or leave it unset.")
-    if devices.resolve(config.device) != "cpu":
+                            f"{math.ceil(config.nodes / workers)}, or leave it unset.")
+    if device != "cpu":
         raise ExoframeError("nodes_per_process: nodes share a process on the CPU only; drop "
                             "it (a process per node on the GPU) or use --device cpu.")
     if sim.real:

@@ -4,7 +4,8 @@ A rank on another machine (torchrun, engine/cluster.py) first says Hello over TC
 answered Welcome or Refused. Launcher -> rank: Rendezvous once, the simulator's replies (exoframe.sim.protocol), and
 StopAnswer to an AskStop, CheckpointNow (at any time: a stop signal came). Rank -> launcher:
 SimRequest (a rank clock's message for the simulator), StepDone, StepState, AskStop,
-Checkpointed, CheckpointLate, RankDone. Launcher -> evaluator: Evaluate, then
+Checkpointed, CheckpointLate, RankDone. A worker of packed nodes and the launcher bundle
+them (Bundle; NodeMessage names the node a launcher's message is for). Launcher -> evaluator: Evaluate, then
 EvaluatorStop; evaluator -> launcher: Validated. Any child -> launcher: ChildFailed. Model
 states travel as engine.model_state.ModelState.
 """
@@ -124,6 +125,20 @@ class Validated:
     step: int
     loss: Optional[float]  # None without validation data
     metrics: dict  # the workload's metrics, averaged over examples
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """Messages sent together over one pipe: a worker of packed nodes (engine/packing.py)
+    and the launcher write one per round."""
+    messages: tuple
+
+
+@dataclass(frozen=True)
+class NodeMessage:
+    """A message from the launcher for one node of a worker of packed nodes."""
+    rank: int
+    message: object
 
 
 @dataclass(frozen=True)

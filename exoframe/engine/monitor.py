@@ -22,10 +22,9 @@ from ..sim.feed import Feed
 from ..sim.protocol import Mail
 from .checkpoint import CheckpointFolder, Commits
 from .job import Job
-from .messages import (AskStop, CheckpointLate, CheckpointNow, Checkpointed, ChildFailed,
-                       Evaluate, RankDone, SimRequest, StepDone, StepState, StopAnswer,
-                       Validated)
-from .packing import Bundle
+from .messages import (AskStop, Bundle, CheckpointLate, CheckpointNow, Checkpointed,
+                       ChildFailed, Evaluate, RankDone, SimRequest, StepDone, StepState,
+                       StopAnswer, Validated)
 from .processes import STOP_SIGNALS, RunInterrupted, child_name, interrupted, stack_file
 from .replicas import ReplicaCheck
 from .step_rows import StepRows

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import math
 import multiprocessing.connection
 import os
 import queue
@@ -33,7 +34,6 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 
 import torch
@@ -41,7 +41,7 @@ from greenlet import greenlet
 
 from .. import distributed
 from ..comm.memory import Contribution, MemoryExchange, Pack
-from .messages import StepDone
+from .messages import Bundle, NodeMessage, StepDone
 
 # A process per node up to this many nodes per core, and this many in all (forked ranks
 # start in well under a second each and train in parallel; a gloo group is a full mesh);
@@ -77,26 +77,13 @@ def nodes_per_process(nodes: int, asked: int | None, cores: int | None = None) -
     cores = cores or os.cpu_count() or 1
     if nodes <= min(PROCESS_PER_NODE_PER_CORE * cores, PROCESS_PER_NODE_UP_TO):
         return 1
-    return -(-nodes // min(cores, max_workers()))
+    return math.ceil(nodes / min(cores, max_workers()))
 
 
 def packed(nodes: int, per_process: int) -> list[list[int]]:
     """The ranks of each worker process: consecutive, per_process each (the last fewer)."""
     return [list(range(start, min(start + per_process, nodes)))
             for start in range(0, nodes, per_process)]
-
-
-@dataclass(frozen=True)
-class Bundle:
-    """Messages sent together over one pipe (one write per round of the hub or the monitor)."""
-    messages: tuple
-
-
-@dataclass(frozen=True)
-class NodeMessage:
-    """A message from the launcher for one node of a worker."""
-    rank: int
-    message: object
 
 
 class Outbox:
