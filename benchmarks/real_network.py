@@ -7,10 +7,9 @@ on this machine, 2 ranks each, rendezvous on loopback).
 A rank's measured wall-clock leaves the engine's bookkeeping out, so it should lie inside
 the launch that rank 0's launcher timed on its own clock; "inside" says whether it does.
 """
-import argparse
 import tempfile
 
-from torchrun import fork_run, summary, torchrun_run  # beside this file
+from torchrun import fork_run, parse_options, summary, torchrun_run  # beside this file
 
 
 def report(name: str, said: dict):
@@ -24,10 +23,7 @@ def report(name: str, said: dict):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--strategy", default="ddp")
-    options = parser.parse_args()
+    options = parse_options(steps=50)
     args = ["--workload", "mlp", "--strategy", options.strategy, "--net", "real",
             "--steps", str(options.steps), "--no-progress"]
     fork_out, torchrun_out = tempfile.mkdtemp(), tempfile.mkdtemp()

@@ -45,11 +45,16 @@ def torchrun_run(args: list[str], out: str) -> float:
     return time.perf_counter() - start
 
 
-def main():
+def parse_options(steps: int):
+    """--steps (default `steps`) and --strategy (default ddp)."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--strategy", default="ddp")
-    options = parser.parse_args()
+    return parser.parse_args()
+
+
+def main():
+    options = parse_options(steps=500)
     args = ["--workload", "mlp", "--strategy", options.strategy, "--net", "wan-100mbps",
             "--compute", "fixed:0.05", "--steps", str(options.steps), "--eval-every",
             str(options.steps)]
