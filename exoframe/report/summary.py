@@ -1,6 +1,8 @@
 """The run summary (summary.json) and its short terminal table."""
 from __future__ import annotations
 
+from ..sim.units import YEAR
+
 
 def build_summary(job, rows: list[dict], launch_result) -> dict:
     ranks = launch_result.rank_results
@@ -111,6 +113,8 @@ def _ratio(a: float, b: float):
 
 
 def format_seconds(s: float) -> str:
+    if s >= YEAR:
+        return f"{s / YEAR:.3g} years"
     if s >= 3600:
         return f"{s / 3600:.2f} h"
     if s >= 60:
