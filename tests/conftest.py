@@ -126,7 +126,9 @@ HANG_GUARD = 120  # seconds; a guard against hangs, never a speed requirement
 
 # The mlp workload, whose training forward hangs after EXOFRAME_TEST_HANG_AFTER calls (the
 # run is then surely between its checkpoint and its end when the launcher is killed), and
-# sleeps EXOFRAME_TEST_SLOW seconds in each (a run still going when it is signalled).
+# sleeps EXOFRAME_TEST_SLOW seconds in each (a run still going when it is signalled), and
+# waits while the file EXOFRAME_TEST_GATE exists once past EXOFRAME_TEST_GATE_AFTER calls (a
+# run held until the test lets it go).
 HANGING_WORKLOAD = '''
 import dataclasses
 import os
@@ -149,6 +151,10 @@ class Hangs(torch.nn.Module):
             if limit and self.calls > int(limit):
                 time.sleep(3600)
             time.sleep(float(os.environ.get("EXOFRAME_TEST_SLOW", 0)))
+            gate = os.environ.get("EXOFRAME_TEST_GATE")
+            after = int(os.environ.get("EXOFRAME_TEST_GATE_AFTER", 0))
+            while gate and self.calls > after and os.path.exists(gate):
+                time.sleep(0.01)
         return self.inner(batch)
 
 

@@ -47,19 +47,22 @@ def with_hanging_workload(cli):
 
 def test_a_resume_on_a_live_run_is_refused_and_the_run_keeps_every_row(cli):
     args = with_hanging_workload(cli)
+    gate = cli.cwd / "gate"  # the run waits at its step 7 while this file exists
+    gate.touch()
     proc = cli.popen("run", *args, "--steps", "400", "--checkpoint-every", "5", "--out", "runs",
-                     env={"EXOFRAME_TEST_SLOW": "0.01"})
+                     env={"EXOFRAME_TEST_GATE": str(gate), "EXOFRAME_TEST_GATE_AFTER": "6"})
     wait_for(lambda: any((cli.cwd / "runs").glob("*/checkpoints/step-*")), "a checkpoint")
     run = only_run(cli.cwd / "runs")
     resume = cli("resume", run)
-    assert proc.poll() is None, "the run must still be going when the resume is refused"
     assert resume.returncode == 2, resume.stderr_text
     assert resume.stderr_text.count("\n") == 1 and "in use by process" in resume.stderr_text
     assert str(proc.pid) in resume.stderr_text  # it names who holds the folder
+    gate.unlink()
     _, err = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 0, err
     assert steps_of(run) == list(range(1, 401))
     assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    assert not (run / ".lock").exists()
 
 
 def test_two_resumes_started_together_one_goes_on_and_the_folder_keeps_every_row(cli):
@@ -74,8 +77,12 @@ def test_two_resumes_started_together_one_goes_on_and_the_folder_keeps_every_row
     wait_for(lambda: not cli.leftovers(), "the ranks to die with the launcher")
     run = only_run(run_dir)
 
-    slow = {"EXOFRAME_TEST_SLOW": "0.05"}  # 20 steps of 2 × 0.05 s: both start meanwhile
-    resumes = [cli.popen("resume", run, env=slow) for _ in range(2)]
+    gate = cli.cwd / "gate"  # the resume that goes on waits at its first step meanwhile
+    gate.touch()
+    resumes = [cli.popen("resume", run, env={"EXOFRAME_TEST_GATE": str(gate)})
+               for _ in range(2)]
+    wait_for(lambda: any(p.poll() is not None for p in resumes), "one resume to be refused")
+    gate.unlink()
     outcomes = sorted((p.wait(timeout=HANG_GUARD), p.stderr.read()) for p in resumes)
     for p in resumes:
         p.stdout.close(), p.stderr.close()
