@@ -228,49 +228,46 @@ class CsvSink:
     """metrics.csv: one line per step; a column for every metric seen so far.
 
     Rows are appended whole (a full disk cuts a failed one back off); when a metric first
-    appears mid-run the file is replaced whole under the wider header. A resumed run leaves
-    the file as it is until its first row, as JsonlSink does."""
+    appears the file is replaced whole under the wider header, a few times per run (val_loss
+    and a strategy's outer-step metrics come mid-run). A resumed run leaves the file as it
+    is until its first row, then replaces it with the checkpoint's rows and that row."""
 
     def __init__(self, run: RunInfo):
         self.path = Path(run.dir) / "metrics.csv"
-        self._file = None
-        self.rows: list[dict] = []
-        if run.resumed_at is not None:  # the checkpoint's rows, whatever the file holds
-            self.rows = [check_row(row) for row in run.resumed_rows]
-        else:
-            self._file = AppendOnly(self.path)
+        self._file = None  # opened by the first write, which writes the whole file
+        self.rows = [check_row(row) for row in run.resumed_rows] \
+            if run.resumed_at is not None else []
         self.columns = list(dict.fromkeys(key for row in self.rows for key in row))
 
     def write(self, row: dict):
         row = check_row(row)
         new = [key for key in row if key not in self.columns]
         if new or self._file is None:
-            # Some metrics first appear mid-run (val_loss, a strategy's outer-step metrics):
-            # the file is rewritten under the wider header, a few times per run.
             self._replace(self.columns + new, [*self.rows, row])
         else:
-            self._file.append(self._text([row], header=False).encode())
+            self._file.append(_csv_text(self.columns, [row], header=False).encode())
         self.rows.append(row)
 
     def _replace(self, columns: list, rows: list):
         if self._file is not None:
             self._file.close()
             self._file = None
+        write_atomic(self.path, _csv_text(columns, rows, header=True))
         self.columns = columns
-        write_atomic(self.path, self._text(rows, header=True))
         self._file = AppendOnly(self.path)
-
-    def _text(self, rows, header: bool) -> str:
-        buffer = io.StringIO(newline="")
-        writer = csv.DictWriter(buffer, fieldnames=self.columns, restval="")
-        if header:
-            writer.writeheader()
-        writer.writerows(rows)
-        return buffer.getvalue()
 
     def close(self):
         if self._file is not None:
             self._file.close()
+
+
+def _csv_text(columns: list, rows: list, header: bool) -> str:
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=columns, restval="")
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
 
 
 @hookimpl

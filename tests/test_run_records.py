@@ -51,13 +51,15 @@ def test_a_resume_on_a_live_run_is_refused_and_the_run_keeps_every_row(cli):
     gate.touch()
     proc = cli.popen("run", *args, "--steps", "400", "--checkpoint-every", "5", "--out", "runs",
                      env={"EXOFRAME_TEST_GATE": str(gate), "EXOFRAME_TEST_GATE_AFTER": "6"})
-    wait_for(lambda: any((cli.cwd / "runs").glob("*/checkpoints/step-*")), "a checkpoint")
-    run = only_run(cli.cwd / "runs")
-    resume = cli("resume", run)
-    assert resume.returncode == 2, resume.stderr_text
-    assert resume.stderr_text.count("\n") == 1 and "in use by process" in resume.stderr_text
-    assert str(proc.pid) in resume.stderr_text  # it names who holds the folder
-    gate.unlink()
+    try:
+        wait_for(lambda: any((cli.cwd / "runs").glob("*/checkpoints/step-*")), "a checkpoint")
+        run = only_run(cli.cwd / "runs")
+        resume = cli("resume", run)
+        assert resume.returncode == 2, resume.stderr_text
+        assert resume.stderr_text.count("\n") == 1 and "in use by process" in resume.stderr_text
+        assert str(proc.pid) in resume.stderr_text  # it names who holds the folder
+    finally:
+        gate.unlink()
     _, err = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 0, err
     assert steps_of(run) == list(range(1, 401))
@@ -65,27 +67,63 @@ def test_a_resume_on_a_live_run_is_refused_and_the_run_keeps_every_row(cli):
     assert not (run / ".lock").exists()
 
 
-def test_two_resumes_started_together_one_goes_on_and_the_folder_keeps_every_row(cli):
+def stopped_at_step_20(cli) -> Path:
+    """A 40-step run killed outright after its checkpoint at step 20 (rows 1..24 written)."""
     args = with_hanging_workload(cli)
-    cut = cli.popen("run", *args, "--steps", "40", "--checkpoint-every", "10", "--out", "runs",
-                    env={"EXOFRAME_TEST_HANG_AFTER": "25"})
+    cut = cli.popen("run", *args, "--steps", "40", "--checkpoint-every", "10", "--sink",
+                    "jsonl,csv", "--out", "runs", env={"EXOFRAME_TEST_HANG_AFTER": "25"})
     run_dir = cli.cwd / "runs"
     wait_for(lambda: any(run_dir.glob("*/checkpoints/step-20")) and
              len(metric_lines(only_run(run_dir))) >= 24, "the checkpoint at step 20")
     cut.kill()
     cut.communicate(timeout=HANG_GUARD)
     wait_for(lambda: not cli.leftovers(), "the ranks to die with the launcher")
-    run = only_run(run_dir)
+    return only_run(run_dir)
 
+
+def test_a_resume_stopped_before_its_first_step_changes_nothing(cli):
+    """Held at its first step, a resume has replaced no record; stopped there, it leaves
+    them byte for byte; the next resume goes on and replaces them."""
+    run = stopped_at_step_20(cli)
+    before = records(run)
+    gate = cli.cwd / "gate"
+    gate.touch()
+    held = cli.popen("resume", run, env={"EXOFRAME_TEST_GATE": str(gate)})
+    try:
+        wait_for(lambda: (run / ".lock").exists(), "the resume to hold the folder")
+        wait_for(lambda: len(cli.leftovers()) >= 3, "the resume's ranks")
+        assert records(run) == before
+        held.send_signal(signal.SIGTERM)  # asks for a checkpoint no rank can reach
+        held.send_signal(signal.SIGTERM)  # stops at once
+        _, err = held.communicate(timeout=HANG_GUARD)
+    finally:
+        gate.unlink()
+    assert held.returncode == 130, err
+    assert records(run) == before
+    wait_for(lambda: not cli.leftovers(), "the ranks to stop with the launcher")
+
+    resumed = cli("resume", run)
+    assert resumed.returncode == 0, resumed.stderr_text
+    assert steps_of(run) == list(range(1, 41))
+    assert yaml.safe_load((run / "config.yaml").read_text())["steps"] == 40
+    assert json.loads((run / "summary.json").read_text())["resumed_from_step"] == 20
+
+
+def test_two_resumes_started_together_one_goes_on_and_the_folder_keeps_every_row(cli):
+    run = stopped_at_step_20(cli)
     gate = cli.cwd / "gate"  # the resume that goes on waits at its first step meanwhile
     gate.touch()
     resumes = [cli.popen("resume", run, env={"EXOFRAME_TEST_GATE": str(gate)})
                for _ in range(2)]
-    wait_for(lambda: any(p.poll() is not None for p in resumes), "one resume to be refused")
-    gate.unlink()
-    outcomes = sorted((p.wait(timeout=HANG_GUARD), p.stderr.read()) for p in resumes)
+    try:
+        wait_for(lambda: any(p.poll() is not None for p in resumes), "one resume to be refused")
+    finally:
+        gate.unlink()
+    outcomes = []
     for p in resumes:
-        p.stdout.close(), p.stderr.close()
+        _, err = p.communicate(timeout=HANG_GUARD)
+        outcomes.append((p.returncode, err))
+    outcomes.sort()
     (done, _), (refused, err) = outcomes
     assert (done, refused) == (0, 2), outcomes
     assert err.count("\n") == 1 and "in use by process" in err
@@ -202,6 +240,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_checkpoint
     assert proc.returncode == 2, proc.stderr_text
     err = proc.stderr_text
     assert err.count("\n") == 1 and "no space left on device" in err.lower(), err
+    assert ".partial-step-8/rank-" in err and "could not be written" in err
     assert "Free some space" in err and "exoframe resume" in err
     run = only_run(disk / "runs")
     assert not any((run / "checkpoints").glob(".partial-*"))
@@ -219,7 +258,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_checkpoint
 
 
 ROW = {"step": 1, "loss": 2.302585092994046, "lr": 0.001, "bytes_sent": 123456,
-       "sim_time": 0.123456789, "samples": 64, "accuracy": 0.1234}
+       "sim_time": 0.123456789, "samples": 64, "val_loss": 2.0}
 
 
 @pytest.mark.parametrize("sink", [CsvSink, JsonlSink])
@@ -230,24 +269,28 @@ def test_a_full_disk_leaves_no_half_row_in_20_runs(tmpfs, sink):
     for run_number in range(20):
         for entry in disk.iterdir():
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-        # A filler leaves a different amount of room each time: the disk fills mid-row.
+        # A filler leaves one or two pages; rows of another length each run end the room
+        # at another place in a row, past the header's first write (appends from then on).
         free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
-        (disk / "filler").write_bytes(b"\0" * (free - 4096 - 37 * run_number))
+        (disk / "filler").write_bytes(b"\0" * (free - 4096 * (1 + run_number % 2)))
         run = disk / "run"
         run.mkdir()
         opened = sink(RunInfo(dir=run, name="run", strategy="ddp", workload="mlp", nodes=2,
                               steps=1000, seed=0, net="ideal"))
+        written = 0
         with pytest.raises(OSError):
             for step in range(1, 1000):
-                opened.write({**ROW, "step": step, **({"val_loss": 2.0} if step > 7 else {})})
+                opened.write({**ROW, "step": step, "bytes_sent": 7 ** (run_number + step % 5)})
+                written = step
         opened.close()
         text = (run / opened.path.name).read_text()
-        assert text.endswith("\n") or text == ""
+        assert written > 10 and text.endswith("\n")
         if sink is CsvSink:
-            rows = list(csv.reader(io.StringIO(text)))
-            assert all(len(row) == len(rows[0]) for row in rows), run_number
+            rows = list(csv.DictReader(io.StringIO(text)))
+            assert all(None not in row.values() and len(row) == len(ROW) for row in rows)
         else:
-            assert all(json.loads(line)["step"] for line in text.splitlines())
+            rows = [json.loads(line) for line in text.splitlines()]
+        assert [int(row["step"]) for row in rows] == list(range(1, written + 1)), run_number
 
 
 def test_a_sink_named_twice_is_refused_before_any_folder(tmp_path, capsys, monkeypatch):
@@ -276,9 +319,21 @@ def test_a_dead_ray_address_is_one_line_naming_it(cli, scheme):
     assert not (cli.cwd / "sweeps").exists() or not any((cli.cwd / "sweeps").iterdir())
 
 
-def test_new_plugin_refuses_an_installed_name(tmp_path, capsys):
-    err = one_line_error(capsys, "new-plugin", "ddp", "--dir", tmp_path)
-    assert "a strategy 'ddp' is installed already" in err
+@pytest.mark.parametrize("name, expected", [
+    ("ddp", "a strategy 'ddp' is installed already"),
+    ("demo", "a strategy 'demo' is installed already"),  # a plugin's (exoframe-demo)
+    ("wandb", "the package exoframe-wandb"),  # a plugin that registers no strategy
+])
+def test_new_plugin_refuses_an_installed_name(tmp_path, capsys, name, expected):
+    import importlib.metadata
+
+    if name != "ddp":
+        try:
+            importlib.metadata.version(f"exoframe-{name}")
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip(f"exoframe-{name} is not installed")
+    err = one_line_error(capsys, "new-plugin", name, "--dir", tmp_path)
+    assert expected in err
     assert not any(tmp_path.iterdir())
 
 

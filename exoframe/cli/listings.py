@@ -1,6 +1,8 @@
 """What is installed: `exoframe strategies`, `nets`, `plugins`, ...; and `new-plugin`."""
 from __future__ import annotations
 
+import importlib.metadata
+
 import click
 
 from ..commands import format_plugins
@@ -81,6 +83,13 @@ def new_plugin(name, parent):
         raise ExoframeError(f"new-plugin: a strategy '{name}' is installed already "
                             f"[{taken.source}]; a plugin of that name would collide with it. "
                             "Choose another name.")
+    try:
+        installed = importlib.metadata.version(f"exoframe-{name}")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if installed is not None:
+        raise ExoframeError(f"new-plugin: the package exoframe-{name} {installed} is installed "
+                            "already; choose another name.")
     folder = write_skeleton(name, parent)
     click.echo(f"wrote {folder}\n  pip install -e {folder}\n  python -m pytest {folder}\n"
                f"  exoframe run --strategy {name} --workload mlp")

@@ -78,21 +78,24 @@ def check_executor(executor: str, address: str | None = None, timeout: float = 6
                             f"{', '.join(EXECUTORS)}.")
     if executor == "ray":
         _ray()
-        _check_ray_address(address or os.environ.get("RAY_ADDRESS"), timeout)
+        if address:
+            _check_ray_address(address, "--ray-address", timeout)
+        elif os.environ.get("RAY_ADDRESS"):
+            _check_ray_address(os.environ["RAY_ADDRESS"], "RAY_ADDRESS", timeout)
 
 
-def _check_ray_address(address: str | None, timeout: float):
+def _check_ray_address(address: str, given_as: str, timeout: float):
     """ray.init retries an address with nothing behind it for minutes: knock first."""
-    if not address or address in ("auto", "local"):
+    if address in ("auto", "local"):
         return
     host, colon, port = address.split("://", 1)[-1].rpartition(":")
     if not colon or not port.isdigit() or not host:
-        raise ExoframeError(f"--ray-address: '{address}' is not HOST:PORT or ray://HOST:PORT.")
+        raise ExoframeError(f"{given_as}: '{address}' is not HOST:PORT or ray://HOST:PORT.")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
     except OSError as e:
         raise ExoframeError(
-            f"--ray-address: nothing answers at {address} ({e.strerror or 'no answer'} within "
+            f"{given_as}: nothing answers at {address} ({e.strerror or 'no answer'} within "
             f"{timeout:g} s, --connect-timeout); start Ray there (ray start --head) or give the "
             "address that `ray status` prints.") from None
 

@@ -239,8 +239,10 @@ class Monitor:
         """Once the checkpoint asked for at a stop signal is committed, stop."""
         if self.checkpoint_wanted is not None and self.commits.committed >= self.checkpoint_wanted:
             error = interrupted(self.stop_signal)
-            raise RunInterrupted(f"{error} The run saved a checkpoint at step "
-                                 f"{self.commits.committed}: `exoframe resume` goes on from it.")
+            stop = RunInterrupted(f"{error} The run saved a checkpoint at step "
+                                  f"{self.commits.committed}: `exoframe resume` goes on from it.")
+            stop.names_checkpoint = True
+            raise stop
 
     def raise_first_error(self):
         if self.errors:  # the earliest failure is the cause; later ones are its echoes

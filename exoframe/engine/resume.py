@@ -25,7 +25,7 @@ from .run_lock import RunLock
 def resume(run_dir, steps: int | None = None, progress="off",
            progress_every: float = 30.0) -> RunResult:
     run_dir = Path(run_dir)
-    check_run_folder(run_dir)
+    check_run_folder(run_dir)  # (before its config.yaml is read)
     overrides = {"steps": steps, "epochs": None} if steps is not None else {}
     config = resolve_config(run_dir / "config.yaml", overrides)
     if config.workload == "custom":
@@ -54,7 +54,6 @@ def check_run_folder(run_dir: Path):
 
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint:
-    check_run_folder(run_dir)
     checkpoint = CheckpointFolder(run_dir).latest()
     if checkpoint is None:
         raise ExoframeError(f"{run_dir}: the run saved no checkpoint; runs save them with "

@@ -74,24 +74,24 @@ def _execute(job, folder, config_record, progress, progress_every, on_row, clust
         raise
     rows = list(job.resume_from.rows) if resuming else []
     provisional = Provisional(folder, job, rows)
-    if not resuming:
-        provisional.refresh()
     # A resume leaves the folder's records as they are until its first step has ended: one
     # that fails before then changes nothing.
-    records_ours = not resuming
+    records_replaced = not resuming
+    if records_replaced:
+        provisional.refresh()
     bar = progress_display(progress, job.steps, f"{job.strategy_name} ×{job.nodes}",
                            progress_every)
 
     def handle_row(row):
-        nonlocal records_ours
-        if not records_ours:
-            records_ours = True
-            if config_record is not None:
-                folder.write_config(config_record)
+        nonlocal records_replaced
         rows.append(row)
         if on_row is not None:
             on_row(row)
-        sinks.write(row)
+        sinks.write(row)  # (a resume's first row: the sinks replace their files whole)
+        if not records_replaced:
+            records_replaced = True
+            if config_record is not None:
+                folder.write_config(config_record)
         provisional.refresh()
         bar.update(1, row)
 
@@ -106,7 +106,7 @@ def _execute(job, folder, config_record, progress, progress_every, on_row, clust
         summary = {"status": "completed", **build_summary(job, rows, result)}
         if resuming:  # the steps up to it ran in an earlier process
             summary["resumed_from_step"] = job.resume_from.step
-        if folder:
+        if folder and records_replaced:  # (a resume that had no step to go: nothing changes)
             folder.write_trace(trace)
             folder.write_summary(summary)
         completed = True
@@ -119,20 +119,20 @@ def _execute(job, folder, config_record, progress, progress_every, on_row, clust
             _name_the_checkpoint(e, folder)
         summary = partial_summary(job, getattr(e, "rows", rows), status,
                                   str(e) or type(e).__name__)
-        if folder and records_ours:
+        if folder and records_replaced:
             _write_failed_summary(folder, summary, e)
         raise
     finally:
         bar.close()
         # A sink failing as it closes must not hide the error that stopped the run.
-        sinks.close(summary if records_ours else None, raise_errors=completed)
+        sinks.close(summary if records_replaced else None, raise_errors=completed)
     return RunResult(model=job.model, summary=summary, metrics=rows,
                      run_dir=folder.path if folder else None, trace=trace)
 
 
 def _name_the_checkpoint(error: BaseException, folder: RunFolder):
     """A run that checkpoints and stopped: its error line says where it can go on from."""
-    if not isinstance(error, ExoframeError) or "exoframe resume" in str(error):
+    if not isinstance(error, ExoframeError) or getattr(error, "names_checkpoint", False):
         return
     said = str(error)
     try:
@@ -142,17 +142,18 @@ def _name_the_checkpoint(error: BaseException, folder: RunFolder):
     if latest is not None:
         error.args = (f"{said} Its checkpoint at step {latest.step} is whole: `exoframe resume "
                       f"{folder.path}` goes on from it.",)
+        error.names_checkpoint = True
 
 
 class Provisional:
     """summary.json while the run goes: "failed", with the steps finished so far, so that a
     launcher killed outright (SIGKILL, a machine that stops) leaves a summary that says so.
-    Rewritten at most every `every` seconds, and replaced when the run ends."""
+    Written at the first refresh(), rewritten at most every `every` seconds after, and
+    replaced when the run ends."""
 
     def __init__(self, folder: RunFolder | None, job: Job, rows: list, every: float = 10.0):
         self.folder, self.job, self.rows, self.every = folder, job, rows, every
         self.written_at = -math.inf
-        self.refresh()
 
     def refresh(self):
         if self.folder is None or time.monotonic() - self.written_at < self.every:

@@ -3,8 +3,10 @@
 The lock is an fcntl lock on <run>/.lock, which the kernel releases when the process that
 holds it exits, however it exits (a crash, SIGKILL): a lock file left by a dead process is
 simply taken. The file names the holder (pid, host, command, since when), so that a second
-process can say who has the folder; it is removed when the holder is done. The ranks, forked from the launcher, share its lock: a folder
-stays held while any of them could still write into it.
+process can say who has the folder; the holder removes it when done. The ranks, forked from
+the launcher, share its lock: a launcher killed outright leaves the folder held until its
+ranks, which die with it, are gone. (On NFS, where flock is emulated with POSIX locks,
+forked ranks do not share it.)
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 
 from ..errors import ExoframeError
+from ..files import disk_full
 
 LOCK_FILE = ".lock"
 
@@ -42,21 +45,25 @@ class RunLock:
             if _same_file(fd, path):
                 break
             os.close(fd)  # its holder removed it as we opened it: take the new one
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({
-            "pid": os.getpid(), "host": socket.gethostname(),
-            "command": " ".join(["exoframe", *sys.argv[1:]]),
-            "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode() + b"\n", 0)
-        return cls(path, fd)
+        lock = cls(path, fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps({
+                "pid": os.getpid(), "host": socket.gethostname(),
+                "command": " ".join(["exoframe", *sys.argv[1:]]),
+                "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode() + b"\n", 0)
+        except OSError as e:  # a full disk: the holder stays unnamed, the lock is no less held
+            if disk_full(e) is None:
+                lock.release()
+                raise
+        return lock
 
     def release(self):
         """Remove the file while still holding it (a process that opened it meanwhile sees
         that it is gone, see take), then let go."""
         if self._fd is not None:
-            try:
+            if _same_file(self._fd, self.path):  # (not a file someone put in its place)
                 self.path.unlink()
-            except FileNotFoundError:
-                pass
             os.close(self._fd)
             self._fd = None
 
