@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from .base import check_fraction, check_positive, outer_optimizer_spec
 from .diloco import DiLoCo
+from .quantizers import check_format
 from .sparta import Sparta
 
 
@@ -34,9 +35,12 @@ class SpartaDiLoCo(Sparta, DiLoCo):
         nesterov: bool = True
         outer_optimizer: str = "sgd"  # or any torch.optim class by name
         outer_optimizer_params: dict = field(default_factory=dict)
+        quantizer: str = "none"  # the outer gradient's format (strategies/quantizers.py)
+        error_feedback: bool = False
 
         def __post_init__(self):
             outer_optimizer_spec("sparta-diloco", self)  # checked here, built in setup()
+            check_format("sparta-diloco", self.quantizer)
             check_fraction("sparta-diloco", p=self.p, outer_momentum=self.outer_momentum)
             check_positive("sparta-diloco", H=self.H, outer_lr=self.outer_lr)
 
