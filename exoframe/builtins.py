@@ -21,6 +21,7 @@ STRATEGIES = {
     "noloco": "exoframe.strategies.noloco:NoLoCo",
     "async-localsgd": "exoframe.strategies.async_localsgd:AsyncLocalSGD",
     "param-server": "exoframe.strategies.param_server:ParameterServer",
+    "sparseloco": "exoframe.strategies.sparseloco:SparseLoCo",
 }
 ALIASES = {"localsgd": ["fedavg"]}
 WORKLOADS = {"gpt": "exoframe.workloads.gpt:gpt", "mlp": "exoframe.workloads.mlp:mlp"}

@@ -251,3 +251,43 @@ def test_exoframe_run_diloco_with_muon_on_every_builtin_workload(cli, workload, 
     assert proc.returncode == 0, proc.stderr_text
     summary = json.loads(next((cli.cwd / "runs").glob("*/summary.json")).read_text())
     assert summary["status"] == "completed" and math.isfinite(summary["final_val_loss"])
+
+
+# -- SparseLoCo -----------------------------------------------------------------------------------
+
+def reference_sparseloco_outer(nodes, chunk, topk, beta=0.95, alpha=1.0):
+    """SparseLoCo's outer step from its equations: e ← βe + Δ, Δ̂ = Q(TopK(e)) per chunk with
+    Q the 2-bit codebook (reference_format), e ← e − Δ̂, θ ← θ − α·mean(Δ̂)."""
+    residual = {r: 0 for r in range(nodes)}
+    sent = {}
+
+    def compress(r, delta):
+        e = beta * residual[r] + delta
+        picked = []
+        for start in range(0, len(e), chunk):
+            part = e[start:start + chunk].abs()
+            picked.extend((start + torch.argsort(part, descending=True)[:topk]).tolist())
+        index = torch.tensor(picked)
+        decoded, _ = reference_format(e[index].double().numpy(), "2bit")
+        sparse = torch.zeros_like(e)
+        sparse[index] = torch.tensor(decoded, dtype=e.dtype)
+        residual[r] = e - sparse
+        sent[r] = sparse
+        return sparse
+
+    return compress
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_sparseloco_equals_its_equations_and_sends_the_closed_form(nodes):
+    compress = reference_sparseloco_outer(nodes, chunk=32, topk=4)
+    adamw = lambda m: torch.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.0)
+    reference = reference_diloco(nodes, 3, 3, adamw, compress, outer_lr=1.0, outer_momentum=0.0)
+    result = fit("sparseloco", nodes, steps=9, optimizer="adamw", lr=0.01, H=3, chunk=32,
+                 topk=4)
+    assert max_diff(result.model, reference) <= 1e-6
+    assert max_diff(result.model, fresh_model()) > 1e-3
+    # 129 values in chunks of 32, 32, 32, 32, 1: K = 17 values, 2-bit (ceil(17/4) + a codebook
+    # of 4 fp32) and 5-bit indices (ceil(17·5/8)); the ring all-gather sends R − 1 messages.
+    message = (math.ceil(17 / 4) + 16) + math.ceil(17 * 5 / 8)
+    assert bytes_per_step(result) == [0, 0, (nodes - 1) * message] * 3
