@@ -22,6 +22,7 @@ STRATEGIES = {
     "async-localsgd": "exoframe.strategies.async_localsgd:AsyncLocalSGD",
     "param-server": "exoframe.strategies.param_server:ParameterServer",
     "sparseloco": "exoframe.strategies.sparseloco:SparseLoCo",
+    "eager-diloco": "exoframe.strategies.eager_diloco:EagerDiLoCo",
 }
 ALIASES = {"localsgd": ["fedavg"]}
 WORKLOADS = {"gpt": "exoframe.workloads.gpt:gpt", "mlp": "exoframe.workloads.mlp:mlp"}

@@ -1,0 +1,86 @@
+"""The methods of 2025-26 (eager-diloco, desloc, ...) against references written here from
+their papers' equations, with real rank processes; their simulated time against closed forms."""
+import pytest
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+import exoframe
+from test_equivalence import SHARD, all_data, fit, fresh_model, max_diff, per_rank
+from test_strategy_catalogue import N_PARAMS, SLOW_NET, bytes_per_step, ring_all_reduce
+
+ADAMW = dict(optimizer="adamw", lr=0.01)
+
+
+def replicas_and_shards(nodes):
+    x, y = all_data(nodes)
+    replicas = [fresh_model() for _ in range(nodes)]
+    batches = [(x[r * SHARD:(r + 1) * SHARD], y[r * SHARD:(r + 1) * SHARD]) for r in range(nodes)]
+    return replicas, batches
+
+
+def vector(model):
+    return parameters_to_vector(model.parameters()).detach().clone()
+
+
+def average(models):
+    """The run's model: the replicas' mean."""
+    mean = fresh_model()
+    vector_to_parameters(sum(vector(m) for m in models) / len(models), mean.parameters())
+    return mean
+
+
+# -- eager-diloco ---------------------------------------------------------------------------------
+
+def reference_eager_diloco(nodes, rounds, H, lr=0.7, mu=0.9):
+    """Each worker m: H AdamW steps from θ_m; Δ_m = θ_m − θ_m,local; eager outer gradient
+    Δ̃_m = Ā_prev − Δ_m,prev/M + Δ_m/M; Nesterov: b ← μb + Δ̃, θ_m ← θ_m − lr(Δ̃ + μb)."""
+    replicas, batches = replicas_and_shards(nodes)
+    inner = [torch.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.0) for m in replicas]
+    theta = [vector(m) for m in replicas]
+    momentum = [torch.zeros_like(t) for t in theta]
+    previous = [torch.zeros_like(t) for t in theta]
+    previous_mean = torch.zeros_like(theta[0])
+    for _ in range(rounds):
+        deltas = []
+        for m, (model, opt) in enumerate(zip(replicas, inner)):
+            for _ in range(H):
+                model(batches[m]).backward()
+                opt.step()
+                opt.zero_grad()
+            deltas.append(theta[m] - vector(model))
+        for m, model in enumerate(replicas):
+            eager = previous_mean - previous[m] / nodes + deltas[m] / nodes
+            momentum[m] = mu * momentum[m] + eager
+            theta[m] = theta[m] - lr * (eager + mu * momentum[m])
+            vector_to_parameters(theta[m].clone(), model.parameters())
+        previous, previous_mean = deltas, sum(deltas) / nodes
+    return average(replicas)
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_eager_diloco_equals_its_equations(nodes):
+    result = fit("eager-diloco", nodes, steps=12, H=3, **ADAMW)
+    assert max_diff(result.model, reference_eager_diloco(nodes, 4, 3)) <= 1e-6
+    assert max_diff(result.model, fit("diloco", nodes, steps=12, H=3, **ADAMW).model) > 1e-4
+    # every round's outer gradient but the last one's is all-reduced
+    assert bytes_per_step(result) == [0, 0, ring_all_reduce(nodes, 4 * N_PARAMS)] * 3 + [0] * 3
+
+
+@pytest.mark.parametrize("compute,hidden", [(0.1, True), (0.01, False)])
+def test_eager_diloco_hides_the_outer_all_reduce_behind_the_next_rounds_compute(
+        tmp_path, compute, hidden):
+    net = tmp_path / "slow.yaml"
+    net.write_text(SLOW_NET)  # 10 Mbit/s, 20 ms: a ring all-reduce 2(n−1)(α + S/(nB))
+    n, H, steps = 4, 3, 9
+    t_all_reduce = 2 * (n - 1) * (0.020 + 4 * N_PARAMS / (n * 10e6 / 8))
+    trainer = exoframe.Trainer(fresh_model(), per_rank, batch_size=SHARD)
+    run = dict(num_nodes=n, steps=steps, eval_every=1000, net=str(net),
+               compute=f"fixed:{compute}", strategy_params={"H": H}, **ADAMW)
+    eager = trainer.fit(strategy="eager-diloco", **run).summary["simulated_seconds"]
+    blocking = trainer.fit(strategy="diloco", **run).summary["simulated_seconds"]
+    rounds = steps // H
+    # a round: H − 1 steps overlap the previous all-reduce, then one more step
+    assert eager == pytest.approx(H * compute + (rounds - 1) * (
+        max((H - 1) * compute, t_all_reduce) + compute), rel=1e-9)
+    assert blocking == pytest.approx(rounds * (H * compute + t_all_reduce), rel=1e-9)
+    assert (eager == pytest.approx(steps * compute, rel=1e-9)) == hidden
