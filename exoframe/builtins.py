@@ -23,6 +23,7 @@ STRATEGIES = {
     "param-server": "exoframe.strategies.param_server:ParameterServer",
     "sparseloco": "exoframe.strategies.sparseloco:SparseLoCo",
     "eager-diloco": "exoframe.strategies.eager_diloco:EagerDiLoCo",
+    "desloc": "exoframe.strategies.desloc:DESLOC",
 }
 ALIASES = {"localsgd": ["fedavg"]}
 WORKLOADS = {"gpt": "exoframe.workloads.gpt:gpt", "mlp": "exoframe.workloads.mlp:mlp"}

@@ -84,3 +84,50 @@ def test_eager_diloco_hides_the_outer_all_reduce_behind_the_next_rounds_compute(
         max((H - 1) * compute, t_all_reduce) + compute), rel=1e-9)
     assert blocking == pytest.approx(rounds * (H * compute + t_all_reduce), rel=1e-9)
     assert (eager == pytest.approx(steps * compute, rel=1e-9)) == hidden
+
+
+# -- desloc ---------------------------------------------------------------------------------------
+
+def reference_desloc(nodes, steps, Kx, Ku, Kv, lr=0.01, betas=(0.9, 0.999), eps=1e-8):
+    """Adam from its equations on each worker, u ← β1·u + (1−β1)g, v ← β2·v + (1−β2)g²,
+    θ ← θ − lr·(u/(1−β1^t)) / (sqrt(v/(1−β2^t)) + eps); after step s, θ, u, v are replaced by
+    their mean over workers when Kx, Ku, Kv (respectively) divide s."""
+    replicas, batches = replicas_and_shards(nodes)
+    theta = [vector(m) for m in replicas]
+    u = [torch.zeros_like(t) for t in theta]
+    v = [torch.zeros_like(t) for t in theta]
+    for s in range(1, steps + 1):
+        for m, model in enumerate(replicas):
+            vector_to_parameters(theta[m].clone(), model.parameters())
+            model.zero_grad()
+            model(batches[m]).backward()
+            g = parameters_to_vector(p.grad for p in model.parameters())
+            u[m] = betas[0] * u[m] + (1 - betas[0]) * g
+            v[m] = betas[1] * v[m] + (1 - betas[1]) * g * g
+            u_hat, v_hat = u[m] / (1 - betas[0] ** s), v[m] / (1 - betas[1] ** s)
+            theta[m] = theta[m] - lr * u_hat / (v_hat.sqrt() + eps)
+        for state, period in ((theta, Kx), (u, Ku), (v, Kv)):
+            if s % period == 0:
+                state[:] = [sum(state) / nodes] * nodes
+    for m, model in enumerate(replicas):
+        vector_to_parameters(theta[m].clone(), model.parameters())
+    return average(replicas), replicas
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_desloc_equals_its_equations(nodes):
+    steps, periods = 12, dict(Kx=2, Ku=3, Kv=4)
+    result = fit("desloc", nodes, steps=steps, optimizer="adam", lr=0.01, **periods)
+    reference, _ = reference_desloc(nodes, steps, **periods)
+    assert max_diff(result.model, reference) <= 1e-6
+    local_adam = fit("desloc", nodes, steps=steps, optimizer="adam", lr=0.01, Kx=2, Ku=2, Kv=2)
+    assert max_diff(result.model, local_adam.model) > 1e-6  # the moments' periods matter
+    # bytes: θ at steps 2, 4, ...; u at 3, 6, ...; v at 4, 8, ...: 4N each, one all-reduce a step
+    synced = [sum(s % k == 0 for k in (2, 3, 4)) for s in range(1, steps + 1)]
+    assert bytes_per_step(result) == [ring_all_reduce(nodes, 4 * N_PARAMS * k) if k else 0
+                                      for k in synced]
+
+
+def test_desloc_needs_adams_moments():
+    with pytest.raises(exoframe.errors.ExoframeError, match="desloc.*exp_avg"):
+        fit("desloc", 2, steps=2, optimizer="sgd", Kx=1, Ku=1, Kv=1)
