@@ -24,6 +24,7 @@ STRATEGIES = {
     "sparseloco": "exoframe.strategies.sparseloco:SparseLoCo",
     "eager-diloco": "exoframe.strategies.eager_diloco:EagerDiLoCo",
     "desloc": "exoframe.strategies.desloc:DESLOC",
+    "hier-diloco": "exoframe.strategies.hier_diloco:HierDiLoCo",
 }
 ALIASES = {"localsgd": ["fedavg"]}
 WORKLOADS = {"gpt": "exoframe.workloads.gpt:gpt", "mlp": "exoframe.workloads.mlp:mlp"}

@@ -131,3 +131,62 @@ def test_desloc_equals_its_equations(nodes):
 def test_desloc_needs_adams_moments():
     with pytest.raises(exoframe.errors.ExoframeError, match="desloc.*exp_avg"):
         fit("desloc", 2, steps=2, optimizer="sgd", Kx=1, Ku=1, Kv=1)
+
+
+# -- hier-diloco ----------------------------------------------------------------------------------
+
+def fit_on(net, strategy, nodes, steps, packing=None, **params):
+    trainer = exoframe.Trainer(fresh_model(), per_rank, batch_size=SHARD)
+    return trainer.fit(strategy=strategy, num_nodes=nodes, steps=steps, strategy_params=params,
+                       eval_every=1000, net=net, compute="fixed:10ms",
+                       nodes_per_process=packing, **ADAMW)
+
+
+def reference_hier_diloco(sites, rounds, H, lr=0.7, mu=0.9):
+    """Each site: one AdamW replica stepping on the mean gradient of its ranks' shards; every
+    H steps Δ_s = θ − θ_s, mean over ranks (sites weighed by their ranks), Nesterov outer step."""
+    nodes = sum(len(site) for site in sites)
+    x, y = all_data(nodes)
+    replicas = [fresh_model() for _ in sites]
+    inner = [torch.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.0) for m in replicas]
+    theta, momentum = vector(replicas[0]), 0
+    for _ in range(rounds):
+        for site, model, opt in zip(sites, replicas, inner):
+            for _ in range(H):
+                grads = []
+                for r in site:
+                    model.zero_grad()
+                    model((x[r * SHARD:(r + 1) * SHARD], y[r * SHARD:(r + 1) * SHARD])).backward()
+                    grads.append([p.grad.clone() for p in model.parameters()])
+                for p, *g in zip(model.parameters(), *grads):
+                    p.grad = sum(g) / len(site)
+                opt.step()
+        mean = sum(len(site) * (theta - vector(m)) for site, m in zip(sites, replicas)) / nodes
+        momentum = mu * momentum + mean
+        theta = theta - lr * (mean + mu * momentum)
+        for model in replicas:
+            vector_to_parameters(theta.clone(), model.parameters())
+    return replicas[0]
+
+
+@pytest.mark.parametrize("nodes,sites", [(2, [[0], [1]]), (4, [[0, 1], [2, 3]])])
+def test_hier_diloco_equals_its_equations_on_geo_2dc(nodes, sites):
+    result = fit_on("geo-2dc", "hier-diloco", nodes, 9, H=3)
+    assert max_diff(result.model, reference_hier_diloco(sites, 3, 3)) <= 1e-6
+    if nodes == 2:  # one rank per site: DiLoCo
+        assert max_diff(result.model, fit_on("geo-2dc", "diloco", 2, 9, H=3).model) == 0
+
+
+def test_only_the_outer_reduction_crosses_between_the_sites():
+    n, S, H, steps = 4, 4 * N_PARAMS, 3, 9
+    hier = fit_on("geo-2dc", "hier-diloco", n, steps, H=H).summary
+    # The outer ring all-reduce over ranks 0, 1 | 2, 3 crosses at 1 → 2 and 3 → 0, each
+    # carrying what one rank sends in a ring: 2(n−1)/n · S per outer step.
+    per_outer_step = 2 * (n - 1) / n * S
+    assert hier["bytes_between_sites"] == {"us->eu": steps // H * per_outer_step,
+                                           "eu->us": steps // H * per_outer_step}
+    # each rank: the site's 2-rank ring every step, plus the outer all-reduce
+    assert hier["bytes_sent_per_rank"] == [steps * ring_all_reduce(2, S)
+                                           + steps // H * ring_all_reduce(n, S)] * n
+    ddp = fit_on("geo-2dc", "ddp", n, steps).summary  # every step crosses
+    assert ddp["bytes_between_sites"]["us->eu"] == steps * per_outer_step
