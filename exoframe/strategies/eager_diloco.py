@@ -11,12 +11,12 @@ its outer optimizer on the eager outer gradient
 average Ā^{t−1} has arrived meanwhile; Ā^0 = Δ^0 = 0), then sets its weights to θ_m and
 starts the next round. The average of round t is collected at the end of step (t+1)H − 1:
 the all-reduce overlaps H − 1 inner steps, and a round costs max((H−1)·c, T_allreduce) + c
-for c the compute per step (the first round H·c). The last round's outer gradient is not
-sent: nothing would apply it. The outer gradient may travel quantized (`quantizer`,
+for c the compute per step (the first round H·c); the run ends once the last round's
+all-reduce is done (a run resumed from a checkpoint goes on with it). The outer gradient may travel quantized (`quantizer`,
 `error_feedback`, as in diloco). The floating-point buffers ride with the all-reduce and
 take their mean when it arrives. Replicas differ between rounds (each applied its own
 Δ_m^t); the run's model is their average.
-Bytes per rank per round but the last (ring): 2(M−1)/M · W(N), W as in strategies/quantizers.py.
+Bytes per rank per round (ring): 2(M−1)/M · W(N), W as in strategies/quantizers.py.
 Source: Kale, Douillard, Donchev, "Eager Updates For Overlapped Communication and
 Computation in DiLoCo" (arXiv 2502.12996, 2025).
 """
@@ -74,12 +74,10 @@ class EagerDiLoCo(Strategy):
     def outer_step(self):
         params = self.trainable_parameters()
         sent, wire_bytes = self.quantizer.compress(self.global_params.detach() - flatten(params))
-        if self.step_num != self.total_steps:
-            joined = self.with_buffers(sent).clone()
-            wire_bytes += 4 * (joined.numel() - sent.numel())
-            handle = self.comm.all_reduce(joined, op="mean", async_op=True,
-                                          wire_bytes=wire_bytes)
-            self.pending = (handle, joined)
+        joined = self.with_buffers(sent).clone()
+        wire_bytes += 4 * (joined.numel() - sent.numel())
+        handle = self.comm.all_reduce(joined, op="mean", async_op=True, wire_bytes=wire_bytes)
+        self.pending = (handle, joined)
         n = self.world_size
         eager = self.previous_mean - self.previous_local / n + sent / n
         self.previous_local = sent.clone()
