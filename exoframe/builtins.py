@@ -25,6 +25,7 @@ STRATEGIES = {
     "eager-diloco": "exoframe.strategies.eager_diloco:EagerDiLoCo",
     "desloc": "exoframe.strategies.desloc:DESLOC",
     "hier-diloco": "exoframe.strategies.hier_diloco:HierDiLoCo",
+    "halos": "exoframe.strategies.halos:HALoS",
 }
 ALIASES = {"localsgd": ["fedavg"]}
 WORKLOADS = {"gpt": "exoframe.workloads.gpt:gpt", "mlp": "exoframe.workloads.mlp:mlp"}

@@ -119,7 +119,7 @@ def test_fresh_plugin_manager_registers_builtins_through_hooks():
     pm = PluginManager(load_entry_points=False)
     names = [e.name for e in pm.strategies]
     assert names == ["async-localsgd", "ddp", "desloc", "diloco", "eager-diloco", "gossip",
-                     "hier-diloco", "localsgd", "noloco", "param-server", "powersgd",
+                     "halos", "hier-diloco", "localsgd", "noloco", "param-server", "powersgd",
                      "randomk-ef", "sparseloco", "sparta", "sparta-diloco", "streaming-diloco",
                      "topk-ef"]
     assert pm.strategies.get("fedavg").name == "localsgd"

@@ -236,3 +236,89 @@ def test_a_projection_scales_every_exchange_to_the_projected_model(strategy, par
     assert projected["bytes_sent_per_node"] == pytest.approx(
         result.summary["bytes_sent_per_node"] * 1e6 / N_PARAMS, rel=1e-9)
     assert projected["simulated_seconds"] >= 6 * 0.05
+
+
+# -- halos ----------------------------------------------------------------------------------------
+
+class ReferenceDelayedNesterov:
+    """HALoS's DelayedNesterovOptimizer (c = 0): θ ← θ − lr·g/N each push; each N-th push
+    also m ← β·m + (sum of the last N)/N and θ ← θ − lr·β·m."""
+
+    def __init__(self, lr, beta, buffer, like):
+        self.lr, self.beta, self.buffer, self.t = lr, beta, buffer, 0
+        self.m, self.delta = torch.zeros_like(like), torch.zeros_like(like)
+
+    def step(self, theta, g):
+        self.delta = self.delta + g
+        if (self.t + 1) % self.buffer == 0:
+            self.m = self.beta * self.m + self.delta / self.buffer
+            theta = theta - self.lr * (self.beta * self.m + g / self.buffer)
+            self.delta = torch.zeros_like(g)
+        else:
+            theta = theta - self.lr * g / self.buffer
+        self.t += 1
+        return theta
+
+
+def reference_halos_one_region(nodes, steps, H, K, alpha, local, global_):
+    """HALoS on a network without sites and without delays: rank 0 is the region's server
+    (LPS) and the global one (GPS). At a round end the workers push in rank order; the LPS
+    applies each push and answers its model; at K versions past the last merge it sends
+    u = θ_merged − θ_LPS to the GPS, which steps and answers θ_G; the LPS merges it at its
+    next step, θ_LPS ← (1 − α)θ_LPS + α·θ_G."""
+    replicas, batches = replicas_and_shards(nodes)
+    inner = [torch.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.0) for m in replicas]
+    start = [vector(m) for m in replicas]
+    region = merged = start[0].clone()
+    global_model = start[0].clone()
+    lps = ReferenceDelayedNesterov(*local, region)
+    gps = ReferenceDelayedNesterov(*global_, region)
+    version = merged_version = 0
+    answer = None
+    for s in range(1, steps + 1):
+        for model, opt, batch in zip(replicas, inner, batches):
+            model(batch).backward()
+            opt.step()
+            opt.zero_grad()
+        if answer is not None:  # the LPS's step: merge the GPS's answer
+            region = (1 - alpha) * region + alpha * answer
+            merged, merged_version, answer = region.clone(), version, None
+        if s % H:
+            continue
+        for r, model in enumerate(replicas):
+            region = lps.step(region, start[r] - vector(model))
+            version += 1
+            if answer is None and version == merged_version + K:
+                global_model = gps.step(global_model, merged - region)
+                answer = global_model.clone()
+            start[r] = region.clone()
+            vector_to_parameters(region.clone(), model.parameters())
+    return average(replicas)
+
+
+HALOS = dict(H=2, K=3, alpha=0.5, local_lr=0.8, local_beta=0.9, local_buffer=2, global_lr=0.6,
+             global_beta=0.5, global_buffer=2)
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_halos_equals_its_equations_in_one_region_without_delays(nodes):
+    steps = 12  # 6 rounds: 6·nodes pushes, 4 (2 nodes) or 8 (4 nodes) global updates
+    result = fit_on("ideal", "halos", nodes, steps, **HALOS)
+    reference = reference_halos_one_region(
+        nodes, steps, 2, 3, 0.5, (0.8, 0.9, 2), (0.6, 0.5, 2))
+    assert max_diff(result.model, reference) <= 1e-6
+    assert max_diff(result.model, fresh_model()) > 1e-3
+
+
+def test_halos_on_geo_2dc_is_the_same_packed_and_only_its_servers_talk_across_sites():
+    runs = [fit_on("geo-2dc", "halos", 4, 12, packing=packing, **HALOS) for packing in (4, None)]
+    assert max_diff(runs[0].model, runs[1].model) == 0
+    assert runs[0].summary["simulated_seconds"] == runs[1].summary["simulated_seconds"]
+    summary = runs[0].summary
+    sent, across = summary["bytes_sent_per_rank"], summary["bytes_between_sites"]
+    # workers 1 and 3 push only to their own site's server, as often as each other
+    assert sent[1] == sent[3]
+    # the servers answer their own workers alike; beyond that, rank 2 (eu's server) sends
+    # its updates to the GPS and rank 0 its answers: exactly what crosses between the sites
+    assert sent[2] - sent[0] == across["eu->us"] - across["us->eu"]
+    assert 4 * N_PARAMS < across["eu->us"] < 2 * 4 * N_PARAMS  # one update, no push
