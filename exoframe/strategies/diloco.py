@@ -13,6 +13,7 @@ Source: Douillard et al., "DiLoCo: Distributed Low-Communication Training of Lan
 (2023).
 """
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -22,6 +23,28 @@ from .base import (Strategy, check_fraction, check_positive, optimizer_tensors,
 from .quantizers import OuterQuantizer, check_format, row_lengths
 
 
+@dataclass
+class OuterParams:
+    """DiLoCo's parameters, shared by the strategies built on its outer step (eager-diloco,
+    hier-diloco); a subclass names its strategy in `owner` for the error lines."""
+
+    owner: ClassVar[str] = "diloco"
+    H: int = 50
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    nesterov: bool = True
+    outer_optimizer: str = "sgd"  # or any torch.optim class by name
+    outer_optimizer_params: dict = field(default_factory=dict)
+    quantizer: str = "none"  # the outer gradient's format (strategies/quantizers.py)
+    error_feedback: bool = False
+
+    def __post_init__(self):
+        outer_optimizer_spec(self.owner, self)  # checked here, built in setup()
+        check_format(self.owner, self.quantizer)
+        check_positive(self.owner, H=self.H, outer_lr=self.outer_lr)
+        check_fraction(self.owner, outer_momentum=self.outer_momentum)
+
+
 class DiLoCo(Strategy):
     """Inner optimizer for H steps, then one all-reduce of the outer gradient and an outer Nesterov step."""
 
@@ -29,22 +52,7 @@ class DiLoCo(Strategy):
     replicas_equal_after_sync = True
     survives_failures = True
 
-    @dataclass
-    class Params:
-        H: int = 50
-        outer_lr: float = 0.7
-        outer_momentum: float = 0.9
-        nesterov: bool = True
-        outer_optimizer: str = "sgd"  # or any torch.optim class by name
-        outer_optimizer_params: dict = field(default_factory=dict)
-        quantizer: str = "none"  # the outer gradient's format (strategies/quantizers.py)
-        error_feedback: bool = False
-
-        def __post_init__(self):
-            outer_optimizer_spec("diloco", self)  # checked here, built in setup()
-            check_format("diloco", self.quantizer)
-            check_positive("diloco", H=self.H, outer_lr=self.outer_lr)
-            check_fraction("diloco", outer_momentum=self.outer_momentum)
+    Params = OuterParams
 
     def setup(self):
         self.global_params = torch.nn.Parameter(flatten(self.trainable_parameters()))

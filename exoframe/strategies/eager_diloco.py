@@ -20,35 +20,22 @@ Bytes per rank per round (ring): 2(M−1)/M · W(N), W as in strategies/quantize
 Source: Kale, Douillard, Donchev, "Eager Updates For Overlapped Communication and
 Computation in DiLoCo" (arXiv 2502.12996, 2025).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ..comm import flatten, unflatten_into
-from .base import Strategy, check_fraction, check_positive, outer_optimizer_spec
-from .diloco import outer_quantizer
-from .quantizers import check_format
+from .base import Strategy, outer_optimizer_spec
+from .diloco import OuterParams, outer_quantizer
 
 
 class EagerDiLoCo(Strategy):
     """DiLoCo whose outer all-reduce overlaps the next round, with eager outer steps."""
 
     @dataclass
-    class Params:
-        H: int = 50
-        outer_lr: float = 0.7
-        outer_momentum: float = 0.9
-        nesterov: bool = True
-        outer_optimizer: str = "sgd"  # or any torch.optim class by name
-        outer_optimizer_params: dict = field(default_factory=dict)
-        quantizer: str = "none"  # the outer gradient's format (strategies/quantizers.py)
-        error_feedback: bool = False
-
-        def __post_init__(self):
-            outer_optimizer_spec("eager-diloco", self)  # checked here, built in setup()
-            check_positive("eager-diloco", H=self.H, outer_lr=self.outer_lr)
-            check_fraction("eager-diloco", outer_momentum=self.outer_momentum)
-            check_format("eager-diloco", self.quantizer)
+    class Params(OuterParams):
+        owner: ClassVar[str] = "eager-diloco"
 
     def setup(self):
         self.global_params = torch.nn.Parameter(flatten(self.trainable_parameters()))

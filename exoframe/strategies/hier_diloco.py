@@ -15,14 +15,13 @@ Bytes per rank: each step 2(m−1)/m · 4N among its site's m ranks (ring), plus
 Sources: Douillard et al., "DiLoCo" (2023); torchft's HSDP + DiLoCo (one DiLoCo worker per
 datacenter, made of data-parallel ranks).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ..comm import flatten, unflatten_into
-from .base import check_fraction, check_positive, outer_optimizer_spec
-from .diloco import DiLoCo
-from .quantizers import check_format
+from .diloco import DiLoCo, OuterParams
 
 
 class HierDiLoCo(DiLoCo):
@@ -34,21 +33,8 @@ class HierDiLoCo(DiLoCo):
     survives_failures = False  # the site all-reduce needs every rank of the site
 
     @dataclass
-    class Params:
-        H: int = 50
-        outer_lr: float = 0.7
-        outer_momentum: float = 0.9
-        nesterov: bool = True
-        outer_optimizer: str = "sgd"  # or any torch.optim class by name
-        outer_optimizer_params: dict = field(default_factory=dict)
-        quantizer: str = "none"  # the outer gradient's format (strategies/quantizers.py)
-        error_feedback: bool = False
-
-        def __post_init__(self):
-            outer_optimizer_spec("hier-diloco", self)  # checked here, built in setup()
-            check_positive("hier-diloco", H=self.H, outer_lr=self.outer_lr)
-            check_fraction("hier-diloco", outer_momentum=self.outer_momentum)
-            check_format("hier-diloco", self.quantizer)
+    class Params(OuterParams):
+        owner: ClassVar[str] = "hier-diloco"
 
     def setup(self):
         super().setup()
