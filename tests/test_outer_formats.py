@@ -1,6 +1,7 @@
 """Outer-gradient formats (strategies/quantizers.py) and Muon as the inner optimizer (MuLoCo),
 against references written here from the formats' definitions and the papers' equations,
 with real rank processes."""
+import copy
 import json
 import math
 
@@ -291,3 +292,22 @@ def test_sparseloco_equals_its_equations_and_sends_the_closed_form(nodes):
     # of 4 fp32) and 5-bit indices (ceil(17·5/8)); the ring all-gather sends R − 1 messages.
     message = (math.ceil(17 / 4) + 16) + math.ceil(17 * 5 / 8)
     assert bytes_per_step(result) == [0, 0, (nodes - 1) * message] * 3
+
+
+def test_muon_with_adamw_state_round_trips_through_a_checkpoint():
+    x, y = all_data(1)
+    models = [fresh_model(), fresh_model()]
+    factory = muon_with_rule(hidden_matrices)
+    first = factory(models[0].parameters(), lr=0.02, model=models[0])
+    for _ in range(2):
+        models[0]((x, y)).backward()
+        first.step()
+        first.zero_grad()
+    models[1].load_state_dict(models[0].state_dict())
+    second = factory(models[1].parameters(), lr=0.02, model=models[1])
+    second.load_state_dict(copy.deepcopy(first.state_dict()))  # as a checkpoint file does
+    for model, opt in zip(models, (first, second)):
+        model((x, y)).backward()
+        opt.step()
+    assert max_diff(models[0], models[1]) == 0
+    assert max_diff(models[0], fresh_model()) > 1e-3

@@ -27,6 +27,7 @@ Thérien et al., "MuLoCo: Muon is a practical inner optimizer for DiLoCo" (arXiv
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Callable
 
@@ -166,8 +167,7 @@ def muon_with_rule(rule: Rule):
 
 
 def _signature_with_options():
-    import inspect
-
+    """MuonWithAdamW's keyword arguments but `rule`: what OptimizerSpec checks -o against."""
     signature = inspect.signature(MuonWithAdamW.__init__)
     return signature.replace(parameters=[p for name, p in signature.parameters.items()
                                          if name not in ("self", "rule")])
