@@ -322,3 +322,17 @@ def test_halos_on_geo_2dc_is_the_same_packed_and_only_its_servers_talk_across_si
     # its updates to the GPS and rank 0 its answers: exactly what crosses between the sites
     assert sent[2] - sent[0] == across["eu->us"] - across["us->eu"]
     assert 4 * N_PARAMS < across["eu->us"] < 2 * 4 * N_PARAMS  # one update, no push
+
+
+def test_desloc_goes_on_through_a_failure_and_the_node_back_takes_every_state():
+    trainer = exoframe.Trainer(fresh_model(), per_rank, batch_size=SHARD)
+    result = trainer.fit(strategy="desloc", num_nodes=4, steps=12, optimizer="adam", lr=0.01,
+                         strategy_params={"Kx": 2, "Ku": 3, "Kv": 4}, eval_every=1000,
+                         net="geo-2dc", compute="fixed:10ms", faults="2@0.02s:0.03s")
+    summary = result.summary
+    assert summary["status"] == "completed"
+    (failure,) = summary["failures"]
+    assert failure["rank"] == 2 and failure["recovered_from"] == 0
+    # the parameters and Adam's two moments (fp32) and its step count per parameter
+    params = list(result.model.parameters())
+    assert failure["recovery_bytes"] == 3 * 4 * N_PARAMS + 4 * len(params)

@@ -8,7 +8,10 @@ paper recommends Ku = 3·Kx and Kv = 6·Kx. The paper states the averages as tak
 t's update for t ≡ 0 (mod K); here they are taken after step s's, the same schedule shifted
 by one step, so that a run of a multiple of Kx steps ends synced. With Kx = Ku = Kv this is
 Local Adam. What one step syncs travels as one all-reduce; the floating-point buffers
-(BatchNorm statistics) go with the parameters.
+(BatchNorm statistics) go with the parameters. Every sync is a `sync()`: under simulated
+failures the live workers average among themselves, and a worker back from a failure takes
+the parameters and both moments from a live one (the paper's point: its state is never
+lost, as every quantity is periodically the workers' mean).
 Bytes per rank at a step that syncs k of the three (ring): 2(n−1)/n · 4N·k.
 Source: Iacob et al., "DES-LOC: Desynced Low Communication Adaptive Optimizers for Training
 Foundation Models" (arXiv 2505.22549, 2025).
@@ -27,7 +30,9 @@ MOMENTS = {"Ku": "exp_avg", "Kv": "exp_avg_sq"}  # Adam's names for u and v
 class DESLOC(Strategy):
     """Local Adam; parameters averaged every Kx steps, first moment every Ku, second every Kv."""
 
-    replicas_equal_after_sync = True
+    survives_failures = True
+    # A step that syncs only a moment leaves the parameters apart: no checksum check.
+    replicas_equal_after_sync = False
 
     @dataclass
     class Params:
@@ -43,11 +48,9 @@ class DESLOC(Strategy):
         self.optimizer.zero_grad()
         p, s = self.params, self.step_num
         moments = [MOMENTS[k] for k in ("Ku", "Kv") if s % getattr(p, k) == 0]
-        if s % p.Kx == 0:
+        if s % p.Kx == 0 or moments:
             with self.sync():
-                self.average(moments, parameters=True)
-        elif moments:
-            self.average(moments, parameters=False)
+                self.average(moments, parameters=s % p.Kx == 0)
 
     def average(self, moments: list[str], parameters: bool):
         """One all-reduce (mean) of the parameters (with the buffers) and the named moments."""
