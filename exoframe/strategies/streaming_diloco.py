@@ -21,14 +21,16 @@ Source: Douillard et al., "Streaming DiLoCo with overlapping communication: Towa
 Distributed Free Lunch" (2025).
 """
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ..comm import flatten, unflatten_into
 from ..errors import ExoframeError
 from .base import Strategy, check_fraction, check_positive, outer_optimizer_spec
-from .quantizers import OuterQuantizer, check_format, row_lengths, rows_within
+from .diloco import OuterParams
+from .quantizers import OuterQuantizer, row_lengths, rows_within
 
 # `bits` names the formats of strategies/quantizers.py it stood for before `quantizer`.
 BITS = {32: "none", 16: "bf16", 8: "int8", 4: "int4"}
@@ -38,26 +40,17 @@ class StreamingDiLoCo(Strategy):
     """DiLoCo with F staggered fragments whose outer all-reduce overlaps τ inner steps."""
 
     @dataclass
-    class Params:
-        H: int = 50
+    class Params(OuterParams):
+        owner: ClassVar[str] = "streaming-diloco"
         fragments: int = 4
         tau: int = 1
         alpha: float = 0.5
         bits: int = 32
-        outer_lr: float = 0.7
-        outer_momentum: float = 0.9
-        nesterov: bool = True
-        outer_optimizer: str = "sgd"  # or any torch.optim class by name
-        outer_optimizer_params: dict = field(default_factory=dict)
-        quantizer: str = "none"  # the outer gradient's format (strategies/quantizers.py)
-        error_feedback: bool = False
 
         def __post_init__(self):
-            outer_optimizer_spec("streaming-diloco", self)  # checked here, built in setup()
-            check_positive("streaming-diloco", H=self.H, fragments=self.fragments,
-                           outer_lr=self.outer_lr)
-            check_fraction("streaming-diloco", alpha=self.alpha,
-                           outer_momentum=self.outer_momentum)
+            super().__post_init__()
+            check_positive(self.owner, fragments=self.fragments)
+            check_fraction(self.owner, alpha=self.alpha)
             if self.fragments > self.H:
                 raise ExoframeError(f"streaming-diloco: parameter 'fragments' ({self.fragments}) "
                                     f"must not exceed H ({self.H}): each fragment needs its "
@@ -68,7 +61,6 @@ class StreamingDiLoCo(Strategy):
             if self.bits not in BITS:
                 raise ExoframeError(f"streaming-diloco: parameter 'bits' must be one of "
                                     f"{', '.join(map(str, sorted(BITS)))}, got {self.bits}.")
-            check_format("streaming-diloco", self.quantizer)
             if self.bits != 32 and self.quantizer != "none":
                 raise ExoframeError("streaming-diloco: give 'quantizer' or 'bits', not both "
                                     f"(bits={self.bits} is quantizer={BITS[self.bits]}).")
