@@ -21,6 +21,11 @@ STRATEGIES = {
     "noloco": "exoframe.strategies.noloco:NoLoCo",
     "async-localsgd": "exoframe.strategies.async_localsgd:AsyncLocalSGD",
     "param-server": "exoframe.strategies.param_server:ParameterServer",
+    "sparseloco": "exoframe.strategies.sparseloco:SparseLoCo",
+    "eager-diloco": "exoframe.strategies.eager_diloco:EagerDiLoCo",
+    "desloc": "exoframe.strategies.desloc:DESLOC",
+    "hier-diloco": "exoframe.strategies.hier_diloco:HierDiLoCo",
+    "halos": "exoframe.strategies.halos:HALoS",
 }
 ALIASES = {"localsgd": ["fedavg"]}
 WORKLOADS = {"gpt": "exoframe.workloads.gpt:gpt", "mlp": "exoframe.workloads.mlp:mlp"}

@@ -1,8 +1,10 @@
 """`exoframe new-plugin NAME`: a plugin package that installs, tests and runs as written.
 
 exoframe-NAME/
-  pyproject.toml            the entry point in group `exoframe`
-  exoframe_NAME/__init__.py a strategy and the hook that registers it as NAME
+  pyproject.toml             the entry point in group `exoframe`
+  exoframe_NAME/__init__.py  the hook that registers the strategy as NAME, by name (lazily:
+                             `exoframe --help` and the listings import no torch)
+  exoframe_NAME/strategy.py  the strategy
   tests/test_exoframe_NAME.py
 """
 from __future__ import annotations
@@ -36,8 +38,22 @@ $name = "$module"
 packages = ["$module"]
 ''')
 
+HOOK = Template('''\
+"""$dist: the `$name` strategy for exoframe.
+
+The strategy is registered by name ("module:attribute"): exoframe imports it, and torch,
+only when a run uses it, so `exoframe --help` and `exoframe strategies` stay fast."""
+import exoframe
+from exoframe.plugins import lazy
+
+
+@exoframe.hookimpl
+def exoframe_register_strategies(register):
+    register("$name", lazy("$module.strategy:$cls"))
+''')
+
 MODULE = Template('''\
-"""$dist: the `$name` strategy for exoframe."""
+"""The `$name` strategy."""
 from dataclasses import dataclass
 
 import exoframe
@@ -55,11 +71,6 @@ class $cls(exoframe.Strategy):
         self.optimizer.zero_grad()
         if self.step_num % self.params.H == 0:
             self.average_parameters()  # one all-reduce through self.comm
-
-
-@exoframe.hookimpl
-def exoframe_register_strategies(register):
-    register("$name", $cls)
 ''')
 
 TEST = Template('''\
@@ -68,7 +79,7 @@ import torch
 
 from exoframe import testing
 from exoframe.plugins import PluginManager
-from $module import $cls
+from $module.strategy import $cls
 
 
 def test_registered_through_the_entry_point():
@@ -122,7 +133,8 @@ def write_skeleton(name: str, parent=".") -> Path:
     folder = Path(parent) / values["dist"]
     if folder.exists():
         raise ExoframeError(f"{folder} already exists; choose another name or remove it.")
-    files = {"pyproject.toml": PYPROJECT, f"{module}/__init__.py": MODULE,
+    files = {"pyproject.toml": PYPROJECT, f"{module}/__init__.py": HOOK,
+             f"{module}/strategy.py": MODULE,
              f"tests/test_{module}.py": TEST, "README.md": README}
     for relative, template in files.items():
         path = folder / relative

@@ -118,8 +118,9 @@ def test_unknown_strategy_parameter_lists_valid_ones():
 def test_fresh_plugin_manager_registers_builtins_through_hooks():
     pm = PluginManager(load_entry_points=False)
     names = [e.name for e in pm.strategies]
-    assert names == ["async-localsgd", "ddp", "diloco", "gossip", "localsgd", "noloco",
-                     "param-server", "powersgd", "randomk-ef", "sparta", "sparta-diloco",
-                     "streaming-diloco", "topk-ef"]
+    assert names == ["async-localsgd", "ddp", "desloc", "diloco", "eager-diloco", "gossip",
+                     "halos", "hier-diloco", "localsgd", "noloco", "param-server", "powersgd",
+                     "randomk-ef", "sparseloco", "sparta", "sparta-diloco", "streaming-diloco",
+                     "topk-ef"]
     assert pm.strategies.get("fedavg").name == "localsgd"
     assert {e.source for e in pm.strategies} == {"exoframe"}

@@ -304,6 +304,15 @@ def test_new_plugin_skeleton_installs_passes_its_test_and_runs(cli):
               "--steps", "4", "--out", "runs", env={"PYTHONPATH": env["PYTHONPATH"]})
     assert run.returncode == 0, run.stderr_text
     assert cli.leftovers() == []
+    # registered by name: with the skeleton installed, help and listings import no torch
+    for command in ("--help", "strategies"):
+        blocked = subprocess.run(
+            [sys.executable, "-c", "import sys; sys.modules['torch'] = None\n"
+             f"from exoframe.cli import main\nmain([{command!r}])"],
+            cwd=cli.cwd, env=cli.env({"PYTHONPATH": env["PYTHONPATH"]}), capture_output=True,
+            text=True, timeout=120)
+        assert blocked.returncode == 0, blocked.stderr
+        assert command == "--help" or "every-h " in blocked.stdout
 
 
 def test_two_packages_with_one_plugin_name_keep_the_first_and_report_the_second(

@@ -160,6 +160,12 @@ def test_async_localsgd_straggler_raises_staleness_and_finishes_before_localsgd(
     ("gossip", {"graph": "star"}, "'graph' must be one of ring, complete, random"),
     ("noloco", {"gamma": 2.0}, "'gamma' must be in [0, 1]"),
     ("async-localsgd", {"nesterov_period": -1}, "'nesterov_period' must be 0"),
+    ("sparseloco", {"topk": 65, "chunk": 64}, "'topk' (65) must not exceed 'chunk' (64)"),
+    ("sparseloco", {"ef_decay": 1.5}, "'ef_decay' must be in [0, 1]"),
+    ("eager-diloco", {"quantizer": "fp3"}, "'quantizer' must be one of"),
+    ("desloc", {"Kv": 0}, "'Kv' must be positive"),
+    ("hier-diloco", {"H": 0}, "'H' must be positive"),
+    ("halos", {"alpha": 2.0}, "'alpha' must be in [0, 1]"),
 ])
 def test_bad_parameters_are_named(name, params, message):
     strategy = PluginManager(load_entry_points=False).strategies.get(name).obj
@@ -171,6 +177,8 @@ def test_bad_parameters_are_named(name, params, message):
 def test_only_the_asynchronous_strategies_depend_on_timing():
     strategies = {e.name: e.obj for e in PluginManager(load_entry_points=False).strategies}
     assert {"streaming-diloco", "sparta-diloco", "topk-ef", "randomk-ef", "powersgd", "gossip",
-            "noloco", "async-localsgd", "param-server"} <= set(strategies)
+            "noloco", "async-localsgd", "param-server", "sparseloco", "eager-diloco", "desloc",
+            "hier-diloco", "halos"} <= set(strategies)
     assert [n for n, s in strategies.items() if s.timing_dependent] == ["async-localsgd",
+                                                                         "halos",
                                                                          "param-server"]

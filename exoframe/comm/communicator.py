@@ -151,6 +151,46 @@ class Communicator:
                             _back(host, tensor), lambda: self.exchange.recv(host, src),
                             peers=(src, self.rank))
 
+    # -- groups of ranks -----------------------------------------------------------------
+    def sites(self) -> tuple[tuple[int, ...], ...]:
+        """The ranks of each site of the network (its YAML's `sites:`), in site order; one
+        group of every rank on a network without sites."""
+        topology = getattr(getattr(self.clock, "plans", None), "topology", None)
+        if topology is None:
+            return (self.ranks,)
+        groups: dict[int, list[int]] = {}
+        for rank in self.ranks:
+            groups.setdefault(topology.site_of[rank], []).append(rank)
+        return tuple(tuple(groups[site]) for site in sorted(groups))
+
+    def all_reduce_among(self, tensor: torch.Tensor, ranks, op: str = "mean",
+                         wire_bytes: int | None = None) -> torch.Tensor:
+        """Blocking, in place: the sum or mean of `tensor` over `ranks` only (this rank one
+        of them), e.g. one site's. The network model sees one all_reduce among `ranks`; the
+        real exchange is point to point: each member sends its tensor to the others and adds
+        every member's in rank order, so that all get the same bits. Not under simulated
+        failures (whose quorums are of every rank)."""
+        ranks = tuple(sorted(ranks))
+        if op not in ("sum", "mean") or self.rank not in ranks:
+            raise ValueError(f"all_reduce_among: op sum or mean among ranks holding rank "
+                             f"{self.rank}, got op {op!r}, ranks {ranks}")
+        if self.faults is not None:
+            raise ExoframeError("an all-reduce among some ranks does not run under simulated "
+                                "failures; run this strategy without --faults.")
+        host = self._host(tensor, self._p2p_staged)
+        received = {r: torch.empty_like(host) for r in ranks if r != self.rank}
+
+        def start():
+            return _AllOf([*(self.exchange.send(host, r) for r in received),
+                           *(self.exchange.recv(buffer, r) for r, buffer in received.items())])
+
+        def finish():
+            total = sum(received.get(r, host) for r in ranks)
+            with torch.no_grad():
+                tensor.copy_(total / len(ranks) if op == "mean" else total)
+        return self._submit("all_reduce", _wire(tensor, wire_bytes), False, tensor, finish,
+                            start, peers=ranks)
+
     # -- membership under simulated failures -------------------------------------------------
     @property
     def leader(self) -> int:
@@ -273,6 +313,17 @@ class Communicator:
             return handle
         handle._complete()  # the clock has already waited for it
         return result
+
+
+class _AllOf:
+    """Several real exchanges waited for as one."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self):
+        for work in self.works:
+            work.wait()
 
 
 def _back(host: torch.Tensor, tensor: torch.Tensor, then=None):

@@ -50,6 +50,7 @@ class LaunchResult:
     final_state: ModelState | None = None  # the last step's averaged model
     steps: int = 0  # steps run: fewer than job.steps when a stopping rule stopped the run
     stopped_by: str = "steps"  # "steps", "target_loss" or "time_budget"
+    bytes_between_sites: dict | None = None  # "a->b": bytes (the simulator's inter-site links)
 
 
 def check_model(job: Job, batches: Batches):
@@ -247,7 +248,8 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
         return LaunchResult(rank_results=monitor.results,
                             startup_seconds=(monitor.first_step_at or end) - start,
                             elapsed_seconds=end - start, final_state=monitor.final_state,
-                            steps=monitor.last_step(), stopped_by=monitor.stopped_by())
+                            steps=monitor.last_step(), stopped_by=monitor.stopped_by(),
+                            bytes_between_sites=monitor.sim.bytes_between_sites())
     except KeyboardInterrupt as e:  # while starting or stopping, outside monitor.run()
         error = interrupted(e)
         error.status, error.rows = "interrupted", monitor.emitted if monitor else []

@@ -64,6 +64,8 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "bytes_sent_per_rank": [r["bytes_sent"] for r in ranks],
         "bytes_received_per_rank": [r["bytes_received"] for r in ranks],
         "traffic_by_kind_rank0": ranks[0]["traffic"],
+        # Over the network's links between sites (empty without sites): "a->b" -> bytes.
+        "bytes_between_sites": getattr(launch_result, "bytes_between_sites", None) or {},
         # The training history as a DDP user reads it, from the examples the ranks trained on
         # (a shard smaller than a batch, or a kept short batch, gives fewer than asked).
         "effective_batch_size": _per_step(samples, steps),  # batch × accumulate × nodes

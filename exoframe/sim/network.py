@@ -78,6 +78,8 @@ class FlowNetwork:
         self._floor = math.inf
         self._armed_at = math.inf  # time of the simpy wake-up currently scheduled
         self.flows_started = 0
+        # (site a, site b) -> bytes of the flows from a rank of a to a rank of b, a != b
+        self.bytes_between_sites: dict[tuple[int, int], float] = {}
         for pair, spec in topology.inter.items():
             for t, bandwidth in spec.trace:
                 self._at_time(t, self._set_capacity, (self.site_links[pair], bandwidth))
@@ -93,6 +95,9 @@ class FlowNetwork:
         if jitter:
             latency = max(0.0, latency + self.rng.uniform(-jitter, jitter))
         self.flows_started += 1
+        a, b = self.topology.site_of[src], self.topology.site_of[dst]
+        if a != b:
+            self.bytes_between_sites[(a, b)] = self.bytes_between_sites.get((a, b), 0) + nbytes
         flow = Flow(next(self._flow_ids), links, nbytes, latency, on_delivered, arg)
         now = self.env.now
         if nbytes > 0 and links:

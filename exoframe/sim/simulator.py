@@ -69,6 +69,12 @@ class Simulator:
         self._earliest = None
 
     # -- input -------------------------------------------------------------------------------
+    def bytes_between_sites(self) -> dict[str, float]:
+        """Bytes sent so far from one site to another, by "a->b" (the sites' names)."""
+        names = self.topology.sites
+        return {f"{names[a]}->{names[b]}": nbytes
+                for (a, b), nbytes in sorted(self.network.bytes_between_sites.items())}
+
     def receive(self, rank: int, message: Op | Wait | Probe | Quorum | Post | Listen):
         self._earliest = None
         t = message.t

@@ -6,6 +6,7 @@ from .ddp import DDP
 from .diloco import DiLoCo
 from .gossip import Gossip
 from .localsgd import LocalSGD
+from .muon import hidden_matrices, muon_with_rule
 from .noloco import NoLoCo
 from .powersgd import PowerSGD
 from .randomk_ef import RandomKEF
@@ -23,3 +24,5 @@ __all__ = ["Strategy", "OptimizerSpec", "DDP", "LocalSGD", "DiLoCo", "Sparta",
 def exoframe_register_optimizers(register):
     for name, cls in torch_optimizers().items():
         register(name, cls, description=f"torch.optim.{cls.__name__}")
+    register("muon", muon_with_rule(hidden_matrices),
+             description="torch.optim.Muon on the hidden matrices, AdamW on the rest")

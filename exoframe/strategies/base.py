@@ -43,10 +43,11 @@ from ..errors import ExoframeError, shorten, unknown_name_error
 
 def torch_optimizers() -> dict[str, type]:
     """Every torch.optim optimizer that steps without a closure, by lower-case class name
-    (adamw, adam, sgd, rmsprop, adagrad, nadam, radam, adamax, ...)."""
+    (adamw, adam, sgd, rmsprop, adagrad, nadam, radam, adamax, ...). Muon, which takes
+    only 2-D parameters, is registered as exoframe's `muon` (strategies/muon.py)."""
     return {name.lower(): cls for name, cls in vars(torch.optim).items()
             if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)
-            and cls is not torch.optim.Optimizer and name != "LBFGS"}
+            and cls is not torch.optim.Optimizer and name not in ("LBFGS", "Muon")}
 
 
 @dataclass
@@ -97,8 +98,13 @@ class OptimizerSpec:
                                     "an optimizer that has it (sgd for momentum).")
         return {**kwargs, **self.params}
 
-    def build(self, params) -> torch.optim.Optimizer:
-        return self.factory(list(params), **self.kwargs())
+    def build(self, params, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        """The optimizer over `params`; a factory with a `model` keyword (muon, to tell the
+        hidden matrices from the embeddings and head) is also given the model."""
+        kwargs = self.kwargs()
+        if model is not None and _accepts_keyword(self.factory, "model"):
+            kwargs["model"] = model
+        return self.factory(list(params), **kwargs)
 
 
 class Strategy:
@@ -154,7 +160,7 @@ class Strategy:
         self.lr = optimizer.lr  # set by the engine each step: the schedule's current lr
         self.total_steps = total_steps  # steps the run asks for (a stopping rule may end it early)
         self.synced_at = None  # the step_num of the latest synchronization (sync())
-        self.optimizer = optimizer.build(self.trainable_parameters())
+        self.optimizer = optimizer.build(self.trainable_parameters(), model=model)
         self.setup()
 
     @property
@@ -288,6 +294,13 @@ class Strategy:
         flat = flatten_bytes(buffers)
         self.comm.broadcast(flat, self.comm.leader if src is None else src)
         unflatten_bytes_into(flat, buffers)
+
+
+def _accepts_keyword(function, name: str) -> bool:
+    try:
+        return name in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _checked_metrics(metrics):

@@ -9,10 +9,11 @@ every H-th step.
 Sources: Exo Labs, "SPARTA: Sparse Parameter Averaging" (2025); Douillard et al., "DiLoCo"
 (2023).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
-from .base import check_fraction, check_positive, outer_optimizer_spec
-from .diloco import DiLoCo
+from .base import check_fraction
+from .diloco import DiLoCo, OuterParams
 from .sparta import Sparta
 
 
@@ -26,19 +27,14 @@ class SpartaDiLoCo(Sparta, DiLoCo):
     replicas_equal_after_sync = False
 
     @dataclass
-    class Params:
-        p: float = 0.005
+    class Params(OuterParams):
+        owner: ClassVar[str] = "sparta-diloco"
         H: int = 100
-        outer_lr: float = 0.7
-        outer_momentum: float = 0.9
-        nesterov: bool = True
-        outer_optimizer: str = "sgd"  # or any torch.optim class by name
-        outer_optimizer_params: dict = field(default_factory=dict)
+        p: float = 0.005
 
         def __post_init__(self):
-            outer_optimizer_spec("sparta-diloco", self)  # checked here, built in setup()
-            check_fraction("sparta-diloco", p=self.p, outer_momentum=self.outer_momentum)
-            check_positive("sparta-diloco", H=self.H, outer_lr=self.outer_lr)
+            super().__post_init__()
+            check_fraction(self.owner, p=self.p)
 
     def setup(self):
         Sparta.setup(self)

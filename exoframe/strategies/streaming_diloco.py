@@ -4,7 +4,8 @@ The flat parameter vector is cut into F contiguous fragments of ceil(N/F) values
 may be shorter). Fragment f is synced at the steps s with s mod H = ((f+1)·H // F) mod H,
 so the fragments' syncs are spread evenly over each H-step round. At a sync, each rank
 computes the fragment's outer gradient Δ_f = θ_global,f − θ_f, quantizes and dequantizes
-it to `bits` (32: none; 16: bfloat16; 8 or 4: symmetric integers with one fp32 scale per
+it (`quantizer`, any format of strategies/quantizers.py, with `error_feedback` if asked; or
+`bits`: 32 none, 16 bf16, 8 int8, 4 int4: symmetric integers with one fp32 scale per
 fragment) and starts an asynchronous all-reduce (mean) of it. τ inner steps later the
 result is applied: an outer Nesterov step θ_global,f ← OuterOpt(θ_global,f, mean Δ_f), and
 the live fragment becomes θ_f ← α·θ_f + (1 − α)·θ_global,f (α = 0: take the global one).
@@ -20,54 +21,36 @@ Source: Douillard et al., "Streaming DiLoCo with overlapping communication: Towa
 Distributed Free Lunch" (2025).
 """
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from ..comm import flatten, unflatten_into
 from ..errors import ExoframeError
 from .base import Strategy, check_fraction, check_positive, outer_optimizer_spec
+from .diloco import OuterParams
+from .quantizers import OuterQuantizer, row_lengths, rows_within
 
-BITS = (4, 8, 16, 32)
-
-
-def quantize_dequantize(values: torch.Tensor, bits: int) -> tuple[torch.Tensor, int]:
-    """`values` as they arrive after encoding at `bits` per value, and the encoded size."""
-    numel = values.numel()
-    if bits == 32:
-        return values, 4 * numel
-    if bits == 16:
-        return values.to(torch.bfloat16).float(), 2 * numel
-    levels = 2 ** (bits - 1) - 1  # symmetric: -levels .. levels
-    scale = values.abs().max() / levels
-    encoded_bytes = math.ceil(numel * bits / 8) + 4  # packed integers + one fp32 scale
-    if scale == 0:
-        return values.clone(), encoded_bytes
-    return torch.round(values / scale).clamp_(-levels, levels) * scale, encoded_bytes
+# `bits` names the formats of strategies/quantizers.py it stood for before `quantizer`.
+BITS = {32: "none", 16: "bf16", 8: "int8", 4: "int4"}
 
 
 class StreamingDiLoCo(Strategy):
     """DiLoCo with F staggered fragments whose outer all-reduce overlaps τ inner steps."""
 
     @dataclass
-    class Params:
-        H: int = 50
+    class Params(OuterParams):
+        owner: ClassVar[str] = "streaming-diloco"
         fragments: int = 4
         tau: int = 1
         alpha: float = 0.5
         bits: int = 32
-        outer_lr: float = 0.7
-        outer_momentum: float = 0.9
-        nesterov: bool = True
-        outer_optimizer: str = "sgd"  # or any torch.optim class by name
-        outer_optimizer_params: dict = field(default_factory=dict)
 
         def __post_init__(self):
-            outer_optimizer_spec("streaming-diloco", self)  # checked here, built in setup()
-            check_positive("streaming-diloco", H=self.H, fragments=self.fragments,
-                           outer_lr=self.outer_lr)
-            check_fraction("streaming-diloco", alpha=self.alpha,
-                           outer_momentum=self.outer_momentum)
+            super().__post_init__()
+            check_positive(self.owner, fragments=self.fragments)
+            check_fraction(self.owner, alpha=self.alpha)
             if self.fragments > self.H:
                 raise ExoframeError(f"streaming-diloco: parameter 'fragments' ({self.fragments}) "
                                     f"must not exceed H ({self.H}): each fragment needs its "
@@ -77,7 +60,14 @@ class StreamingDiLoCo(Strategy):
                                     f"got {self.tau}.")
             if self.bits not in BITS:
                 raise ExoframeError(f"streaming-diloco: parameter 'bits' must be one of "
-                                    f"{', '.join(map(str, BITS))}, got {self.bits}.")
+                                    f"{', '.join(map(str, sorted(BITS)))}, got {self.bits}.")
+            if self.bits != 32 and self.quantizer != "none":
+                raise ExoframeError("streaming-diloco: give 'quantizer' or 'bits', not both "
+                                    f"(bits={self.bits} is quantizer={BITS[self.bits]}).")
+
+        @property
+        def format(self) -> str:
+            return self.quantizer if self.quantizer != "none" else BITS[self.bits]
 
     def setup(self):
         p = self.params
@@ -95,6 +85,8 @@ class StreamingDiLoCo(Strategy):
         # The floating-point buffers (BatchNorm statistics) travel with the last fragment,
         # the one synced at multiples of H, as DiLoCo's do.
         self.buffer_fragment = p.fragments - 1
+        self.rows = row_lengths([q.shape for q in self.trainable_parameters()])
+        self.quantizer = OuterQuantizer(p.format, p.error_feedback, self.rows)
         self.in_flight = {}  # fragment -> (handle, outer gradient, step at which to apply)
         self._metrics = {}
 
@@ -111,8 +103,8 @@ class StreamingDiLoCo(Strategy):
     def start_sync(self, f: int):
         a, b = self.bounds[f]
         local = flatten(self.trainable_parameters())[a:b]
-        outer_grad, wire_bytes = quantize_dequantize(
-            self.global_fragments[f].detach() - local, self.params.bits)
+        outer_grad, wire_bytes = self.quantizer.compress(
+            self.global_fragments[f].detach() - local, rows_within(self.rows, a, b), slice(a, b))
         if f == self.buffer_fragment:
             buffer_bytes = sum(t.numel() * t.element_size() for t in self.float_buffers())
             outer_grad, wire_bytes = self.with_buffers(outer_grad), wire_bytes + buffer_bytes
@@ -154,10 +146,11 @@ class StreamingDiLoCo(Strategy):
 
     def extra_state(self):
         return {"global_fragments": [g.detach().clone() for g in self.global_fragments],
-                "outer_optimizer": self.outer_optimizer.state_dict()}
+                "outer_optimizer": self.outer_optimizer.state_dict(), **self.quantizer.state()}
 
     def load_extra_state(self, state):
         with torch.no_grad():
             for g, saved in zip(self.global_fragments, state["global_fragments"]):
                 g.copy_(saved)
         self.outer_optimizer.load_state_dict(state["outer_optimizer"])
+        self.quantizer.load(state)
