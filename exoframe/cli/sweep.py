@@ -42,7 +42,7 @@ from .options import (split_names, progress_mode, progress_options, projection_f
                    "which these override.")
 @click.option("-w", "--workload-param", "workload_params", multiple=True, metavar="KEY=VALUE")
 @click.option("--target-loss", type=float, help="Also report the simulated time to reach this "
-              "validation loss of the averaged model: each run validates every step and stops "
+              "validation loss of the held model: each run validates every step and stops "
               "there.")
 @projection_options
 @click.option("--out", help="Parent folder of sweep folders. [the config's out, else sweeps]")
@@ -120,7 +120,7 @@ def replay(run_dir, net, project_params, step_time, payload_bits, bucket_mb):
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("--out", help="Folder for sweep.csv, sweep.json and plots. [none: table only]")
 @click.option("--target-loss", type=float, help="Also report the simulated time to reach this "
-              "validation loss of the averaged model.")
+              "validation loss of the held model.")
 @click.option("--plots/--no-plots", default=True, help="Write PNG plots (needs matplotlib).")
 def report(run_dirs, out, target_loss, plots):
     """Rebuild the table (and with --out the CSV, JSON and plots) from run folders (a

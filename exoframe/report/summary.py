@@ -40,7 +40,10 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         **{f"final_{key}": value for key, value in (val_rows[-1] if val_rows else {}).items()
            if key.startswith("val_") and key != "val_loss"},
         "best_achievable_loss": job.best_loss,
-        # Read from the validation loss of the averaged model, validated at every step.
+        # What val_loss, the time to target and the final model are of: the model a node
+        # would deploy (the strategy's declaration, strategies/base.py held_model).
+        "validated_model": job.strategy_cls.held_model,
+        # Read from the validation loss of that model, validated at every step.
         "target_loss": job.target_loss,
         "time_to_target": at_target["sim_time"] if at_target else None,
         "steps_to_target": at_target["step"] if at_target else None,
@@ -175,5 +178,5 @@ def _target_rows(summary: dict) -> list:
     if summary["time_to_target"] is None:
         return [("time to target", f"not reached (val loss {target:g})")]
     return [("time to target", f"{format_seconds(summary['time_to_target'])} simulated, step "
-                               f"{summary['steps_to_target']} (val loss of the averaged model "
-                               f"<= {target:g})")]
+                               f"{summary['steps_to_target']} (val loss of the "
+                               f"{summary['validated_model']} <= {target:g})")]

@@ -130,6 +130,16 @@ class Strategy:
     #: checksums at those steps and stops the run, naming the ranks, if they differ.
     #: Subclasses inherit it: one that keeps ranks apart sets it False.
     replicas_equal_after_sync: ClassVar[bool] = False
+    #: The model a node would deploy, which the run validates and reports (val_loss, time to
+    #: target, result.model): each node's `held_weights()`, taken over the nodes as
+    #: `held_model_from` says: "average", their mean (when every node holds the same model,
+    #: that model), or "rank0", rank 0's (the lowest live rank's under failures).
+    #: The default, for any strategy that does not declare one: the mean of the nodes'
+    #: current weights, named "replicas' average" (a model no node holds unless the
+    #: replicas are equal).
+    held_model_from: ClassVar[str] = "average"
+    #: What that model is, in words: summary.json's `validated_model` and the tables say it.
+    held_model: ClassVar[str] = "replicas' average"
 
     @dataclass
     class Params:
@@ -187,6 +197,20 @@ class Strategy:
     def metrics(self) -> dict:
         """Numbers to log for the step just finished (e.g. an outer gradient norm)."""
         return {}
+
+    def held_weights(self) -> list[torch.Tensor]:
+        """The parameters (in model.parameters() order) and floating-point buffers of the
+        model this node would deploy now. Default: its current weights. A strategy whose
+        nodes' weights between synchronizations are work in progress (DiLoCo's inner steps)
+        returns the model of its last synchronization (`weights_with`), and the run then also
+        validates the replicas' average, as `val_loss_replicas_average`."""
+        return current_weights(self.model)
+
+    @classmethod
+    def held_model_is_replicas_average(cls) -> bool:
+        """True when the model the run validates is the mean of the nodes' current weights
+        (then no second, replicas' average validation is needed)."""
+        return cls.held_weights is Strategy.held_weights and cls.held_model_from == "average"
 
     def extra_state(self) -> dict:
         return {}
@@ -254,6 +278,25 @@ class Strategy:
     def float_buffers(self) -> list[torch.Tensor]:
         return float_buffers(self.model)
 
+    def weights_with(self, trainable: torch.Tensor, buffers: torch.Tensor | None
+                     ) -> list[torch.Tensor]:
+        """The model's weights as `held_weights` gives them, the trainable parameters' values
+        taken from the flat `trainable` and the floating-point buffers' from the flat
+        `buffers` (None: a model without them)."""
+        weights, offset = [], 0
+        for p in self.model.parameters():
+            if p.requires_grad:
+                weights.append(trainable[offset:offset + p.numel()])
+                offset += p.numel()
+            else:
+                weights.append(p)
+        return weights + ([buffers] if buffers is not None else [])
+
+    def float_buffers_flat(self) -> torch.Tensor | None:
+        """A copy of the floating-point buffers, flat (None without any)."""
+        buffers = self.float_buffers()
+        return flatten(buffers).detach().clone() if buffers else None
+
     def with_buffers(self, flat: torch.Tensor) -> torch.Tensor:
         """`flat` followed by the floating-point buffers' values, to send in one message
         (`flat` itself when the model has none)."""
@@ -318,6 +361,11 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
             state = optimizer.state.get(p, {})
             tensors.extend(state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor))
     return tensors
+
+
+def current_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every parameter, then the floating-point buffers: what the run averages or validates."""
+    return [*model.parameters(), *float_buffers(model)]
 
 
 def float_buffers(model: torch.nn.Module) -> list[torch.Tensor]:

@@ -24,6 +24,7 @@ class DiLoCo(Strategy):
     outer_sync_overlaps_backward = True
     replicas_equal_after_sync = True
     survives_failures = True
+    held_model = "global model as of the last outer step"
 
     @dataclass
     class Params:
@@ -43,7 +44,11 @@ class DiLoCo(Strategy):
         self.global_params = torch.nn.Parameter(flatten(self.trainable_parameters()))
         p = self.params
         self.outer_optimizer = outer_optimizer_spec("diloco", p).build([self.global_params])
+        self.synced_buffers = self.float_buffers_flat()  # the buffers' mean at the last sync
         self._metrics = {}
+
+    def held_weights(self):
+        return self.weights_with(self.global_params.detach(), self.synced_buffers)
 
     def step(self):
         self.optimizer.step()
@@ -61,10 +66,12 @@ class DiLoCo(Strategy):
         self.outer_optimizer.step()
         self.outer_optimizer.zero_grad()
         unflatten_into(self.global_params.detach(), params)
+        self.synced_buffers = self.float_buffers_flat()
 
     def recovery_tensors(self):
         return [*super().recovery_tensors(), self.global_params.detach(),
-                *optimizer_tensors(self.outer_optimizer)]
+                *optimizer_tensors(self.outer_optimizer),
+                *([self.synced_buffers] if self.synced_buffers is not None else [])]
 
     def metrics(self):
         metrics, self._metrics = self._metrics, {}
@@ -72,9 +79,11 @@ class DiLoCo(Strategy):
 
     def extra_state(self):
         return {"global_params": self.global_params.detach().clone(),
-                "outer_optimizer": self.outer_optimizer.state_dict()}
+                "outer_optimizer": self.outer_optimizer.state_dict(),
+                "synced_buffers": self.synced_buffers}
 
     def load_extra_state(self, state):
         with torch.no_grad():
             self.global_params.copy_(state["global_params"])
         self.outer_optimizer.load_state_dict(state["outer_optimizer"])
+        self.synced_buffers = state.get("synced_buffers", self.synced_buffers)

@@ -49,6 +49,8 @@ def quantize_dequantize(values: torch.Tensor, bits: int) -> tuple[torch.Tensor, 
 class StreamingDiLoCo(Strategy):
     """DiLoCo with F staggered fragments whose outer all-reduce overlaps τ inner steps."""
 
+    held_model = "global model, each fragment as of its last sync"
+
     @dataclass
     class Params:
         H: int = 50
@@ -96,6 +98,7 @@ class StreamingDiLoCo(Strategy):
         # the one synced at multiples of H, as DiLoCo's do.
         self.buffer_fragment = p.fragments - 1
         self.in_flight = {}  # fragment -> (handle, outer gradient, step at which to apply)
+        self.synced_buffers = self.float_buffers_flat()  # their mean at the last buffer sync
         self._metrics = {}
 
     def step(self):
@@ -127,6 +130,8 @@ class StreamingDiLoCo(Strategy):
         self.in_flight.pop(f, None)
         fragment = self.global_fragments[f]
         if f == self.buffer_fragment:  # full precision; mixed with the local ones like weights
+            if self.synced_buffers is not None:
+                self.synced_buffers = outer_grad[fragment.numel():].clone()
             outer_grad = self.take_buffers(outer_grad, fragment.numel(), keep=self.params.alpha)
         fragment.grad = outer_grad
         self.outer_optimizer.step()
@@ -137,6 +142,10 @@ class StreamingDiLoCo(Strategy):
         flat[a:b] = torch.lerp(fragment.detach(), flat[a:b], self.params.alpha)
         unflatten_into(flat, params)
         self._metrics[f"outer_grad_norm_{f}"] = outer_grad.norm().item()
+
+    def held_weights(self):
+        return self.weights_with(torch.cat([g.detach() for g in self.global_fragments]),
+                                 self.synced_buffers)
 
     @classmethod
     def checkpoint_problem(cls, params):
@@ -154,10 +163,12 @@ class StreamingDiLoCo(Strategy):
 
     def extra_state(self):
         return {"global_fragments": [g.detach().clone() for g in self.global_fragments],
-                "outer_optimizer": self.outer_optimizer.state_dict()}
+                "outer_optimizer": self.outer_optimizer.state_dict(),
+                "synced_buffers": self.synced_buffers}
 
     def load_extra_state(self, state):
         with torch.no_grad():
             for g, saved in zip(self.global_fragments, state["global_fragments"]):
                 g.copy_(saved)
         self.outer_optimizer.load_state_dict(state["outer_optimizer"])
+        self.synced_buffers = state.get("synced_buffers", self.synced_buffers)
