@@ -110,11 +110,12 @@ class Strategy:
     #: step's backward pass, which real DDP overlaps with the backward pass (in buckets):
     #: projections to larger models model that overlap.
     gradient_all_reduce_after_backward: ClassVar[bool] = False
-    #: True when the strategy's outer synchronization, a blocking all-reduce right after the
-    #: compute of the steps that have one (DiLoCo's outer gradient), is one a real
-    #: implementation would overlap with that step's backward pass (inner step and outer
-    #: gradient computed layer by layer as the backward produces gradients): projections
-    #: stream it in buckets during the backward pass, as they do DDP's gradients.
+    #: True when the strategy's outer synchronization, an all-reduce right after the compute
+    #: of the steps that have one (DiLoCo's outer gradient, Streaming DiLoCo's fragments), is
+    #: one a real implementation would overlap with that step's backward pass (inner step and
+    #: outer gradient computed layer by layer as the backward produces gradients):
+    #: projections stream it in buckets during the backward pass, where that is not slower
+    #: than sending it after the compute (sim/projection.py).
     outer_sync_overlaps_backward: ClassVar[bool] = False
     #: False when a run with this strategy cannot be checkpointed: its state is more than
     #: state_dict() holds at any step end with no exchange in flight (engine/checkpoint.py).

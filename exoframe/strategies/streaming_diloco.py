@@ -50,6 +50,9 @@ class StreamingDiLoCo(Strategy):
     """DiLoCo with F staggered fragments whose outer all-reduce overlaps τ inner steps."""
 
     held_model = "global model, each fragment as of its last sync"
+    # Each fragment's outer gradient, of layers strided through the model, is ready as the
+    # backward pass goes (projections stream it through that backward pass).
+    outer_sync_overlaps_backward = True
 
     @dataclass
     class Params:
