@@ -127,6 +127,28 @@ def test_bad_sweep_and_replay_input_is_one_clear_line(tmp_path, capsys):
     assert "is timing-dependent" in bad(capsys, "replay", result.run_dir, "--net", "wan-1gbps")
 
 
+def test_a_sweep_checks_every_point_before_anything_trains(tmp_path, capsys):
+    """A mistake in the last point is refused before the first trains: exit 2, one line,
+    no sweep folder."""
+    out = tmp_path / "s"
+    flags = ["--out", out, "--no-progress", "--no-plots", "--steps", "2", *SMALL_GPT_FLAGS]
+    assert "strategy 'diloco': unknown parameter 'h'" in bad(
+        capsys, "sweep", "--strategy", "ddp,diloco", "-p", "diloco.h=5", *flags)
+    assert "unknown network preset 'nowhere'" in bad(
+        capsys, "sweep", "--strategy", "ddp", "--net", "wan-1gbps,nowhere", *flags)
+    assert "node 7 does not exist" in bad(capsys, "sweep", "--strategy", "ddp", "--faults",
+                                          "none", "--faults", "7@1s:1s", *flags)
+    assert "compute" in bad(capsys, "sweep", "--strategy", "ddp", "--compute", "flops:abacus",
+                            *flags)
+    config = tmp_path / "sinks.yaml"
+    config.write_text("sinks: [jsonl, nosuchsink]\n")
+    assert "nosuchsink" in bad(capsys, "sweep", "--config", config, "--strategy", "ddp", *flags)
+    config.write_text("checkpoint_every: 1\n")
+    assert "strategy 'async-localsgd' cannot be checkpointed" in bad(
+        capsys, "sweep", "--config", config, "--strategy", "ddp,async-localsgd", *flags)
+    assert not out.exists()
+
+
 def test_a_timing_dependent_strategy_is_trained_again_on_each_network(tmp_path, capsys):
     main(["sweep", "--strategy", "async-localsgd", "--net", "ideal,wan-10mbps", "--nodes", "2",
           "--steps", "4", "-p", "H=2", "--compute", "fixed:10ms", *SMALL_GPT_FLAGS,
