@@ -59,7 +59,7 @@ def workload(**params):
 '''
 
 RUN = ["--workload", "hanging:workload", "--nodes", "2", "--steps", "12",
-       "--checkpoint-every", "4", "--eval-every", "3", "--compute", "fixed:0.1",
+       "--checkpoint-every", "4", "--eval-every", "3", "--compute", "fixed:100ms",
        "--stragglers", "lognormal:0.3", "--net", "wan-100mbps", "--no-progress",
        "--sink", "jsonl,csv"]
 

@@ -116,9 +116,12 @@ def run(config_file, params, workload_params, optimizer_params, sinks, progress,
 
 def show_result(result):
     from ..report import summary_table
+    from ..report.summary import compute_warning
 
-    click.echo(summary_table(result.summary))
-    click.echo(f"  run folder            {result.run_dir}")
+    click.echo(summary_table(result.summary, (("run folder", str(result.run_dir)),)))
+    warning = compute_warning(result.summary)
+    if warning:
+        click.echo(warning, err=True)
 
 
 @cli.command()
