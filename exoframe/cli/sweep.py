@@ -65,7 +65,7 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, faults, param
     """
     from ..config import load_yaml
     from ..engine.sweep import config_axes, parse_grid, sweep as run_sweep
-    from ..report.sweep import table
+    from ..report.sweep import compute_warning, table
 
     overrides = {k: v for k, v in flags.items() if v is not None}
     if workload_params:
@@ -93,6 +93,9 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, faults, param
                              progress_every, list(faults) or None, executor, ray_address)
     click.echo(table(rows))
     click.echo(f"  sweep folder: {folder}")
+    warning = compute_warning(rows)
+    if warning:
+        click.echo(warning, err=True)
 
 
 @cli.command()
