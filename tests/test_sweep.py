@@ -100,9 +100,11 @@ def test_sweep_writes_table_csv_json_and_plots_and_report_rebuilds_them(tmp_path
     csv_lines = (folder / "sweep.csv").read_text().splitlines()
     assert csv_lines[0].startswith("strategy,seed,net,") and len(csv_lines) == 5
     pngs = sorted(p.name for p in folder.glob("*.png"))
-    assert pngs == ["compare_wan-100mbps.png", "compare_wan-1gbps.png", "loss_vs_time_ddp.png",
-                    "loss_vs_time_diloco.png", "time_vs_bandwidth.png",
-                    "utilization_vs_bandwidth.png"]
+    assert pngs == ["compare_wan-100mbps.png", "compare_wan-1gbps.png", "loss_vs_bytes.png",
+                    "loss_vs_time_ddp.png", "loss_vs_time_diloco.png",
+                    "time_to_target_vs_bandwidth.png", "time_vs_bandwidth.png",
+                    "utilization_vs_bandwidth.png", "val_loss_wan-100mbps.png",
+                    "val_loss_wan-1gbps.png"]
     assert len((folder / "sweep_summary.csv").read_text().splitlines()) == 5  # one seed each
     assert all((folder / p).stat().st_size > 10_000 for p in pngs)
 
