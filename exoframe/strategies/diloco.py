@@ -56,6 +56,8 @@ class DiLoCo(Strategy):
         if self.step_num % self.params.H == 0:
             with self.sync():
                 self.outer_step()
+            # again once a node back from a failure has the live buffers (heal, in sync())
+            self.synced_buffers = self.float_buffers_flat()
 
     def outer_step(self):
         params = self.trainable_parameters()
@@ -70,8 +72,7 @@ class DiLoCo(Strategy):
 
     def recovery_tensors(self):
         return [*super().recovery_tensors(), self.global_params.detach(),
-                *optimizer_tensors(self.outer_optimizer),
-                *([self.synced_buffers] if self.synced_buffers is not None else [])]
+                *optimizer_tensors(self.outer_optimizer)]
 
     def metrics(self):
         metrics, self._metrics = self._metrics, {}

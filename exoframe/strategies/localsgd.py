@@ -43,9 +43,6 @@ class LocalSGD(Strategy):
                 self.average_parameters()
             self.remember_average()
 
-    def recovery_tensors(self):
-        return [*super().recovery_tensors(), *(t for t in self.averaged if t is not None)]
-
     def extra_state(self):
         return {"averaged": self.averaged}
 
