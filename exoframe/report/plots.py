@@ -97,9 +97,13 @@ def _loss_vs_time(plt, rows, path, what, label_of, legend_title, target_loss,
         times = [t / unit for t in times]
         shown += times
         ax.plot(times, mean, label=label_of(group[0]), linewidth=1.4,
-                **({"marker": ".", "markersize": 3} if validation else {}), **style)
+                # a validated model's loss holds until the next validation (DiLoCo's
+                # between its outer steps)
+                **({"marker": ".", "markersize": 3, "drawstyle": "steps-post"}
+                   if validation else {}), **style)
         if len(group) > 1:
-            ax.fill_between(times, low, high, color=style["color"], alpha=0.15, linewidth=0)
+            ax.fill_between(times, low, high, color=style["color"], alpha=0.15, linewidth=0,
+                            step="post" if validation else None)
         if not validation:
             _failure_marks(ax, group, style["color"], window, unit)
     _reference_lines(ax, rows, target_loss)
@@ -161,7 +165,8 @@ def _loss_vs_bytes(plt, rows, path, target_loss):
         xs = [sum(b for b, _ in points[i]) / len(group) / 1e6 for i in steps]
         ys = [sum(v for _, v in points[i]) / len(group) for i in steps]
         label = strategy + (f" on {_net_label(group[0])}" if len(nets_of[strategy]) > 1 else "")
-        ax.plot(xs, ys, label=label, marker=".", markersize=3, linewidth=1.4, **style)
+        ax.plot(xs, ys, label=label, marker=".", markersize=3, linewidth=1.4,
+                drawstyle="steps-post", **style)
     _reference_lines(ax, rows, target_loss)
     ax.set_xlabel("bytes sent per node (MB)")
     ax.set_ylabel("validation loss (held model)")

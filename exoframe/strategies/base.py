@@ -133,13 +133,10 @@ class Strategy:
     replicas_equal_after_sync: ClassVar[bool] = False
     #: The model a node would deploy, which the run validates and reports (val_loss, time to
     #: target, result.model): each node's `held_weights()`, taken over the nodes as
-    #: `held_model_from` says: "average", their mean (when every node holds the same model,
-    #: that model), or "rank0", rank 0's (the lowest live rank's under failures).
-    #: The default, for any strategy that does not declare one: the mean of the nodes'
-    #: current weights, named "replicas' average" (a model no node holds unless the
-    #: replicas are equal).
+    #: `held_model_from` says: "average" (their mean) or "rank0" (the lowest live rank's).
+    #: By default, the mean of the current weights: "replicas' average" (docs/strategies.md).
     held_model_from: ClassVar[str] = "average"
-    #: What that model is, in words: summary.json's `validated_model` and the tables say it.
+    #: That model in words, for summary.json's `validated_model` and the tables.
     held_model: ClassVar[str] = "replicas' average"
 
     @dataclass
@@ -200,11 +197,9 @@ class Strategy:
         return {}
 
     def held_weights(self) -> list[torch.Tensor]:
-        """The parameters (in model.parameters() order) and floating-point buffers of the
-        model this node would deploy now. Default: its current weights. A strategy whose
-        nodes' weights between synchronizations are work in progress (DiLoCo's inner steps)
-        returns the model of its last synchronization (`weights_with`), and the run then also
-        validates the replicas' average, as `val_loss_replicas_average`."""
+        """The parameters (model.parameters() order) and float buffers of the model this node
+        would deploy now; default: its current weights. DiLoCo gives its last outer step's
+        (`weights_with`); the run then also validates the replicas' average."""
         return current_weights(self.model)
 
     @classmethod
@@ -281,9 +276,8 @@ class Strategy:
 
     def weights_with(self, trainable: torch.Tensor, buffers: torch.Tensor | None
                      ) -> list[torch.Tensor]:
-        """The model's weights as `held_weights` gives them, the trainable parameters' values
-        taken from the flat `trainable` and the floating-point buffers' from the flat
-        `buffers` (None: a model without them)."""
+        """The model's weights as `held_weights` gives them, from the flat `trainable`
+        parameters and flat float `buffers` (None: a model without them)."""
         weights, offset = [], 0
         for p in self.model.parameters():
             if p.requires_grad:
