@@ -135,8 +135,11 @@ class RunConfig:
                                 f"{' or '.join(ON_NONFINITE)}.")
         if not isinstance(self.sinks, (list, tuple)):
             raise ExoframeError(f"sinks must be a list of sinks, got {shorten(self.sinks)}.")
-        for item in self.sinks:
-            parse_sink(item)
+        sinks = [parse_sink(item) for item in self.sinks]
+        twice = next((name for name, options in sinks if sinks.count((name, options)) > 1), None)
+        if twice is not None:
+            raise ExoframeError(f"sinks: '{shorten(twice)}' is named twice with the same "
+                                "options; it would write every row twice: name it once.")
         from .sim.faults import parse_faults
 
         parse_faults(self.faults).check_ranks(self.nodes)

@@ -3,9 +3,13 @@ the same folder, flushed to disk, then renamed over the target."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
+
+# What a write fails with when the disk (or the user's quota, or a file-size limit) is full.
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def _umask() -> int:
@@ -47,3 +51,38 @@ def replacing(path: Path, mode: str = "w"):
     except BaseException:
         os.unlink(temp)
         raise
+
+
+def disk_full(error: BaseException | None) -> OSError | None:
+    """The full-disk OSError behind `error`: itself, or what it was raised from or while
+    handling (torch.save turns a failed write into a RuntimeError)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in FULL_DISK:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+class AppendOnly:
+    """A file that grows by whole records: a write that fails part-way (a full disk) is
+    cut back off, so the file never ends in half a record."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        self._size = os.fstat(self._fd).st_size
+
+    def append(self, data: bytes):
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+        except OSError as e:
+            os.ftruncate(self._fd, self._size)
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
+        self._size += len(data)
+
+    def close(self):
+        os.close(self._fd)

@@ -18,17 +18,15 @@ metrics.csv. Plugins add sinks through `exoframe_register_sinks`.
 from __future__ import annotations
 
 import csv
-import errno
 import inspect
 import io
 import numbers
-import os
 from typing import Optional
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ExoframeError, did_you_mean, shorten
-from .files import write_atomic
+from .files import FULL_DISK, AppendOnly, write_atomic
 from .hookspecs import hookimpl
 from .report.strict_json import dumps, finite
 
@@ -81,7 +79,7 @@ def sink_error(name: str, what: str, error: Exception) -> ExoframeError:
             f"sink '{name}' {what}: {said}")
     if isinstance(error, OSError) and error.strerror:
         fix = (" Free some space, or give --out on another disk."
-               if error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else "")
+               if error.errno in FULL_DISK else "")
         return ExoframeError(f"sink '{name}' {what}: cannot write "
                              f"{error.filename or 'its file'}: {error.strerror}.{fix}")
     return ExoframeError(f"sink '{name}' {what}: {type(error).__name__}: "
@@ -199,28 +197,27 @@ def check_row(row: dict) -> dict:
 class JsonlSink:
     """metrics.jsonl: one JSON object per step, written as the step finishes.
 
-    A write that fails (a full disk) is undone, so every line in the file is a whole row."""
+    A write that fails (a full disk) is undone, so every line in the file is a whole row. A
+    resumed run leaves the file as it is until its first row: then the checkpoint's rows and
+    that row replace it at once (a resume that fails before its first step changes nothing)."""
 
     def __init__(self, run: RunInfo):
         self.path = Path(run.dir) / "metrics.jsonl"
-        if run.resumed_at is not None:  # the checkpoint's rows, whatever the file holds
-            write_atomic(self.path, "".join(_line(row) for row in run.resumed_rows))
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
-        self._size = os.fstat(self._fd).st_size
+        self._file = None
+        self._resumed_rows = run.resumed_rows if run.resumed_at is not None else None
+        if self._resumed_rows is None:
+            self._file = AppendOnly(self.path)
 
     def write(self, row: dict):
-        data = _line(row).encode()
-        try:
-            written = 0
-            while written < len(data):
-                written += os.write(self._fd, data[written:])
-        except OSError as e:
-            os.ftruncate(self._fd, self._size)
-            raise OSError(e.errno, e.strerror, str(self.path)) from None
-        self._size += len(data)
+        if self._file is None:  # a resume's first row
+            write_atomic(self.path, "".join(map(_line, [*self._resumed_rows, row])))
+            self._file = AppendOnly(self.path)
+        else:
+            self._file.append(_line(row).encode())
 
     def close(self):
-        os.close(self._fd)
+        if self._file is not None:
+            self._file.close()
 
 
 def _line(row: dict) -> str:
@@ -228,45 +225,52 @@ def _line(row: dict) -> str:
 
 
 class CsvSink:
-    """metrics.csv: one line per step; a column for every metric seen so far."""
+    """metrics.csv: one line per step; a column for every metric seen so far.
+
+    Rows are appended whole (a full disk cuts a failed one back off); when a metric first
+    appears mid-run the file is replaced whole under the wider header. A resumed run leaves
+    the file as it is until its first row, as JsonlSink does."""
 
     def __init__(self, run: RunInfo):
         self.path = Path(run.dir) / "metrics.csv"
-        self.columns: list[str] = []
+        self._file = None
         self.rows: list[dict] = []
         if run.resumed_at is not None:  # the checkpoint's rows, whatever the file holds
             self.rows = [check_row(row) for row in run.resumed_rows]
-            self.columns = list(dict.fromkeys(key for row in self.rows for key in row))
-            write_atomic(self.path, self._text(self.rows))
-        self._file = open(self.path, "a" if self.rows else "w", newline="")
+        else:
+            self._file = AppendOnly(self.path)
+        self.columns = list(dict.fromkeys(key for row in self.rows for key in row))
 
     def write(self, row: dict):
         row = check_row(row)
-        self.rows.append(row)
         new = [key for key in row if key not in self.columns]
-        if new:
+        if new or self._file is None:
             # Some metrics first appear mid-run (val_loss, a strategy's outer-step metrics):
-            # rewrite the file under the wider header, which happens a few times per run.
-            self.columns += new
-            self._file.seek(0)
-            self._file.truncate()
-            self._writer().writeheader()
-            self._writer().writerows(self.rows)
+            # the file is rewritten under the wider header, a few times per run.
+            self._replace(self.columns + new, [*self.rows, row])
         else:
-            self._writer().writerow(row)
-        self._file.flush()
+            self._file.append(self._text([row], header=False).encode())
+        self.rows.append(row)
 
-    def _writer(self, file=None):
-        return csv.DictWriter(file or self._file, fieldnames=self.columns, restval="")
+    def _replace(self, columns: list, rows: list):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.columns = columns
+        write_atomic(self.path, self._text(rows, header=True))
+        self._file = AppendOnly(self.path)
 
-    def _text(self, rows) -> str:
+    def _text(self, rows, header: bool) -> str:
         buffer = io.StringIO(newline="")
-        self._writer(buffer).writeheader()
-        self._writer(buffer).writerows(rows)
+        writer = csv.DictWriter(buffer, fieldnames=self.columns, restval="")
+        if header:
+            writer.writeheader()
+        writer.writerows(rows)
         return buffer.getvalue()
 
     def close(self):
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 @hookimpl

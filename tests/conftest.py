@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -119,3 +120,59 @@ def one_line_error(capsys, *args):
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1, err
     return err
+
+
+HANG_GUARD = 120  # seconds; a guard against hangs, never a speed requirement
+
+# The mlp workload, whose training forward hangs after EXOFRAME_TEST_HANG_AFTER calls (the
+# run is then surely between its checkpoint and its end when the launcher is killed), and
+# sleeps EXOFRAME_TEST_SLOW seconds in each (a run still going when it is signalled).
+HANGING_WORKLOAD = '''
+import dataclasses
+import os
+import time
+
+import torch
+
+from exoframe.workloads.mlp import mlp
+
+
+class Hangs(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, 0
+
+    def forward(self, batch):
+        if self.training:
+            self.calls += 1
+            limit = os.environ.get("EXOFRAME_TEST_HANG_AFTER")
+            if limit and self.calls > int(limit):
+                time.sleep(3600)
+            time.sleep(float(os.environ.get("EXOFRAME_TEST_SLOW", 0)))
+        return self.inner(batch)
+
+
+def workload(**params):
+    inner = mlp(**params)
+    return dataclasses.replace(inner, build_model=lambda: Hangs(inner.build_model()),
+                               metrics=None)
+'''
+
+
+def only_run(folder):
+    (run,) = folder.iterdir()
+    return run
+
+
+def wait_for(condition, what):
+    """Poll until `condition()`; the deadline only keeps a hung run from hanging the suite."""
+    deadline = time.monotonic() + HANG_GUARD
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"hang guard: {what} never came")
+        time.sleep(0.05)
+
+
+def metric_lines(run):
+    path = run / "metrics.jsonl"
+    return path.read_text().splitlines() if path.exists() else []

@@ -4,7 +4,6 @@ import csv
 import json
 import re
 import signal
-import time
 
 import pytest
 import torch
@@ -21,66 +20,13 @@ from exoframe.sim.collectives import BUILTIN
 from exoframe.sim.feed import Feed
 from exoframe.sim.protocol import Op
 
+from conftest import HANG_GUARD, HANGING_WORKLOAD, metric_lines, only_run, wait_for
+
 S = 4e6  # bytes of an all-reduce
-HANG_GUARD = 120  # seconds; a guard against hangs, never a speed requirement
-
-# The mlp workload, whose training forward hangs after EXOFRAME_TEST_HANG_AFTER calls (the
-# run is then surely between its checkpoint and its end when the launcher is killed), and
-# sleeps EXOFRAME_TEST_SLOW seconds in each (a run still going when it is signalled).
-HANGING_WORKLOAD = '''
-import dataclasses
-import os
-import time
-
-import torch
-
-from exoframe.workloads.mlp import mlp
-
-
-class Hangs(torch.nn.Module):
-    def __init__(self, inner):
-        super().__init__()
-        self.inner, self.calls = inner, 0
-
-    def forward(self, batch):
-        if self.training:
-            self.calls += 1
-            limit = os.environ.get("EXOFRAME_TEST_HANG_AFTER")
-            if limit and self.calls > int(limit):
-                time.sleep(3600)
-            time.sleep(float(os.environ.get("EXOFRAME_TEST_SLOW", 0)))
-        return self.inner(batch)
-
-
-def workload(**params):
-    inner = mlp(**params)
-    return dataclasses.replace(inner, build_model=lambda: Hangs(inner.build_model()),
-                               metrics=None)
-'''
-
 RUN = ["--workload", "hanging:workload", "--nodes", "2", "--steps", "12",
        "--checkpoint-every", "4", "--eval-every", "3", "--compute", "fixed:100ms",
        "--stragglers", "lognormal:0.3", "--net", "wan-100mbps", "--no-progress",
        "--sink", "jsonl,csv"]
-
-
-def only_run(folder):
-    (run,) = folder.iterdir()
-    return run
-
-
-def wait_for(condition, what):
-    """Poll until `condition()`; the deadline only keeps a hung run from hanging the suite."""
-    deadline = time.monotonic() + HANG_GUARD
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"hang guard: {what} never came")
-        time.sleep(0.05)
-
-
-def metric_lines(run):
-    path = run / "metrics.jsonl"
-    return path.read_text().splitlines() if path.exists() else []
 
 
 @pytest.mark.parametrize("strategy, params, checkpoint_step", [
@@ -288,3 +234,41 @@ def test_a_checkpoint_resumes_only_the_run_that_made_it(tmp_path, change, expect
     if "schedule" not in change:  # a constant schedule may train on
         check_resumable(same, checkpoint, tmp_path)
         assert same.resume_from is checkpoint
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"optimizer": "sgd"}, "optimizer is 'sgd' now but was 'adamw'"),
+    ({"precision": "bf16"}, "precision is 'bf16' now but was 'fp32'"),
+    ({"strategy_params": {"H": 7}}, "strategy_params is {H=7} now but was {}"),
+    ({"workload_params": {"hidden": 64}}, "workload_params is {hidden=64} now but was {}"),
+    ({"batch_size": 16}, "batch_size is 16 now but was None"),
+])
+def test_a_resume_names_the_field_it_would_change(tmp_path, change, expected):
+    from exoframe.config import config_to_dict
+
+    base = {"workload": "mlp", "strategy": "diloco", "steps": 8, "checkpoint_every": 4}
+    config = resolve_config(None, base)
+    checkpoint = Checkpoint(tmp_path, 4, identity(job_from_config(config),
+                                                  config_to_dict(config)), [[], []], [])
+    # What may change on resume does not count: more steps, other sinks, another timeout.
+    same = resolve_config(None, {**base, "steps": 12, "sinks": ["csv"], "hang_timeout": 9.0})
+    check_resumable(job_from_config(same), checkpoint, tmp_path, config_to_dict(same))
+    later = resolve_config(None, {**base, "steps": 12, **change})
+    with pytest.raises(ExoframeError, match=re.escape(expected)):
+        check_resumable(job_from_config(later), checkpoint, tmp_path, config_to_dict(later))
+
+
+def test_a_resume_of_another_model_names_its_size(tmp_path):
+    """A model given in Python (no workload parameters to compare) is compared by its
+    tensors' shapes."""
+    config = {"workload": "mlp", "strategy": "ddp", "steps": 8, "checkpoint_every": 4}
+    made = job_from_config(resolve_config(None, {**config, "workload_params": {"hidden": 32}}))
+    checkpoint = Checkpoint(tmp_path, 4, identity(made), [[], []], [])
+    later = job_from_config(resolve_config(None, {**config, "steps": 12}))
+    def mlp_size(h):  # 32 inputs -> h -> h -> 10 classes, with biases
+        return 32 * h + h + h * h + h + h * 10 + 10
+
+    with pytest.raises(ExoframeError, match=f"model: the checkpoint's model has "
+                                            f"{mlp_size(32):,} parameters and this run's "
+                                            f"{mlp_size(128):,}"):
+        check_resumable(later, checkpoint, tmp_path)

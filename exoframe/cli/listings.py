@@ -73,8 +73,14 @@ def plugins(as_json):
               help="Where to create the package folder. [.]")
 def new_plugin(name, parent):
     """Write a plugin package skeleton exoframe-NAME: a strategy, its entry point and a test."""
+    from ..plugins import get_plugin_manager
     from ..scaffold import write_skeleton
 
+    taken = get_plugin_manager().strategies.get_entry_or_none(name)
+    if taken is not None:
+        raise ExoframeError(f"new-plugin: a strategy '{name}' is installed already "
+                            f"[{taken.source}]; a plugin of that name would collide with it. "
+                            "Choose another name.")
     folder = write_skeleton(name, parent)
     click.echo(f"wrote {folder}\n  pip install -e {folder}\n  python -m pytest {folder}\n"
                f"  exoframe run --strategy {name} --workload mlp")

@@ -52,6 +52,8 @@ from .options import (split_names, progress_mode, progress_options, projection_f
                    "(pip install 'exoframe[ray]'; a local Ray unless --ray-address or "
                    "RAY_ADDRESS names a cluster). [local]")
 @click.option("--ray-address", help="The Ray cluster for --executor ray, e.g. ray://HOST:10001.")
+@click.option("--connect-timeout", type=float, help="Real seconds for the Ray cluster at "
+              "--ray-address to answer. [60]")
 @progress_options
 def sweep(config_file, strategies, nets, bandwidth, points, seeds, faults, params,
           workload_params, target_loss, project_params, step_time, payload_bits, bucket_mb, out,

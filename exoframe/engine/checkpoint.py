@@ -17,9 +17,11 @@ the rows up to it are written, so a resumed run has every row before its checkpo
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +46,23 @@ class Checkpoint:
 
     def rank_file(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.pt"
+
+    def verify(self):
+        """Every rank's file is there and reads back whole (torch.save writes a zip archive
+        with a CRC per entry), before a resume touches anything."""
+        for rank in range(self.run["nodes"]):
+            path = self.rank_file(rank)
+            if not path.is_file():
+                raise ExoframeError(f"checkpoint file {path} is missing: the checkpoint is "
+                                    "incomplete, and the run cannot be resumed from it.")
+            try:
+                with zipfile.ZipFile(path) as archive:
+                    damaged = archive.testzip()
+            except (OSError, zipfile.BadZipFile, EOFError) as e:
+                damaged = str(e) or type(e).__name__
+            if damaged is not None:
+                raise ExoframeError(f"checkpoint file {path} is corrupt ({damaged} does not read "
+                                    "back as written); the run cannot be resumed from it.")
 
 
 class CheckpointFolder:
@@ -70,6 +89,12 @@ class CheckpointFolder:
             if older != final and match is not None and int(match.group(1)) <= step:
                 shutil.rmtree(older, ignore_errors=True)
 
+    def remove_partial(self):
+        """Drop the checkpoints being built: after a run stopped, nothing will finish them."""
+        for entry in list(self._entries()):
+            if entry.name.startswith(".partial-"):
+                shutil.rmtree(entry, ignore_errors=True)
+
     def latest(self) -> Checkpoint | None:
         steps = sorted((int(m.group(1)), p) for p in self._entries()
                        if (m := _COMMITTED.match(p.name)) and (p / "launcher.json").is_file())
@@ -88,26 +113,57 @@ class CheckpointFolder:
         return self.path.iterdir() if self.path.is_dir() else ()
 
 
-def identity(job) -> dict:
+# A resume may change how long the run goes on, where and how it reports, and how long the
+# launcher waits (README, "Checkpoints and resume"); every other field of the config shapes
+# the ranks' state or what it means, and must be the checkpoint's.
+MAY_CHANGE_ON_RESUME = ("steps", "epochs", "time_budget", "sinks", "out", "hang_timeout",
+                        "connect_timeout", "checkpoint_every", "nodes_per_process")
+
+
+def identity(job, config: dict | None = None) -> dict:
     """What a checkpoint must be resumed with: the same ranks, strategy, schedule length,
-    and simulated network, stragglers and seed (a digest: the simulator's inputs are
-    replayed through it)."""
+    model (its tensors' names and shapes), config (as config.yaml logs it, less
+    MAY_CHANGE_ON_RESUME), and simulated network, stragglers and seed (a digest: the
+    simulator's inputs are replayed through it)."""
     sim = job.sim
     # faults only when there are: checkpoints made before they existed keep their identity
     faults = (job.faults.describe(),) if job.faults.active else ()
     nic_traces = (sim.topology.nic_trace,) if any(sim.topology.nic_trace) else ()  # likewise
     setup = repr((sim.topology, sorted(sim.algorithms), sim.stragglers, job.seed, *faults,
                   *nic_traces))
-    return {"nodes": job.nodes, "strategy": job.strategy_name, "steps": job.steps,
+    shapes = [(name, list(tensor.shape)) for name, tensor in job.model.state_dict().items()]
+    made = {"nodes": job.nodes, "strategy": job.strategy_name, "steps": job.steps,
             "schedule": job.schedule, "net": sim.net,
-            "setup": hashlib.sha256(setup.encode()).hexdigest()[:16]}
+            "setup": hashlib.sha256(setup.encode()).hexdigest()[:16],
+            "model": {"parameters": sum(p.numel() for p in job.model.parameters()),
+                      "shapes": hashlib.sha256(repr(shapes).encode()).hexdigest()[:16]}}
+    if config is not None:  # as launcher.json will hold it
+        made["config"] = json.loads(strict_json.dumps(
+            {k: v for k, v in config.items() if k not in MAY_CHANGE_ON_RESUME}))
+    return made
+
+
+def config_difference(made: dict, now: dict) -> str | None:
+    """The first field of the checkpoint's config that the resume changes, as a phrase."""
+    if "config" not in made or "config" not in now:  # (a checkpoint of an earlier version)
+        return None
+    for key in dict.fromkeys([*made["config"], *now["config"]]):
+        before, after = made["config"].get(key), now["config"].get(key)
+        if before != after:
+            return f"{key} is {_shown(after)} now but was {_shown(before)}"
+    return None
+
+
+def _shown(value) -> str:
+    return repr(value) if not isinstance(value, dict) else \
+        "{" + ", ".join(f"{k}={v!r}" for k, v in value.items()) + "}"
 
 
 class Commits:
     """The launcher's side: which ranks saved which step; commit a step once complete."""
 
-    def __init__(self, folder: CheckpointFolder, job):
-        self.folder, self.nodes, self.run = folder, job.nodes, identity(job)
+    def __init__(self, folder: CheckpointFolder, job, config: dict | None = None):
+        self.folder, self.nodes, self.run = folder, job.nodes, identity(job, config)
         self.saved: dict[int, dict[int, int]] = {}  # step -> rank -> its simulator inputs then
         self.committed = 0  # the latest step committed by this run
 

@@ -40,6 +40,7 @@ from ..sim.transport import (HANDSHAKE_SECONDS, HandshakeError, Listener, Transp
 from .messages import Hello, Refused, Welcome
 
 SERVICE_KEY = "service"
+MIN_TOKEN = 16  # characters of EXOFRAME_TOKEN
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,11 @@ class ClusterEnv:
         """What a run across machines needs, and what it cannot do yet."""
         if not self.is_loopback():
             self.token()  # EXOFRAME_TOKEN is set
+        if self.shared_token is not None and len(self.shared_token) < MIN_TOKEN:
+            raise ExoframeError(
+                f"EXOFRAME_TOKEN: {len(self.shared_token)} characters is too short to keep "
+                f"others out; give at least {MIN_TOKEN}, e.g. export EXOFRAME_TOKEN=$(python -c "
+                "'import secrets; print(secrets.token_hex(16))').")
         if config.checkpoint_every is not None:
             raise ExoframeError("checkpoint_every: checkpoints are not supported under torchrun "
                                 "yet (each rank would save on its own machine); drop "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -73,13 +74,31 @@ def run_point(point: SweepPoint, out: str, bar=Off(), recorded_out: str | None =
     return run_dirs
 
 
-def check_executor(executor: str):
-    """Before anything runs: a known executor, and Ray installed for `ray`."""
+def check_executor(executor: str, address: str | None = None, timeout: float = 60.0):
+    """Before anything runs: a known executor, and for `ray`, Ray installed and the cluster
+    at `address` (else RAY_ADDRESS) answering within `timeout` seconds."""
     if executor not in EXECUTORS:
         raise ExoframeError(f"--executor: '{executor}' is not one; use one of "
                             f"{', '.join(EXECUTORS)}.")
     if executor == "ray":
         _ray()
+        _check_ray_address(address or os.environ.get("RAY_ADDRESS"), timeout)
+
+
+def _check_ray_address(address: str | None, timeout: float):
+    """ray.init retries an address with nothing behind it for minutes: knock first."""
+    if not address or address in ("auto", "local"):
+        return
+    host, colon, port = address.split("://", 1)[-1].rpartition(":")
+    if not colon or not port.isdigit() or not host:
+        raise ExoframeError(f"--ray-address: '{address}' is not HOST:PORT or ray://HOST:PORT.")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise ExoframeError(
+            f"--ray-address: nothing answers at {address} ({e.strerror or 'no answer'} within "
+            f"{timeout:g} s, --connect-timeout); start Ray there (ray start --head) or give the "
+            "address that `ray status` prints.") from None
 
 
 def run_points(points: list[SweepPoint], runs_dir: Path, executor: str, bar,

@@ -131,13 +131,13 @@ def bind_to_loopback():
 
 
 def launch(job: Job, on_row=None, config: dict | None = None,
-           cluster: ClusterEnv | None = None) -> LaunchResult:
+           cluster: ClusterEnv | None = None, prepared: tuple | None = None) -> LaunchResult:
     """Run `job` on job.nodes forked ranks. `on_row(row)` is called for each finished step.
     With `cluster` (rank 0's process under torchrun, engine/cluster.py), launch rank 0 and
     serve the ranks of the other processes, which must have been started with the same
-    `config`."""
+    `config`. prepared: what prepare(job) returned, if the caller checked the job already."""
     start = time.perf_counter()
-    batches, val_shards = prepare(job)
+    batches, val_shards = prepared if prepared is not None else prepare(job)
     if cluster is None or cluster.is_loopback():
         bind_to_loopback()
     rendezvous = tempfile.mkdtemp(prefix="exoframe-rendezvous-")  # mode 0700: ours alone
@@ -225,7 +225,7 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
             processes = [processes[0], *[None] * (job.nodes - 1), processes[-1]]
         monitor = Monitor(job, conns, processes, on_row, watchdog, folder,
                           hosts=service.hosts if service is not None else None,
-                          channels=channels)
+                          channels=channels, config=config)
         # gloo's own timeout outlasts the watchdog, which sees every rank and names the
         # right one; a rank timing out sees only that its peer is late.
         backend = devices.backend(job.device, cluster.local_world_size if cluster else job.nodes)

@@ -28,7 +28,7 @@ from .messages import (AskStop, Bundle, CheckpointLate, CheckpointNow, Checkpoin
 from .processes import STOP_SIGNALS, RunInterrupted, child_name, interrupted, stack_file
 from .replicas import ReplicaCheck
 from .step_rows import StepRows
-from .target import StopVerdicts
+from .target import StopVerdicts, check_within_a_year
 from .watchdog import describe_stall, dump_stacks
 
 EVALUATOR = "evaluator"
@@ -57,13 +57,15 @@ class Monitor:
     order, and raises on the first failure."""
 
     def __init__(self, job: Job, conns, processes, on_row, watchdog: float, folder: str,
-                 hosts: dict | None = None, channels: list | None = None):
+                 hosts: dict | None = None, channels: list | None = None,
+                 config: dict | None = None):
         """conns: each rank's connection, then the evaluator's; processes: the same children's
         processes, None for a rank on another machine (torchrun: engine/cluster.py), whose
         host `hosts` names (rank -> host, for those ranks only). folder: the run's private
         temporary folder, where children write their stacks. channels: where packed nodes
         (engine/packing.py) share a process, its pipe and its members (Channel each):
-        conns[rank] is then a NodeLink into the pipe's outbox, flushed once per pass."""
+        conns[rank] is then a NodeLink into the pipe's outbox, flushed once per pass.
+        config: the run's config as logged, which its checkpoints record."""
         self.job, self.conns, self.processes, self.on_row = job, conns, processes, on_row
         self.channels = channels or [Channel(conn, (i,)) for i, conn in enumerate(conns)]
         self.watchdog, self.folder, self.hosts = watchdog, folder, hosts or {}
@@ -76,7 +78,7 @@ class Monitor:
                          record=job.checkpoint_every is not None)
         self.emitted = list(resumed.rows) if resumed else []  # every row, in step order
         self.rows.next_step = len(self.emitted) + 1
-        self.commits = Commits(CheckpointFolder(job.run_dir), job) \
+        self.commits = Commits(CheckpointFolder(job.run_dir), job, config) \
             if job.checkpoint_every else None
         early = job.target_loss is not None or job.time_budget is not None
         self.verdicts = StopVerdicts(job.target_loss, job.time_budget) if early else None
@@ -106,7 +108,9 @@ class Monitor:
                 raise RankFailed("divergence check", str(e), "", True) from None
             averaged = self.rows.add(rank, step, message.record, message.state)
             row = self.rows.rows.get(step)
-            if row is not None and self.verdicts is not None:  # every rank finished `step`
+            if row is not None:  # every rank finished `step`
+                check_within_a_year(self.job.steps, self.job.time_budget, step, row["sim_time"])
+            if row is not None and self.verdicts is not None:
                 self.send_verdicts(self.verdicts.add_finished(step, row["sim_time"]))
                 if self.verdicts.stop_step == step and averaged is None:
                     self.rows.hold(step)  # the ranks send its states with the stop (rank.py)

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ExoframeError
-from ..files import replacing
+from ..files import disk_full, replacing
 from .checkpoint import CheckpointFolder
 
 
@@ -99,10 +99,18 @@ def _on_cpu(value):
 
 
 def save(path: Path, state: dict):
-    """Written whole or not at all (exoframe.files.replacing)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(path, "wb") as f:
-        torch.save(state, f)
+    """Written whole or not at all (exoframe.files.replacing); a full disk is one line."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(path, "wb") as f:
+            torch.save(state, f)
+    except Exception as e:
+        full = disk_full(e)
+        if full is None:
+            raise
+        raise ExoframeError(f"{path} could not be written: {full.strerror.lower()}. Free some "
+                            "space on that disk (or give --out on another), or checkpoint less "
+                            "often (--checkpoint-every).") from None
 
 
 def load(path, device: torch.device) -> dict:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ExoframeError
+from ..errors import ExoframeError, shorten
 from ..plugins import get_plugin_manager
 from ..sim import SimSetup, resolve_sim
 from ..sim.collectives import Plans
@@ -60,6 +60,14 @@ class Projection:
 
 def load_trace(run_dir) -> dict:
     path = Path(run_dir) / "trace.json"
+    if not path.is_file() and (Path(run_dir) / "summary.json").is_file():
+        summary = strict_json.load(Path(run_dir) / "summary.json", "summary")
+        status = summary.get("status") if isinstance(summary, dict) else None
+        if status in ("failed", "interrupted"):
+            raise ExoframeError(
+                f"{run_dir}: the run {status} after {summary.get('steps_completed')} steps "
+                f"({shorten(str(summary.get('error')), 200)}); only a run that completes "
+                "records a trace to replay. Resume it (`exoframe resume`) or run it again.")
     if not path.is_file():
         raise ExoframeError(f"{run_dir}: no trace.json; only runs made by exoframe 0.1 with the "
                             "network simulator record one. Run it again with `exoframe run`.")

@@ -3,37 +3,58 @@
 The run is rebuilt from its config.yaml (the config it ran), with more steps if asked;
 every rank starts from its saved state and the simulator from the inputs it had seen
 (engine/checkpoint.py), so the rows, clocks and weights are those of a run that never
-stopped. Sinks go on in the same folder."""
+stopped. Sinks go on in the same folder.
+
+A resume touches nothing until it can resume: it takes the folder's lock (a run still going
+there refuses it, engine/run_lock.py), reads the checkpoint back whole and checks that the
+config is the one it was made with. The folder's records (config.yaml, metrics, summary) are
+replaced only once the resume has finished its first step (engine/run.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..config import config_to_dict, resolve_config
 from ..errors import ExoframeError
-from .checkpoint import Checkpoint, CheckpointFolder, identity
+from .checkpoint import (MAY_CHANGE_ON_RESUME, Checkpoint, CheckpointFolder, config_difference,
+                         identity)
 from .job import job_from_config
 from .run import RunResult, execute
+from .run_lock import RunLock
 
 
 def resume(run_dir, steps: int | None = None, progress="off",
            progress_every: float = 30.0) -> RunResult:
     run_dir = Path(run_dir)
-    checkpoint = latest_checkpoint(run_dir)
+    check_run_folder(run_dir)
     overrides = {"steps": steps, "epochs": None} if steps is not None else {}
     config = resolve_config(run_dir / "config.yaml", overrides)
     if config.workload == "custom":
         raise ExoframeError(f"{run_dir}: its workload was given in Python; resume it there: "
                             "Trainer.fit(..., resume=RUN_DIR).")
-    job = job_from_config(config)
-    check_resumable(job, checkpoint, run_dir)
-    return execute(job, config_record=config_to_dict(config), progress=progress,
-                   progress_every=progress_every, resume_dir=run_dir)
+    return resume_job(job_from_config(config), config_to_dict(config), run_dir,
+                      progress=progress, progress_every=progress_every)
 
 
-def latest_checkpoint(run_dir: Path) -> Checkpoint:
+def resume_job(job, config_record: dict, run_dir, **execute_options) -> RunResult:
+    """Run `job` on from the latest checkpoint in run_dir, holding the folder throughout."""
+    run_dir = Path(run_dir)
+    check_run_folder(run_dir)
+    with RunLock.take(run_dir):
+        checkpoint = latest_checkpoint(run_dir)
+        checkpoint.verify()
+        check_resumable(job, checkpoint, run_dir, config_record)
+        return execute(job, config_record=config_record, resume_dir=run_dir,
+                       **execute_options)
+
+
+def check_run_folder(run_dir: Path):
     if not (run_dir / "config.yaml").is_file():
         raise ExoframeError(f"{run_dir}: not a run folder (it has no config.yaml); give the "
                             "folder that `exoframe run` printed.")
+
+
+def latest_checkpoint(run_dir: Path) -> Checkpoint:
+    check_run_folder(run_dir)
     checkpoint = CheckpointFolder(run_dir).latest()
     if checkpoint is None:
         raise ExoframeError(f"{run_dir}: the run saved no checkpoint; runs save them with "
@@ -41,18 +62,29 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
     return checkpoint
 
 
-def check_resumable(job, checkpoint, run_dir):
-    """Set `job` to resume from `checkpoint`, once they agree."""
+def check_resumable(job, checkpoint, run_dir, config: dict | None = None):
+    """Set `job` to resume from `checkpoint`, once they agree. config: the resume's config
+    as logged, compared field by field with the one the checkpoint was made with."""
     if job.steps <= checkpoint.step:
         raise ExoframeError(f"{run_dir}: its checkpoint is at step {checkpoint.step} and the "
                             f"run asks for {job.steps} steps; give more steps (--steps M) to "
                             "train on.")
-    made, now = checkpoint.run, identity(job)
+    made, now = checkpoint.run, identity(job, config)
+    only_the_run = (f"a checkpoint resumes only the run that made it (a resume may change "
+                    f"only {', '.join(MAY_CHANGE_ON_RESUME)})")
     if (made["nodes"], made["strategy"]) != (now["nodes"], now["strategy"]):
         raise ExoframeError(
             f"{run_dir}: its checkpoint is of '{made['strategy']}' on {made['nodes']} nodes, "
-            f"but the run now asks for '{now['strategy']}' on {now['nodes']}; a checkpoint "
-            "resumes only the run that made it.")
+            f"but the run now asks for '{now['strategy']}' on {now['nodes']}; {only_the_run}.")
+    changed = config_difference(made, now)
+    if changed is not None:
+        raise ExoframeError(f"{run_dir}: {changed} when the checkpoint at step "
+                            f"{checkpoint.step} was made; {only_the_run}.")
+    if "model" in made and made["model"] != now["model"]:
+        before, after = made["model"]["parameters"], now["model"]["parameters"]
+        raise ExoframeError(
+            f"{run_dir}: model: the checkpoint's model has {before:,} parameters and this "
+            f"run's {after:,}{' in other shapes' if before == after else ''}; {only_the_run}.")
     if made["setup"] != now["setup"]:
         raise ExoframeError(
             f"{run_dir}: its network, stragglers, faults or seed differ from those the "

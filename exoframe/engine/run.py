@@ -6,6 +6,7 @@ goes it says "failed" with the steps finished so far (Provisional), so that even
 killed outright leaves a summary."""
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -18,10 +19,12 @@ from ..errors import ExoframeError
 from ..report import build_summary
 from .job import Job
 from . import rank_state
-from .launcher import launch
+from .checkpoint import CheckpointFolder
+from .launcher import launch, prepare
 from .model_state import load
 from .progress import progress_display
 from .run_folder import RunFolder
+from .run_lock import RunLock
 from ..sinks import OpenSinks, RunInfo
 
 
@@ -37,33 +40,54 @@ class RunResult:
 def execute(job: Job, out: str | None = None, config_record: dict | None = None,
             progress="off", progress_every: float = 30.0, on_row=None,
             resume_dir=None, cluster=None) -> RunResult:
-    """Run `job`; with `out`, in a new run folder under it; with `resume_dir`, on from
-    job.resume_from, the latest checkpoint of that run folder (see engine/resume.py).
-    on_row(row): after each step. progress: "bar" (or True), "lines" (one every
-    `progress_every` seconds) or "off". cluster: under torchrun, what it told rank 0's
-    process (engine/cluster.py: `exoframe run` passes it)."""
-    if resume_dir is not None:
-        folder = RunFolder(Path(resume_dir))
+    """Run `job`; with `out`, in a new run folder under it, which it holds (run_lock.py);
+    with `resume_dir`, on from job.resume_from, the latest checkpoint of that run folder,
+    whose lock the caller holds (engine/resume.py). on_row(row): after each step. progress:
+    "bar" (or True), "lines" (one every `progress_every` seconds) or "off". cluster: under
+    torchrun, what it told rank 0's process (engine/cluster.py: `exoframe run` passes it)."""
+    if job.checkpoint_every is not None and out is None and resume_dir is None:
+        raise ExoframeError("checkpoint_every: checkpoints are saved in the run folder; "
+                            "give a folder for runs (out).")
+    prepared = prepare(job)  # the model and data, checked before any folder is made
+    if resume_dir is not None:  # (its lock is the caller's)
+        folder, held = RunFolder(Path(resume_dir)), contextlib.nullcontext()
     else:
         folder = RunFolder.create(out, f"{job.strategy_name}-n{job.nodes}") if out else None
+        held = RunLock.take(folder.path) if folder else contextlib.nullcontext()
+    with held:
+        return _execute(job, folder, config_record, progress, progress_every, on_row, cluster,
+                        prepared)
+
+
+def _execute(job, folder, config_record, progress, progress_every, on_row, cluster,
+             prepared) -> RunResult:
+    resuming = job.resume_from is not None
     if job.checkpoint_every is not None:
-        if folder is None:
-            raise ExoframeError("checkpoint_every: checkpoints are saved in the run folder; "
-                                "give a folder for runs (out).")
         job.run_dir = str(folder.path)
-    if folder and config_record is not None:
+    if folder and config_record is not None and not resuming:
         folder.write_config(config_record)
     try:
         sinks = open_sinks(job, folder, config_record)
     except ExoframeError as e:  # the folder exists: say in it why nothing ran
-        _write_failed_summary(folder, partial_summary(job, [], "failed", str(e)), e)
+        if not resuming:
+            _write_failed_summary(folder, partial_summary(job, [], "failed", str(e)), e)
         raise
-    rows = list(job.resume_from.rows) if job.resume_from is not None else []
+    rows = list(job.resume_from.rows) if resuming else []
     provisional = Provisional(folder, job, rows)
+    if not resuming:
+        provisional.refresh()
+    # A resume leaves the folder's records as they are until its first step has ended: one
+    # that fails before then changes nothing.
+    records_ours = not resuming
     bar = progress_display(progress, job.steps, f"{job.strategy_name} ×{job.nodes}",
                            progress_every)
 
     def handle_row(row):
+        nonlocal records_ours
+        if not records_ours:
+            records_ours = True
+            if config_record is not None:
+                folder.write_config(config_record)
         rows.append(row)
         if on_row is not None:
             on_row(row)
@@ -73,14 +97,14 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
 
     summary, completed = None, False
     try:
-        result = launch(job, handle_row, config_record, cluster)
+        result = launch(job, handle_row, config_record, cluster, prepared)
         bar.close()
         load(job.model, result.final_state)
         if folder and job.checkpoint_every is not None:  # the run's final (averaged) model
             rank_state.save(folder.path / "model.pt", job.model.state_dict())
         trace = build_trace(job, [r.pop("trace") for r in result.rank_results], result.steps)
         summary = {"status": "completed", **build_summary(job, rows, result)}
-        if job.resume_from is not None:  # the steps up to it ran in an earlier process
+        if resuming:  # the steps up to it ran in an earlier process
             summary["resumed_from_step"] = job.resume_from.step
         if folder:
             folder.write_trace(trace)
@@ -90,17 +114,34 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
         # e.status and e.rows are set by the launcher once ranks were started.
         status = getattr(e, "status", "interrupted" if isinstance(e, KeyboardInterrupt)
                          else "failed")
+        if folder and job.checkpoint_every is not None:
+            CheckpointFolder(folder.path).remove_partial()  # (no rank is left to finish one)
+            _name_the_checkpoint(e, folder)
         summary = partial_summary(job, getattr(e, "rows", rows), status,
                                   str(e) or type(e).__name__)
-        if folder:
+        if folder and records_ours:
             _write_failed_summary(folder, summary, e)
         raise
     finally:
         bar.close()
         # A sink failing as it closes must not hide the error that stopped the run.
-        sinks.close(summary, raise_errors=completed)
+        sinks.close(summary if records_ours else None, raise_errors=completed)
     return RunResult(model=job.model, summary=summary, metrics=rows,
                      run_dir=folder.path if folder else None, trace=trace)
+
+
+def _name_the_checkpoint(error: BaseException, folder: RunFolder):
+    """A run that checkpoints and stopped: its error line says where it can go on from."""
+    if not isinstance(error, ExoframeError) or "exoframe resume" in str(error):
+        return
+    said = str(error)
+    try:
+        latest = CheckpointFolder(folder.path).latest()
+    except ExoframeError:
+        return
+    if latest is not None:
+        error.args = (f"{said} Its checkpoint at step {latest.step} is whole: `exoframe resume "
+                      f"{folder.path}` goes on from it.",)
 
 
 class Provisional:

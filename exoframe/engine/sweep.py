@@ -181,7 +181,7 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
     fault specs ("" or "none": no failures; None: base's). executor: where the training runs
     happen, "local" or "ray" (address: a Ray cluster's; see executors.py)."""
     faults = [base.faults] if faults is None else ["" if f == "none" else f for f in faults]
-    check_executor(executor)
+    check_executor(executor, address, base.connect_timeout)
     if REAL in nets:
         raise ExoframeError("--net: a sweep compares simulated networks; 'real' measures one "
                             "run (exoframe run --net real).")

@@ -25,7 +25,25 @@ depend on S: it is read from the per-step validation losses.
 """
 from __future__ import annotations
 
+from ..errors import ExoframeError
+from ..sim.units import YEAR, format_duration
+
 LAG = 1  # at the end of step k, a rank waits for step k − LAG to be validated
+
+
+def check_within_a_year(steps: int, time_budget, step: int, sim_time: float):
+    """A run whose first `step` steps took `sim_time` and that would go on past a year of
+    simulated time at that pace (a network given in bit/s where Mbit/s was meant, ...)
+    stops here, in one line, unless a time budget stops it earlier."""
+    if time_budget is not None and time_budget <= YEAR:
+        return
+    projected = sim_time / step * steps
+    if projected > YEAR:
+        raise ExoframeError(
+            f"net: step {step} ended at {format_duration(sim_time)} of simulated time, so "
+            f"{steps} steps would take {format_duration(projected)}, over a year: the network "
+            "is too slow for this run (a unit off, such as kbit for Mbit?). Give a faster "
+            "network or fewer steps, or --time-budget to stop it earlier.")
 
 
 class StopVerdicts:

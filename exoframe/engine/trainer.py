@@ -10,7 +10,6 @@ one per rank) or a factory `(rank, num_nodes, split) -> Dataset` with split "tra
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -18,7 +17,7 @@ import torch
 from ..config import RunConfig, config_to_dict
 from ..workloads.base import Workload, shard_factory
 from .job import build_job
-from .resume import check_resumable, latest_checkpoint
+from .resume import resume_job
 from .run import RunResult, execute
 
 
@@ -73,9 +72,8 @@ class Trainer:
                             batch_size=self.batch_size, lr=lr, best_loss=self.best_loss,
                             metrics=self.metrics)
         job = build_job(config, workload, self.model, strategy=strategy)
-        if resume is not None:
-            check_resumable(job, latest_checkpoint(Path(resume)), resume)
         # The model and data came from Python: `exoframe resume` cannot rebuild them.
         record = {**config_to_dict(config), "workload": "custom"}
-        return execute(job, out=out, config_record=record, progress=progress,
-                       resume_dir=resume)
+        if resume is not None:
+            return resume_job(job, record, resume, progress=progress)
+        return execute(job, out=out, config_record=record, progress=progress)

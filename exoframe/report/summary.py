@@ -1,7 +1,7 @@
 """The run summary (summary.json) and its short terminal table."""
 from __future__ import annotations
 
-from ..sim.units import format_duration
+from ..sim.units import YEAR, format_duration
 
 # Below this share of simulated time spent computing, the compute model says so: times
 # then compare networks alone (flops:h100 on a tiny model gives microseconds per step).
@@ -146,6 +146,8 @@ def _ratio(a: float, b: float):
 
 
 def format_seconds(s: float) -> str:
+    if s >= YEAR:
+        return f"{s / YEAR:.3g} years"
     if s >= 3600:
         return f"{s / 3600:.2f} h"
     if s >= 60:

@@ -22,6 +22,7 @@ UNLIMITED = {"inf", "unlimited"}
 DURATION_UNITS = {"h": 1 / 3600, "min": 1 / 60, "s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6,
                   "\u03bcs": 1e6, "ns": 1e9}
 _DURATION_LISTING = "h, min, s, ms, us, µs, ns"
+YEAR = 365.25 * 86400  # seconds
 
 _NUMBER_UNIT = re.compile(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(.*?)\s*")
 
@@ -97,6 +98,9 @@ def parse_bandwidth(value, field: str, where: str) -> float:
     if not number > 0:
         raise _error(where, field, f"must be positive, got '{value}' "
                                    f"(use 'inf' for unlimited).")
+    if number * scale * YEAR < 1:
+        raise _error(where, field, f"'{value}' moves less than a byte a year; a unit is off "
+                                   "(e.g. '100mbit', '1gbit').")
     return number * scale
 
 
@@ -157,4 +161,5 @@ def format_duration(seconds: float) -> str:
     """0.025 -> '25 ms'; 5e-6 -> '5 µs'; 0 -> '0'."""
     if seconds == 0:
         return "0"
-    return _scaled(seconds, [(1e-9, "ns"), (1e-6, "µs"), (1e-3, "ms"), (1.0, "s")])
+    return _scaled(seconds, [(1e-9, "ns"), (1e-6, "µs"), (1e-3, "ms"), (1.0, "s"),
+                             (YEAR, "years")])
