@@ -95,6 +95,9 @@ def parse_compute(spec: str) -> ComputeModel:
         return ComputeModel("measured")
     if kind == "fixed":
         if _is_bare_number(rest):  # 100 what? 100 s is rarely what was meant
+            if not math.isfinite(float(rest)):
+                raise ExoframeError(f"compute: fixed needs a finite time per step, got "
+                                    f"'{shorten(rest)}'; write e.g. fixed:100ms.")
             raise ExoframeError(f"compute: 'fixed:{shorten(rest)}' has no unit; write e.g. "
                                 f"fixed:{shorten(rest)}ms or fixed:{shorten(rest)}s.")
         seconds = parse_duration(rest, "compute", "--compute")
