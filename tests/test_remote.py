@@ -67,7 +67,7 @@ def test_a_batch_partitioned_call_equals_one_process_and_the_closed_form(tmp_pat
     global OUT
     OUT = str(tmp_path / "call.pt")
     testing.run(CallsFromRankZero, nodes=4, steps=1, net=write_net(tmp_path),
-                compute=f"fixed:{STEP}")
+                compute=f"fixed:{STEP}s")
     got = torch.load(OUT)
 
     model = testing.tiny_model()  # the weights every rank starts from
