@@ -56,7 +56,7 @@ def parse_options(steps: int):
 def main():
     options = parse_options(steps=500)
     args = ["--workload", "mlp", "--strategy", options.strategy, "--net", "wan-100mbps",
-            "--compute", "fixed:0.05", "--steps", str(options.steps), "--eval-every",
+            "--compute", "fixed:50ms", "--steps", str(options.steps), "--eval-every",
             str(options.steps)]
     per_step = {}
     for name, launch in (("fork", fork_run), ("torchrun", torchrun_run)):

@@ -59,7 +59,7 @@ class RunConfig:
     time_budget: typing.Optional[typing.Union[float, str]] = None
     eval_every: typing.Optional[int] = None
     eval_batches: int = 8
-    # Validate every step and stop once the averaged model's validation loss is at most this.
+    # Validate every step and stop once the held model's validation loss is at most this.
     target_loss: typing.Optional[float] = None
     threads: int = 1
     out: str = "runs"

@@ -24,7 +24,7 @@ from conftest import HANG_GUARD, HANGING_WORKLOAD, metric_lines, only_run, wait_
 
 S = 4e6  # bytes of an all-reduce
 RUN = ["--workload", "hanging:workload", "--nodes", "2", "--steps", "12",
-       "--checkpoint-every", "4", "--eval-every", "3", "--compute", "fixed:0.1",
+       "--checkpoint-every", "4", "--eval-every", "3", "--compute", "fixed:100ms",
        "--stragglers", "lognormal:0.3", "--net", "wan-100mbps", "--no-progress",
        "--sink", "jsonl,csv"]
 

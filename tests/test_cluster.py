@@ -102,7 +102,7 @@ def test_a_listener_ignores_garbage_and_a_wrong_token_then_serves_the_right_one(
 
 
 # -- torchrun -------------------------------------------------------------------------------
-COMMON = ["--workload", "mlp", "--net", "wan-100mbps", "--compute", "fixed:0.05",
+COMMON = ["--workload", "mlp", "--net", "wan-100mbps", "--compute", "fixed:50ms",
           "--eval-every", "2"]
 
 

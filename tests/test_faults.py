@@ -110,7 +110,7 @@ def run(tmp_path, strategy, faults="", **extra):
     config = resolve_config(None, {
         "workload": "mlp", "strategy": strategy, "nodes": 4, "steps": STEPS,
         "strategy_params": {"H": H} if strategy == "diloco" else {}, "eval_every": 10,
-        "compute": "fixed:0.1", "net": "wan-100mbps", "faults": faults,
+        "compute": "fixed:100ms", "net": "wan-100mbps", "faults": faults,
         "out": str(tmp_path), **extra})
     result = execute(job_from_config(config), out=config.out)
     return result, [json.loads(line) for line in
@@ -198,7 +198,7 @@ def test_a_sweep_takes_failure_settings_as_an_axis(tmp_path):
     from exoframe.report.sweep import table
 
     base = resolve_config(None, {"workload": "mlp", "nodes": 2, "steps": 12,
-                                 "compute": "fixed:1", "eval_every": 6})
+                                 "compute": "fixed:1s", "eval_every": 6})
     _, rows = sweep(base, ["ddp"], ["wan-100mbps"], [0], str(tmp_path),
                     faults=["none", "1@3s:4s"], plots=False)
     by_faults = {r["faults"]: r for r in rows}
@@ -236,7 +236,7 @@ def test_a_sync_of_several_exchanges_goes_on_while_the_leader_is_down(tmp_path):
     torch.manual_seed(0)
     result = exoframe.Trainer(WithBatchNorm(), shard, batch_size=16).fit(
         "ddp", num_nodes=3, steps=12, optimizer="sgd", lr=0.1, eval_every=6,
-        compute="fixed:1", net="wan-100mbps", faults="0@2s:3s", out=str(tmp_path),
+        compute="fixed:1s", net="wan-100mbps", faults="0@2s:3s", out=str(tmp_path),
         hang_timeout=60)
     (failure,) = result.summary["failures"]
     assert (failure["rank"], failure["recovered_from"]) == (0, 1)

@@ -90,6 +90,9 @@ REFUSED = [
     # non-finite or out-of-range numbers: each once hung or failed after the fork
     (["run", "--compute", "fixed:nan"], {}, ["compute", "finite"]),
     (["run", "--compute", "fixed:inf"], {}, ["compute"]),
+    # a time without its unit: 100 ms or 100 s? (it used to be 100 s, silently)
+    (["run", "--compute", "fixed:100"], {}, ["compute", "fixed:100ms", "fixed:100s"]),
+    (["sweep", "--compute", "fixed:100"], {}, ["compute", "fixed:100ms", "fixed:100s"]),
     (["run", "--compute", "flops:inf"], {}, ["compute", "peak"]),
     (["run", "--stragglers", "1:nan"], {}, ["stragglers", "rank 1"]),
     (["run", "--stragglers", "lognormal:nan"], {}, ["stragglers", "lognormal"]),

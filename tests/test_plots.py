@@ -41,8 +41,12 @@ def make_rows(strategies=STRATEGIES, nets=NETS, seeds=SEEDS, steps=30):
                     "compute_utilization": rng.random(),
                     "bytes_sent_per_node": rng.uniform(1e6, 1e7), "final_loss": losses[-1],
                     "final_val_loss": rng.uniform(1, 2), "source": "run", "run_dir": "r",
-                    "losses": losses, "val_losses": [None] * n, "sim_times": times,
-                    "best_achievable_loss": BEST, "target_loss": 1.0})
+                    "losses": losses, "sim_times": times,
+                    "val_losses": [3 * 0.96 ** k if k % 5 == 4 else None for k in range(n)],
+                    "bytes_sent": [1e5 * (j + 1) * (k + 1) for k in range(n)],
+                    "best_achievable_loss": BEST, "target_loss": 1.0, "num_nodes": 4,
+                    "workload": "gpt", "model_parameters": 15800,
+                    "compute_model": "fixed:0.05s/step"})
     return rows
 
 
@@ -61,6 +65,9 @@ def drawn(monkeypatch):
                        list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()],
             "bands": [[y for _, y in c.get_paths()[0].vertices] for c in ax.collections],
             "title": ax.get_title(),
+            "ylabel": ax.get_ylabel(),
+            "yticks": [t.get_text() for t in ax.get_yticklabels() if t.get_text()],
+            "xticks": [t.get_text() for t in ax.get_xticklabels() if t.get_text()],
             "legend_outside": ax.get_legend().get_window_extent().x0
             >= ax.get_window_extent().x1}
         return save(fig, path, *args, **kwargs)
@@ -82,18 +89,40 @@ def test_more_lines_add_markers_and_stay_distinct():
     assert "marker" not in styles[39] and "marker" in styles[40]
 
 
-def smoothed(losses, window=10):
-    return [statistics.mean(losses[max(0, i + 1 - window):i + 1]) for i in range(len(losses))]
+def smoothed(losses, window):
+    """The mean of the `window` steps centred on each step, fewer where the run's ends
+    leave fewer on one side (as many on both sides)."""
+    half = window // 2
+    out = []
+    for i in range(len(losses)):
+        side = min(half, i, len(losses) - 1 - i)
+        out.append(statistics.mean(losses[i - side:i + side + 1]))
+    return out
+
+
+def test_smoothing_states_its_window_and_leaves_a_straight_line_straight():
+    from exoframe.report.plot_style import smoothed as plotted, smoothing_window
+
+    assert [smoothing_window(n) for n in (10, 19, 60, 100, 420, 10_000)] == [1, 1, 3, 5, 21, 21]
+    line = [5 - 0.01 * k for k in range(100)]
+    # a trailing window lags and fills up (a kink at its width); a centred one does neither
+    assert plotted(line, 21) == pytest.approx(line, abs=1e-12)
+    noisy = [random.Random(k).random() for k in range(50)]
+    assert plotted(noisy, 9) == pytest.approx(smoothed(noisy, 9))
+    assert plotted(noisy, 9)[0] == noisy[0]
 
 
 def test_3_strategies_8_networks_2_seeds_give_one_line_per_setup_in_a_band(tmp_path, drawn):
-    rows = make_rows()
+    rows = make_rows(steps=100)
     written = write_outputs(rows, tmp_path, target_loss=1.5)
     names = sorted(p.name for p in tmp_path.glob("*.png"))
     compare = [n for n in names if n.startswith("compare_")]
-    assert [n for n in names if not n.startswith("compare_")] == [
-        "loss_vs_time_ddp.png", "loss_vs_time_diloco.png", "loss_vs_time_localsgd.png",
+    validation = [n for n in names if n.startswith("val_loss_")]
+    assert [n for n in names if not n.startswith(("compare_", "val_loss_"))] == [
+        "loss_vs_bytes.png", "loss_vs_time_ddp.png", "loss_vs_time_diloco.png",
+        "loss_vs_time_localsgd.png", "time_to_target_vs_bandwidth.png",
         "time_vs_bandwidth.png", "utilization_vs_bandwidth.png"]
+    assert len(validation) == len(NETS)
     assert len(compare) == len(NETS)  # "a/b" and "a b" both give a_b: the second is a_b_2
     assert all(re.fullmatch(r"compare_[A-Za-z0-9._-]+\.png", n) for n in compare)
     assert {"compare_my_net.png", "compare_a_b.png", "compare_a_b_2.png"} <= set(compare)
@@ -101,9 +130,19 @@ def test_3_strategies_8_networks_2_seeds_give_one_line_per_setup_in_a_band(tmp_p
 
     for name, figure in drawn.items():
         assert figure["legend_outside"], name
-        curves = [line for line in figure["lines"] if not line[0].startswith(("target", "best"))]
+        curves = [line for line in figure["lines"] if not line[0].startswith(("target", "best"))
+                  and line[0] and not line[0].startswith("_")]
         assert len({(colour, style) for _, colour, style, _, _ in curves}) == len(curves), name
-        assert "mean of 2 seeds" in figure["title"], name
+        # time to target: over the seeds that reached it
+        assert re.search("mean of (1–)?2 seeds", figure["title"]), name
+        # the runs' context, and axes labelled in plain numbers
+        assert "4 nodes · gpt 15.8k params · compute fixed:0.05s/step" in figure["title"], name
+        assert not any("e+" in t or "$" in t for t in figure["xticks"] + figure["yticks"]), name
+    assert drawn["loss_vs_time_ddp.png"]["ylabel"] == "training loss (centred mean over 5 steps)"
+    assert drawn["val_loss_geo-2dc.png"]["ylabel"] == "validation loss (held model)"
+    # a time axis over less than a decade is labelled at round values inside it
+    assert len(drawn["time_vs_bandwidth.png"]["yticks"]) >= 4
+    assert "val loss 1.5" in drawn["time_to_target_vs_bandwidth.png"]["title"]
 
     ddp = drawn["loss_vs_time_ddp.png"]
     labels = [line[0] for line in ddp["lines"]]
@@ -116,7 +155,7 @@ def test_3_strategies_8_networks_2_seeds_give_one_line_per_setup_in_a_band(tmp_p
 
     # The line of ddp on wan-100mbps: the seeds' mean, step by step, up to the shorter seed.
     seeds = [r for r in rows if r["strategy"] == "ddp" and r["net"] == "wan-100mbps"]
-    curves = [smoothed(r["losses"]) for r in seeds]
+    curves = [smoothed(r["losses"], 5) for r in seeds]
     n = min(len(c) for c in curves)
     (line,) = [line for line in ddp["lines"] if line[0] == "wan-100mbps"]
     assert len(line[4]) == n
@@ -131,6 +170,18 @@ def test_3_strategies_8_networks_2_seeds_give_one_line_per_setup_in_a_band(tmp_p
     geo = drawn["compare_geo-2dc.png"]
     assert [line[0] for line in geo["lines"]] == [*STRATEGIES, "target 1.5 (val loss)",
                                                   f"best achievable {BEST:g}"]
+
+    # Validation loss: at the steps both seeds validated, their mean.
+    val = drawn["val_loss_geo-2dc.png"]
+    (line,) = [line for line in val["lines"] if line[0] == "diloco"]
+    seeds = [r for r in rows if r["strategy"] == "diloco" and r["net"] == "geo-2dc"]
+    steps = [k for k in range(95) if k % 5 == 4]
+    assert line[4] == pytest.approx([statistics.mean(r["val_losses"][k] for r in seeds)
+                                     for k in steps])
+    # Loss versus bytes: one line per strategy and network it trained on, bytes in MB.
+    (line,) = [line for line in drawn["loss_vs_bytes.png"]["lines"]
+               if line[0] == "ddp on geo-2dc"]
+    assert line[3] == pytest.approx([1e5 * 8 * (k + 1) / 1e6 for k in steps])
 
 
 def test_sweep_summary_has_each_setups_mean_and_std_over_seeds(tmp_path):
@@ -189,6 +240,8 @@ def test_a_real_two_seed_sweep_summarizes_its_seeds(tmp_path, capsys):
         losses = [r["final_val_loss"] for r in rows if r["net"] == s["net"]]
         assert s["final_val_loss_mean"] == pytest.approx(statistics.mean(losses))
         assert s["final_val_loss_std"] == pytest.approx(statistics.stdev(losses))
-    assert printed.count("±") >= 2 and len(printed.strip().splitlines()) == 1 + 2 + 1
+    assert printed.count("±") >= 2 and len(printed.strip().splitlines()) == 1 + 2 + 1 + 1
+    assert "  val loss of: ddp: replicas' model (equal on every node)" in printed
+    assert "to target" not in printed  # no target, no column of dashes
     assert {p.name for p in folder.glob("compare_*.png")} == {"compare_wan-100mbps.png",
                                                               "compare_wan-1gbps.png"}

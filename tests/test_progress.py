@@ -22,6 +22,24 @@ def test_lines_come_every_interval_and_once_at_the_end():
         "diloco ×4: step 10/10 (100%)  loss 0.2000  val 0.2500  sim 15.0 s  elapsed 2.1 min"]
 
 
+def test_a_sweeps_next_run_shows_none_of_the_last_runs_numbers():
+    now = [0.0]
+    out = io.StringIO()
+    lines = Lines(total=4, label="sweep", every=30, out=out, clock=lambda: now[0])
+    lines.describe("sweep: ddp seed 0 on wan-1gbps")
+    lines.update(1, {"step": 1, "loss": 2.5, "sim_time": 1.0})
+    lines.describe("sweep: diloco seed 0 on wan-1gbps")
+    now[0] = 31.0  # a line is due before diloco's first row
+    lines.update(0)
+    lines.update(1, {"step": 1, "loss": 1.25, "sim_time": 2.0})
+    now[0] = 62.0
+    lines.update(0)
+    assert out.getvalue().splitlines() == [
+        "sweep: diloco seed 0 on wan-1gbps: step 1/4 (25%)  elapsed 31.0 s",
+        "sweep: diloco seed 0 on wan-1gbps: step 2/4 (50%)  loss 1.2500  sim 2 s  "
+        "elapsed 1.0 min"]
+
+
 def test_a_run_without_a_terminal_prints_progress_lines(cli):
     run = cli("run", "--workload", "mlp", "--nodes", "2", "--steps", "40", "--eval-every", "10",
               "--compute", "fixed:10ms", "--out", "runs", "--progress-every", "0.000001")

@@ -146,9 +146,11 @@ def check_run(args, stdout, cwd):
     for sink in sinks:
         name, _, options = sink.partition(":")
         logdir = dict(o.split("=", 1) for o in options.split(",") if o).get("logdir")
-        written = {"tensorboard": f"{logdir or 'tensorboard'}/{run_dir.name}",
+        written = {"tensorboard": logdir or "tensorboard",
                    "wandb": "wandb"}.get(name, f"metrics.{name}")
         assert (run_dir / written).exists(), f"no {written} in {run_dir} (sink {sink})"
+        if name == "tensorboard":  # the events of this run, in its folder, not one below
+            assert list((run_dir / written).glob("events.out.tfevents.*")), run_dir
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert 1 <= len(rows) <= int(STEPS), f"{len(rows)} metrics rows for --steps {STEPS}"
 

@@ -67,7 +67,7 @@ def test_a_batch_partitioned_call_equals_one_process_and_the_closed_form(tmp_pat
     global OUT
     OUT = str(tmp_path / "call.pt")
     testing.run(CallsFromRankZero, nodes=4, steps=1, net=write_net(tmp_path),
-                compute=f"fixed:{STEP}")
+                compute=f"fixed:{STEP}s")
     got = torch.load(OUT)
 
     model = testing.tiny_model()  # the weights every rank starts from
@@ -141,7 +141,7 @@ def note_seen(seen):
 def test_rank_decorators_run_where_they_say(tmp_path):
     global OUT
     OUT = str(tmp_path / "seen.pt")
-    testing.run(Decorated, nodes=4, steps=1, compute="fixed:0.1")
+    testing.run(Decorated, nodes=4, steps=1, compute="fixed:100ms")
     assert torch.load(OUT) == sorted([("zero", 0), ("one-two", 1), ("one-two", 2),
                                       ("not-one-two", 0), ("not-one-two", 3)])
 
@@ -155,7 +155,7 @@ class CallsRankSeven(Strategy):
 
 def test_a_call_to_a_rank_that_does_not_exist_is_one_clear_error():
     with pytest.raises(ExoframeError) as error:
-        testing.run(CallsRankSeven, nodes=4, steps=1, compute="fixed:0.1")
+        testing.run(CallsRankSeven, nodes=4, steps=1, compute="fixed:100ms")
     assert "remote call of note_seen to rank 7, but the run has ranks 0 to 3" in str(error.value)
 
 
@@ -168,7 +168,7 @@ def test_calls_outside_a_run_and_a_missing_declaration_are_one_line():
     with pytest.raises(ExoframeError, match="remote calls run inside a run's ranks"):
         todist.remote_sync_call(note_seen, args=([],), partitioner=0)
     with pytest.raises(ExoframeError, match="set `remote_calls = True` on its class"):
-        testing.run(Undeclared, nodes=2, steps=1, compute="fixed:0.1")
+        testing.run(Undeclared, nodes=2, steps=1, compute="fixed:100ms")
 
 
 def shard_sizes(servers):
@@ -180,8 +180,8 @@ def shard_sizes(servers):
 def test_a_synchronous_parameter_server_equals_ddp_and_moves_the_closed_form(servers):
     steps, nodes = 5, 4
     ps = testing.run("param-server", {"servers": servers}, nodes=nodes, steps=steps,
-                     compute="fixed:0.1", net="wan-100mbps")
-    ddp = testing.run("ddp", nodes=nodes, steps=steps, compute="fixed:0.1", net="wan-100mbps")
+                     compute="fixed:100ms", net="wan-100mbps")
+    ddp = testing.run("ddp", nodes=nodes, steps=steps, compute="fixed:100ms", net="wan-100mbps")
     assert testing.max_difference(ps, ddp) < 1e-6
     assert all(row["staleness"] == 0 for row in ps.metrics)
     # Per step, each rank pushes every shard but its own and pulls it back; server s also
@@ -203,7 +203,7 @@ def test_a_synchronous_parameter_server_equals_ddp_and_moves_the_closed_form(ser
 
 
 def test_bounded_staleness_lets_fast_workers_run_ahead_within_the_bound():
-    common = dict(nodes=4, steps=12, compute="fixed:0.1", net="wan-100mbps",
+    common = dict(nodes=4, steps=12, compute="fixed:100ms", net="wan-100mbps",
                   stragglers="3:3")
     sync = testing.run("param-server", {"servers": 2}, **common)
     stale = testing.run("param-server", {"servers": 2, "staleness": 2}, **common)
@@ -231,7 +231,7 @@ class CallsAFunctionThatRaises(Strategy):
 
 def test_a_remote_exception_stops_the_run_with_the_serving_ranks_traceback():
     with pytest.raises(ExoframeError) as error:
-        testing.run(CallsAFunctionThatRaises, nodes=2, steps=1, compute="fixed:0.1")
+        testing.run(CallsAFunctionThatRaises, nodes=2, steps=1, compute="fixed:100ms")
     text = str(error.value) + getattr(error.value, "details", "")
     assert "remote call of fails on rank 1 raised" in text
     assert "ValueError: no good: 3" in text
@@ -249,7 +249,7 @@ class CallsARankInACollective(Strategy):
 def test_a_call_that_no_rank_can_serve_is_reported_as_a_deadlock():
     with pytest.raises(ExoframeError, match="deadlock: rank 0 waits for the answer to a "
                                             "remote call that never comes"):
-        testing.run(CallsARankInACollective, nodes=2, steps=1, compute="fixed:0.1")
+        testing.run(CallsARankInACollective, nodes=2, steps=1, compute="fixed:100ms")
 
 
 def test_runs_with_remote_calls_are_not_checkpointed_or_replayed(tmp_path):

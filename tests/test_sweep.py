@@ -100,9 +100,11 @@ def test_sweep_writes_table_csv_json_and_plots_and_report_rebuilds_them(tmp_path
     csv_lines = (folder / "sweep.csv").read_text().splitlines()
     assert csv_lines[0].startswith("strategy,seed,net,") and len(csv_lines) == 5
     pngs = sorted(p.name for p in folder.glob("*.png"))
-    assert pngs == ["compare_wan-100mbps.png", "compare_wan-1gbps.png", "loss_vs_time_ddp.png",
-                    "loss_vs_time_diloco.png", "time_vs_bandwidth.png",
-                    "utilization_vs_bandwidth.png"]
+    assert pngs == ["compare_wan-100mbps.png", "compare_wan-1gbps.png", "loss_vs_bytes.png",
+                    "loss_vs_time_ddp.png", "loss_vs_time_diloco.png",
+                    "time_to_target_vs_bandwidth.png", "time_vs_bandwidth.png",
+                    "utilization_vs_bandwidth.png", "val_loss_wan-100mbps.png",
+                    "val_loss_wan-1gbps.png"]
     assert len((folder / "sweep_summary.csv").read_text().splitlines()) == 5  # one seed each
     assert all((folder / p).stat().st_size > 10_000 for p in pngs)
 
@@ -125,6 +127,28 @@ def test_bad_sweep_and_replay_input_is_one_clear_line(tmp_path, capsys):
     job.strategy_cls, job.strategy_params, job.strategy_name = Impatient, Impatient.Params(), "impatient"
     result = execute(job, out=str(tmp_path / "runs"))
     assert "is timing-dependent" in bad(capsys, "replay", result.run_dir, "--net", "wan-1gbps")
+
+
+def test_a_sweep_checks_every_point_before_anything_trains(tmp_path, capsys):
+    """A mistake in the last point is refused before the first trains: exit 2, one line,
+    no sweep folder."""
+    out = tmp_path / "s"
+    flags = ["--out", out, "--no-progress", "--no-plots", "--steps", "2", *SMALL_GPT_FLAGS]
+    assert "strategy 'diloco': unknown parameter 'h'" in bad(
+        capsys, "sweep", "--strategy", "ddp,diloco", "-p", "diloco.h=5", *flags)
+    assert "unknown network preset 'nowhere'" in bad(
+        capsys, "sweep", "--strategy", "ddp", "--net", "wan-1gbps,nowhere", *flags)
+    assert "node 7 does not exist" in bad(capsys, "sweep", "--strategy", "ddp", "--faults",
+                                          "none", "--faults", "7@1s:1s", *flags)
+    assert "compute" in bad(capsys, "sweep", "--strategy", "ddp", "--compute", "flops:abacus",
+                            *flags)
+    config = tmp_path / "sinks.yaml"
+    config.write_text("sinks: [jsonl, nosuchsink]\n")
+    assert "nosuchsink" in bad(capsys, "sweep", "--config", config, "--strategy", "ddp", *flags)
+    config.write_text("checkpoint_every: 1\n")
+    assert "strategy 'async-localsgd' cannot be checkpointed" in bad(
+        capsys, "sweep", "--config", config, "--strategy", "ddp,async-localsgd", *flags)
+    assert not out.exists()
 
 
 def test_a_timing_dependent_strategy_is_trained_again_on_each_network(tmp_path, capsys):

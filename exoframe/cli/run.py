@@ -45,10 +45,10 @@ from .options import progress_mode, progress_options, sink_items, check_out_fold
               help="Drop each epoch's last short batch. [drop]")
 @click.option("--time-budget", help="Stop at the first step whose simulated end reaches this "
               "time (2h, 90min, 600s).")
-@click.option("--eval-every", type=int, help="Validate the averaged model every N steps. [steps/10]")
+@click.option("--eval-every", type=int, help="Validate the held model every N steps. [steps/10]")
 @click.option("--eval-batches", type=int, help="Validation batches per rank. [8]")
 @click.option("--target-loss", type=float, help="Validate every step, report the simulated "
-              "time to reach this validation loss of the averaged model, and stop there.")
+              "time to reach this validation loss of the held model, and stop there.")
 @click.option("--threads", type=int, help="CPU threads per rank. [1]")
 @click.option("--hang-timeout", type=float, help="Real seconds without progress from any rank "
               "before the watchdog stops the run and names the stuck process. [300]")
@@ -116,9 +116,12 @@ def run(config_file, params, workload_params, optimizer_params, sinks, progress,
 
 def show_result(result):
     from ..report import summary_table
+    from ..report.summary import compute_warning
 
-    click.echo(summary_table(result.summary))
-    click.echo(f"  run folder            {result.run_dir}")
+    click.echo(summary_table(result.summary, (("run folder", str(result.run_dir)),)))
+    warning = compute_warning(result.summary)
+    if warning:
+        click.echo(warning, err=True)
 
 
 @cli.command()

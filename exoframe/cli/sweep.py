@@ -42,7 +42,7 @@ from .options import (split_names, progress_mode, progress_options, projection_f
                    "which these override.")
 @click.option("-w", "--workload-param", "workload_params", multiple=True, metavar="KEY=VALUE")
 @click.option("--target-loss", type=float, help="Also report the simulated time to reach this "
-              "validation loss of the averaged model: each run validates every step and stops "
+              "validation loss of the held model: each run validates every step and stops "
               "there.")
 @projection_options
 @click.option("--out", help="Parent folder of sweep folders. [the config's out, else sweeps]")
@@ -67,7 +67,7 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, faults, param
     """
     from ..config import load_yaml
     from ..engine.sweep import config_axes, parse_grid, sweep as run_sweep
-    from ..report.sweep import table
+    from ..report.sweep import compute_warning, table
 
     overrides = {k: v for k, v in flags.items() if v is not None}
     if workload_params:
@@ -95,6 +95,9 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, faults, param
                              progress_every, list(faults) or None, executor, ray_address)
     click.echo(table(rows))
     click.echo(f"  sweep folder: {folder}")
+    warning = compute_warning(rows)
+    if warning:
+        click.echo(warning, err=True)
 
 
 @cli.command()
@@ -122,7 +125,7 @@ def replay(run_dir, net, project_params, step_time, payload_bits, bucket_mb):
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("--out", help="Folder for sweep.csv, sweep.json and plots. [none: table only]")
 @click.option("--target-loss", type=float, help="Also report the simulated time to reach this "
-              "validation loss of the averaged model.")
+              "validation loss of the held model.")
 @click.option("--plots/--no-plots", default=True, help="Write PNG plots (needs matplotlib).")
 def report(run_dirs, out, target_loss, plots):
     """Rebuild the table (and with --out the CSV, JSON and plots) from run folders (a

@@ -1,10 +1,12 @@
-"""The evaluator process: validation loss of the ranks' averaged model (weights and buffers).
+"""The evaluator process: validation loss of the model the ranks hold (the strategy's held
+model, engine/model_state.py) and, where that is another, of the replicas' average.
 
 It runs beside the ranks, so validation never makes one rank wait for another outside the
 simulated network (which would stall the simulator's conservative synchronization).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import devices
@@ -12,7 +14,7 @@ from .data import eval_batches, examples_in
 from .loop import to_device
 from .messages import EvaluatorStop, Validated
 from .job import Job
-from .model_state import load
+from .model_state import load, replicas_average
 
 
 @torch.no_grad()
@@ -37,14 +39,31 @@ def validate(model, val_shards, batch_size: int, max_batches: int, metrics=None,
 
 
 def evaluate(job: Job, val_shards, conn):
-    """Answer each Evaluate (a step's averaged model state) with Validated until told
-    EvaluatorStop.
-    On a GPU run the evaluator validates on rank 0's device."""
+    """Answer each Evaluate (a step's model state) with Validated until told EvaluatorStop.
+    A held model equal to the one validated before (DiLoCo's between outer steps) is not
+    validated again. On a GPU run the evaluator validates on rank 0's device."""
     torch.set_num_threads(job.threads)
     device = devices.for_rank(job.device, 0)
     job.model.to(device)
+
+    def validated(state):
+        load(job.model, state)
+        return validate(job.model, val_shards, job.batch_size, job.eval_batches, job.metrics,
+                        device)
+
+    last = None  # (held state, its loss and metrics)
     while not isinstance(message := conn.recv(), EvaluatorStop):
-        load(job.model, message.state)
-        loss, metrics = validate(job.model, val_shards, job.batch_size, job.eval_batches,
-                                 job.metrics, device)
-        conn.send(Validated(message.step, loss, metrics))
+        state = message.state
+        if last is not None and _same(last[0], state):
+            loss, metrics = last[1]
+        else:
+            loss, metrics = validated(state)
+            last = (state, (loss, metrics))
+        replicas = replicas_average(state)
+        replicas_loss = validated(replicas)[0] if replicas is not None else None
+        conn.send(Validated(message.step, loss, metrics, replicas_loss))
+
+
+def _same(a, b) -> bool:
+    return (np.array_equal(a.averaged, b.averaged)
+            and all(np.array_equal(x, y) for x, y in zip(a.exact, b.exact, strict=True)))

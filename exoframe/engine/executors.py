@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..errors import ExoframeError
 from ..files import replacing
+from ..sim import resolve_sim
 from .job import job_from_config
 from .progress import Off
 from .replay import Projection, replay_trace, save_replay
@@ -37,8 +38,9 @@ EXECUTORS = ("local", "ray")
 class SweepPoint:
     """One strategy, seed and fault spec: runs to train, and networks to replay on."""
     configs: tuple  # RunConfig per network trained on (out: where run folders go)
-    setups: tuple  # the SimSetup of each
-    replays: tuple = ()  # SimSetups the first run's trace is replayed through
+    replays: tuple = ()  # networks the first run's trace is replayed through
+    # Each run and replay resolves its own network setup: the launcher writes into a
+    # setup's compute model (a FLOP count), which must not serve another run.
     projection: Projection | None = None
 
     @property
@@ -55,15 +57,17 @@ def run_point(point: SweepPoint, out: str, bar=Off(), recorded_out: str | None =
 
     pm = get_plugin_manager()
     run_dirs = []
-    for config, setup in zip(point.configs, point.setups):
+    for config in point.configs:
         record = dataclasses.asdict(dataclasses.replace(config, out=recorded_out or out))
         config = dataclasses.replace(config, out=out)
-        bar.describe(f"sweep: {config.strategy} seed {config.seed} on {setup.net}"
+        job = job_from_config(config, pm)
+        bar.describe(f"sweep: {config.strategy} seed {config.seed} on {job.sim.net}"
                      + (f" with faults {config.faults}" if config.faults else ""))
-        result = execute(job_from_config(config, pm, setup), out=out, config_record=record,
+        result = execute(job, out=out, config_record=record,
                          on_row=lambda row: bar.update(1, row))
         run_dirs.append(Path(result.run_dir))
-        for other in point.replays:
+        for net in point.replays:
+            other = resolve_sim(net, config.compute, config.stragglers, config.nodes, pm)
             bar.describe(f"sweep: replay {config.strategy} on {other.net}")
             save_replay(result.run_dir, replay_trace(result.trace, other, point.projection))
             bar.update(1)

@@ -119,24 +119,54 @@ def load_workload(spec: str, params: dict, pm: PluginManager) -> Workload:
     return workload
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """What a config names, resolved through the plugins and checked, before any workload
+    or model exists: a sweep checks every point with it before anything runs."""
+    strategy_cls: type
+    strategy_name: str
+    strategy_params: object
+    optimizer: object  # the registry entry
+    sim: SimSetup
+    device: str
+    sinks: tuple
+    faults: FaultSpec
+
+
+def resolve_names(config: RunConfig, strategy=None, pm: PluginManager | None = None,
+                  sim: SimSetup | None = None) -> Resolved:
+    """Strategy and parameters, optimizer, network, compute model, stragglers, device,
+    sinks, faults and checkpoints of `config`, each a one-line error naming the field."""
+    pm = pm or get_plugin_manager()
+    strategy_cls, strategy_name, strategy_params = resolve_strategy(
+        strategy or config.strategy, config.strategy_params, pm)
+    optimizer = pm.optimizers.get(config.optimizer)
+    sim = sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)
+    if sim.real:
+        check_real_network(config, strategy_cls, strategy_name)
+    faults = parse_faults(config.faults)
+    faults.check_ranks(config.nodes)
+    checked_checkpoints(config, strategy_cls, strategy_name, strategy_params)
+    return Resolved(strategy_cls, strategy_name, strategy_params, optimizer, sim,
+                    devices.resolve(config.device),
+                    tuple(sink_spec(item, pm.sinks) for item in config.sinks), faults)
+
+
 def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, strategy=None,
               pm: PluginManager | None = None, sim: SimSetup | None = None) -> Job:
     """The Job for a validated config; `strategy` (a name or a Strategy subclass) overrides
     config.strategy, and the workload supplies the defaults config leaves as None."""
     pm = pm or get_plugin_manager()
-    strategy_cls, strategy_name, strategy_params = resolve_strategy(
-        strategy or config.strategy, config.strategy_params, pm)
+    names = resolve_names(config, strategy, pm, sim)
+    strategy_cls, strategy_name, strategy_params = (names.strategy_cls, names.strategy_name,
+                                                    names.strategy_params)
     batch_size = config.batch_size or workload.batch_size
     steps = config.steps if config.epochs is None else epoch_steps(config, workload, batch_size)
     if config.warmup_steps >= steps:
         raise ExoframeError(f"warmup_steps ({config.warmup_steps}) must be fewer than the "
                             f"run's steps ({steps}): the learning rate would never reach its "
                             "peak and decay.")
-    optimizer = pm.optimizers.get(config.optimizer)
-    sim = sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)
-    if sim.real:
-        check_real_network(config, strategy_cls, strategy_name)
-    device = devices.resolve(config.device)
+    optimizer, sim, device = names.optimizer, names.sim, names.device
     return Job(
         model=model, dataset=workload.dataset, strategy_cls=strategy_cls,
         strategy_name=strategy_name, strategy_params=strategy_params,
@@ -158,10 +188,8 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         drop_last=config.drop_last,
         time_budget=None if config.time_budget is None else budget_seconds(config.time_budget),
         metrics=workload.metrics, tokens_per_sample=workload.tokens_per_sample,
-        best_loss=workload.best_loss, sinks=tuple(sink_spec(item, pm.sinks) for item in config.sinks),
-        checkpoint_every=checked_checkpoints(config, strategy_cls, strategy_name,
-                                             strategy_params),
-        faults=parse_faults(config.faults))
+        best_loss=workload.best_loss, sinks=names.sinks,
+        checkpoint_every=config.checkpoint_every, faults=names.faults)
 
 
 def resolve_packing(config: RunConfig, sim: SimSetup, device: str) -> Optional[int]:

@@ -47,7 +47,7 @@ class LaunchResult:
     rank_results: list
     startup_seconds: float
     elapsed_seconds: float
-    final_state: ModelState | None = None  # the last step's averaged model
+    final_state: ModelState | None = None  # the last step's held model
     steps: int = 0  # steps run: fewer than job.steps when a stopping rule stopped the run
     stopped_by: str = "steps"  # "steps", "target_loss" or "time_budget"
     bytes_between_sites: dict | None = None  # "a->b": bytes (the simulator's inter-site links)

@@ -112,7 +112,7 @@ class RankDone:
 @dataclass(frozen=True)
 class Evaluate:
     step: int
-    state: Any  # the ranks' averaged ModelState
+    state: Any  # the ranks' ModelState (held model, replicas' average)
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,7 @@ class Validated:
     step: int
     loss: Optional[float]  # None without validation data
     metrics: dict  # the workload's metrics, averaged over examples
+    replicas_loss: Optional[float] = None  # the replicas' average's, where not the held model
 
 
 @dataclass(frozen=True)

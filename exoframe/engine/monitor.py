@@ -71,7 +71,7 @@ class Monitor:
         self.watchdog, self.folder, self.hosts = watchdog, folder, hosts or {}
         self.who = [*range(job.nodes), EVALUATOR]
         self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
-        self.rows = StepRows(job.nodes)
+        self.rows = StepRows(job.nodes, job.strategy_cls.held_model_from)
         self.replicas = ReplicaCheck(job.nodes, job.strategy_name)
         resumed = job.resume_from  # a Checkpoint: its simulator inputs first, its rows kept
         self.feed = Feed(self.sim, resumed.sim_inputs if resumed else None,
@@ -83,7 +83,7 @@ class Monitor:
         early = job.target_loss is not None or job.time_budget is not None
         self.verdicts = StopVerdicts(job.target_loss, job.time_budget) if early else None
         self.results = [None] * job.nodes
-        self.final_state = None  # the latest step's averaged model: the last step's at the end
+        self.final_state = None  # the latest step's held model: the last step's at the end
         self.errors = []
         self.first_step_at = None
         self.reported = [0] * job.nodes  # each rank's latest step end
@@ -119,7 +119,8 @@ class Monitor:
             self.validate(message.step,
                           self.rows.add_state(message.rank, message.step, message.state))
         elif isinstance(message, Validated):
-            self.rows.add_val(message.step, message.loss, message.metrics)
+            self.rows.add_val(message.step, message.loss, message.metrics,
+                              message.replicas_loss)
             if self.verdicts is not None:
                 self.send_verdicts(self.verdicts.add_val(message.step, message.loss))
         elif isinstance(message, AskStop):

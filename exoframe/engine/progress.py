@@ -56,7 +56,9 @@ class Bar(Off):
         self.bar = tqdm(total=total, desc=label, unit="step", dynamic_ncols=True)
 
     def describe(self, label: str):
+        """A new run (or replay) from here: its own label, and none of the last one's numbers."""
         self.bar.set_description(label)
+        self.bar.set_postfix({}, refresh=False)
 
     def update(self, steps: int = 1, row: dict | None = None):
         self.bar.update(steps)
@@ -75,7 +77,8 @@ class Lines(Off):
         self.done, self.row, self.shown = 0, None, 0
 
     def describe(self, label: str):
-        self.label = label
+        """A new run (or replay) from here: its own label, and none of the last one's numbers."""
+        self.label, self.row = label, None
 
     def update(self, steps: int = 1, row: dict | None = None):
         self.done += steps

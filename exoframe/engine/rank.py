@@ -166,11 +166,11 @@ def train(rank: int, job: Job, batches: Batches, conn, packed: PackedNode | None
         if faults is not None:
             record["nodes_down"] = int(down)
         evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
-        state = snapshot(model, rank) if evaluate else None
+        state = snapshot(strategy, rank) if evaluate else None
         conn.send(StepDone(rank, step, record, state, synced))
         stop = job.asks_to_stop(step) and stop_after(port, rank, step)
         if stop and state is None:  # the final model and its validation need this step's
-            conn.send(StepState(rank, step, snapshot(model, rank)))
+            conn.send(StepState(rank, step, snapshot(strategy, rank)))
         for wanted in port.checkpoint_requests():  # the run was asked to stop
             if not checkpoints.request(wanted, step):
                 conn.send(CheckpointLate(rank, step))

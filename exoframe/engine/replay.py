@@ -16,8 +16,8 @@ from ..plugins import get_plugin_manager
 from ..sim import SimSetup, resolve_sim
 from ..sim.collectives import Plans
 from ..report import strict_json
-from ..sim.replay import (DDP_BUCKET_BYTES, NotReplayable, ReplayError, check_trace, project,
-                          replay)
+from ..sim.projection import DDP_BUCKET_BYTES, project
+from ..sim.replay import NotReplayable, ReplayError, all_reduce_alone, check_trace, replay
 
 MIB = 1024 * 1024
 
@@ -27,7 +27,7 @@ class Projection:
     """Answer for a model of `parameters` parameters whose training step computes for
     `step_seconds`, whose exchanges carry `payload_bits` per value (32: fp32 as recorded,
     16: bf16, fewer for a quantized exchange) and whose streamed all-reduces go in buckets of
-    `bucket_mb` MiB (see exoframe.sim.replay.project)."""
+    `bucket_mb` MiB (see exoframe.sim.projection)."""
 
     parameters: float
     step_seconds: float
@@ -97,11 +97,15 @@ def replay_trace(trace: dict, sim: SimSetup, projection: Projection | None = Non
                             "one (a preset or a YAML file).")
     ranks = trace["ranks"]
     if projection is not None:
-        # Traces made before outer syncs could be declared overlappable lack the key.
-        streamed = trace["bucketed_gradients"] or trace.get("overlapped_outer_sync", False)
         ratio = projection.parameters / trace["model_parameters"] * projection.payload_bits / 32
-        ranks = project(ranks, ratio, projection.step_seconds, streamed,
-                        projection.bucket_mb * MIB)
+        try:
+            ranks = project(
+                ranks, ratio, projection.step_seconds, trace["bucketed_gradients"],
+                # Traces made before outer syncs could be declared overlappable lack the key.
+                trace.get("overlapped_outer_sync", False), projection.bucket_mb * MIB,
+                all_reduce_alone(sim.topology, sim.algorithms, trace["nodes"], trace["seed"]))
+        except ReplayError as e:
+            raise ExoframeError(f"projection of '{trace['strategy']}': {e}") from None
     try:
         result = replay(ranks, sim.topology, sim.algorithms, seed=trace["seed"])
     except ReplayError as e:

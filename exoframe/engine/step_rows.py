@@ -1,21 +1,22 @@
 """The launcher's metrics rows: per-rank step records in, one row per step out, in order."""
 from __future__ import annotations
 
-from .model_state import average
+from .model_state import combine
 
 
 class StepRows:
     """Turns per-rank step records into one row per step, in step order.
 
     A row is ready once every rank reported the step and, at evaluation steps, once the
-    evaluator validated the ranks' averaged model. Values are averaged over ranks, except
+    evaluator validated the ranks' held model. Values are averaged over ranks, except
     the simulated time, where a step ends when its last rank ends it, and `nodes_down`
     (simulated failures), a count. A down rank has no loss, and its weights are left out of
-    the averaged model while any rank is up.
+    the held model while any rank is up.
     """
 
-    def __init__(self, nodes: int):
-        self.nodes = nodes
+    def __init__(self, nodes: int, held_from: str = "average"):
+        """held_from: the strategy's `held_model_from`."""
+        self.nodes, self.held_from = nodes, held_from
         self.records: dict[int, list] = {}
         self.states: dict[int, list] = {}
         self.rows: dict[int, dict] = {}
@@ -24,7 +25,7 @@ class StepRows:
         self.next_step = 1
 
     def add(self, rank: int, step: int, record: dict, state):
-        """Returns the averaged model state of `step` when it is complete, else None."""
+        """Returns the held model state of `step` when it is complete, else None."""
         records = self.records.setdefault(step, [None] * self.nodes)
         records[rank] = record
         if state is not None:
@@ -50,20 +51,24 @@ class StepRows:
         return self._averaged(step)
 
     def _averaged(self, step: int):
-        """The average of `step`'s states over the ranks that were up, once every rank's
-        state and record are in (states may come before the last record)."""
+        """`step`'s model over the ranks that were up (engine/model_state.combine), once
+        every rank's state and record are in (states may come before the last record)."""
         states = self.states.get(step)
         if step not in self.down or any(s is None for s in states):
             return None
         del self.states[step]
         live = [s for s, down in zip(states, self.down[step]) if not down]
-        return average(live or states, exact=states[0].exact)
+        return combine(live or states, self.held_from, exact=states[0].exact)
 
-    def add_val(self, step: int, val_loss, metrics: dict):
+    def add_val(self, step: int, val_loss, metrics: dict, replicas_loss=None):
+        """replicas_loss: the validation loss of the replicas' average, where the held model
+        is another (val_loss_replicas_average)."""
         self.awaiting_val.discard(step)
         if val_loss is not None:  # None: no validation data
             self.rows[step]["val_loss"] = val_loss
             self.rows[step].update((f"val_{name}", value) for name, value in metrics.items())
+        if replicas_loss is not None:
+            self.rows[step]["val_loss_replicas_average"] = replicas_loss
 
     def ready(self, unvalidated=False):
         """Rows that can be emitted now, in order; with `unvalidated`, also the rows whose

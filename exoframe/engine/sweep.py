@@ -27,6 +27,7 @@ from ..sim.setup import REAL
 from ..sim.netconfig import load_network
 from ..sim.units import format_bandwidth, parse_bandwidth
 from .executors import SweepPoint, check_executor, run_points
+from .job import resolve_names
 from .progress import progress_display
 from .replay import Projection
 from .run_folder import RunFolder
@@ -129,6 +130,20 @@ def _parameter_names(strategy: str, pm) -> set[str]:
     return {f.name for f in dataclasses.fields(pm.strategies.get(strategy).obj.Params)}
 
 
+def check_points(points: list, pm):
+    """Every run of every point, as `exoframe run` would check it (strategy and parameters,
+    network, compute model, stragglers, faults, sinks, ...), and every network replayed."""
+    checked = set()
+    for point in points:
+        for config in point.configs:
+            resolve_names(config.validate(), pm=pm)
+        first = point.configs[0]
+        for net in point.replays:
+            if net not in checked:
+                resolve_sim(net, first.compute, first.stragglers, first.nodes, pm)
+                checked.add(net)
+
+
 def config_axes(config: RunConfig, given: set) -> dict:
     """What a sweep takes from a config file where no flag says otherwise: the file's
     strategy, net and out when it gives them (else the sweep's defaults), and its seed."""
@@ -181,31 +196,40 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
     target_loss = base.target_loss if target_loss is None else target_loss
     params = strategy_params(strategies, assignments or {}, pm, base.strategy_params,
                              base.strategy)
+
+    def planned(run_nets, runs_dir):
+        """The points: for each strategy, fault spec and seed, the runs on `run_nets`, their
+        folders in `runs_dir`."""
+        points = []
+        for strategy, spec in ((s, f) for s in strategies for f in faults):
+            # Under simulated failures, who takes part in each exchange depends on the
+            # timing, and so does when a rank serves each remote call.
+            strategy_cls = pm.strategies.get(strategy).obj
+            timing_dependent = (strategy_cls.timing_dependent or strategy_cls.remote_calls
+                                or parse_faults(spec).active)
+            if timing_dependent and projection is not None:
+                raise ExoframeError(f"sweep: '{strategy}' is timing-dependent (or the runs have "
+                                    "faults); a projection replays traces, so it cannot "
+                                    "project it. Leave it out of the sweep.")
+            for seed in seeds:
+                trained = run_nets if timing_dependent else run_nets[:1]
+                replayed = ([] if timing_dependent else run_nets[1:] if projection is None
+                            else run_nets)
+                configs = tuple(dataclasses.replace(
+                    base, strategy=strategy, seed=seed, net=net, out=str(runs_dir),
+                    strategy_params=params[strategy], target_loss=target_loss, faults=spec)
+                    for net in trained)
+                points.append(SweepPoint(configs, tuple(replayed), projection))
+        return points
+
+    # Every point checked before anything trains or any folder is made (a grid's networks
+    # are copies of its base network, checked as it).
+    check_points(planned(nets, Path(out)), pm)
     folder = RunFolder.create(out, "sweep").path
+    runs_dir = folder / "runs"
     if grid is not None:
         nets = grid_networks(nets[0], grid, folder / "nets", pm)
-    runs_dir = folder / "runs"
-    setups = {net: resolve_sim(net, base.compute, base.stragglers, base.nodes, pm) for net in nets}
-    points = []
-    for strategy, spec in ((s, f) for s in strategies for f in faults):
-        # Under simulated failures, who takes part in each exchange depends on the timing,
-        # and so does when a rank serves each remote call.
-        strategy_cls = pm.strategies.get(strategy).obj
-        timing_dependent = (strategy_cls.timing_dependent or strategy_cls.remote_calls
-                            or parse_faults(spec).active)
-        if timing_dependent and projection is not None:
-            raise ExoframeError(f"sweep: '{strategy}' is timing-dependent (or the runs have "
-                                "faults); a projection replays traces, so it cannot project "
-                                "it. Leave it out of the sweep.")
-        for seed in seeds:
-            trained = nets if timing_dependent else nets[:1]
-            replayed = [] if timing_dependent else nets[1:] if projection is None else nets
-            configs = tuple(dataclasses.replace(
-                base, strategy=strategy, seed=seed, net=net, out=str(runs_dir),
-                strategy_params=params[strategy], target_loss=target_loss, faults=spec)
-                for net in trained)
-            points.append(SweepPoint(configs, tuple(setups[net] for net in trained),
-                                     tuple(setups[net] for net in replayed), projection))
+    points = planned(nets, runs_dir)
     bar = progress_display(progress, sum(p.work for p in points), "sweep", progress_every)
     try:
         run_dirs = run_points(points, runs_dir, executor, bar, address)

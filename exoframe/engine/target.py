@@ -5,7 +5,7 @@ Time budget: every rank asks at the end of every step k and is answered once all
 finished k; the run stops after the first step whose simulated end (its last rank's) is at
 or past the budget. Target loss:
 
-With a target, the averaged model is validated at every step. A rank runs steps 1..LAG+1
+With a target, the held model is validated at every step. A rank runs steps 1..LAG+1
 freely; at the end of each later step k it asks the launcher whether to go on and waits for
 the answer, which normally comes once step k − LAG is validated: training runs LAG steps
 ahead of validation, so the two overlap. Once some step j is at or below the target, the

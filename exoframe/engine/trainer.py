@@ -2,7 +2,7 @@
 
     trainer = exoframe.Trainer(model, train_data, val_data, batch_size=32)
     result = trainer.fit(strategy="diloco", num_nodes=4, steps=500, strategy_params={"H": 50})
-    result.model     # the averaged model
+    result.model     # the held model
     result.summary   # the same fields as summary.json
 
 `model.forward(batch)` must return a scalar loss. Data is a Dataset (split into equal shards,
@@ -51,7 +51,7 @@ class Trainer:
         """Arguments as the RunConfig fields of `exoframe run` (net: a preset name or a YAML
         file; compute: measured, fixed:<time per step> or flops:<device>; sinks: metrics
         sinks writing into the run folder under `out`; target_loss: validate every step and
-        stop once the averaged model's validation loss is at most this; checkpoint_every:
+        stop once the held model's validation loss is at most this; checkpoint_every:
         save every rank's state every N steps in the run folder; resume: a run folder whose
         latest checkpoint to go on from, with the same arguments and more steps; faults:
         simulated node failures, as `exoframe run --faults`; nodes_per_process: nodes sharing

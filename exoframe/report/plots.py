@@ -1,22 +1,20 @@
 """PNG plots of a sweep (matplotlib, the `plot` extra: pip install 'exoframe[plot]').
 
 Seeds of one setup (strategy, network, projection) are drawn as one line, their mean, in a
-shaded band from their minimum to their maximum. Legends sit to the right of the axes.
+shaded band from their minimum to their maximum. Legends sit to the right of the axes;
+titles give the runs' nodes, model size, compute model or projection (plot_style.py).
+Validation losses are of the model each strategy holds (summary.json's validated_model).
 """
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from pathlib import Path
 
 from ..errors import ExoframeError
+from .plot_style import (common, file_name, line_styles, readable_log_axis, seeds_note,
+                         smoothed, smoothing_label, smoothing_window, time_label, title)
 from .sweep import by_setup, setup_label
-
-COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf"]  # tab10
-DASHES = ["-", "--", ":", "-."]
-MARKERS = ["o", "s", "^", "v", "D", "x", "+"]
 
 
 def require_matplotlib():
@@ -31,84 +29,107 @@ def require_matplotlib():
     return plt
 
 
-def line_styles(k: int) -> list[dict]:
-    """Keyword arguments for ax.plot giving k lines that look different: unique (colour,
-    line style) up to 40 lines, unique with markers up to 320. Neighbours differ in line
-    style too, so that lines drawn on top of each other (networks fast enough to give the
-    same curve) still show through."""
-    styles = []
-    for i in range(k):
-        # colour i % 10 with line style (i + i // 10) % 4: i, i+10, i+20, i+30 differ in style
-        style = {"color": COLOURS[i % len(COLOURS)],
-                 "linestyle": DASHES[(i + i // len(COLOURS)) % len(DASHES)]}
-        rank = i // (len(COLOURS) * len(DASHES))
-        if rank:
-            style.update(marker=MARKERS[(rank - 1) % len(MARKERS)], markevery=0.1, markersize=4)
-        styles.append(style)
-    return styles
-
-
-def plot_sweep(rows: list[dict], folder: Path, target_loss: float | None = None) -> list[Path]:
-    """loss_vs_time_<strategy>.png (one line per network), compare_<network>.png (one line
-    per strategy) and, for a sweep over several bandwidths, time_vs_bandwidth.png and
-    utilization_vs_bandwidth.png (one line per strategy). `target_loss` defaults to the one
-    the rows were collected with."""
+def plot_sweep(rows: list[dict], folder, target_loss: float | None = None) -> list:
+    """loss_vs_time_<strategy>.png (training loss, one line per network),
+    compare_<network>.png (training loss, one line per strategy), val_loss_<network>.png
+    (validation loss of the held model, one line per strategy), loss_vs_bytes.png, and for a
+    sweep over several bandwidths time_vs_bandwidth.png, utilization_vs_bandwidth.png and
+    (with a target) time_to_target_vs_bandwidth.png, one line per strategy. `target_loss`
+    defaults to the one the rows were collected with."""
     plt = require_matplotlib()
     if target_loss is None:
-        target_loss = _common(rows, "target_loss")
+        target_loss = common(rows, "target_loss")
     written, names = [], set()
-    for strategy, group in _by(rows, "strategy").items():
-        path = folder / _file_name("loss_vs_time", strategy, names)
-        _loss_vs_time(plt, group, path, f"{strategy}: training loss versus simulated time",
-                      _net_label, "network", target_loss)
+
+    def save_as(prefix, name=None):
+        path = folder / (file_name(prefix, name, names) if name is not None
+                         else _claim(f"{prefix}.png", names))
         written.append(path)
+        return path
+
+    for strategy, group in _by(rows, "strategy").items():
+        _loss_vs_time(plt, group, save_as("loss_vs_time", strategy),
+                      f"{strategy}: training loss versus simulated time", _net_label,
+                      "network", target_loss)
     for group in _by(rows, lambda r: (r["net"], r.get("faults"), r["projection"])).values():
         label = _net_label(group[0])
-        path = folder / _file_name("compare", label, names)
-        _loss_vs_time(plt, group, path, f"{label}: training loss of each strategy",
-                      lambda r: r["strategy"], "strategy", target_loss)
-        written.append(path)
+        _loss_vs_time(plt, group, save_as("compare", label),
+                      f"{label}: training loss of each strategy", lambda r: r["strategy"],
+                      "strategy", target_loss)
+        if any(v is not None for r in group for v in r["val_losses"]) and not label_projected(
+                group):
+            _loss_vs_time(plt, group, save_as("val_loss", label),
+                          f"{label}: validation loss of each strategy's held model",
+                          lambda r: r["strategy"], "strategy", target_loss, validation=True)
+    trained = [r for r in rows if r["source"] == "run" and r.get("bytes_sent")]
+    if any(v is not None for r in trained for v in r["val_losses"]):
+        _loss_vs_bytes(plt, trained, save_as("loss_vs_bytes"), target_loss)
     swept = [r for r in rows if r["bottleneck_bandwidth"] is not None]
     if len({r["bottleneck_bandwidth"] for r in swept}) > 1:
-        for key, label, name in (
-                ("simulated_seconds", "simulated time to finish (s)", "time_vs_bandwidth.png"),
-                ("compute_utilization", "compute utilization (%)", "utilization_vs_bandwidth.png")):
-            path = folder / name
-            _versus_bandwidth(plt, swept, key, label, path)
-            written.append(path)
+        plots = [("simulated_seconds", "simulated time to finish (s)", "time_vs_bandwidth"),
+                 ("compute_utilization", "compute utilization (%)", "utilization_vs_bandwidth")]
+        if target_loss is not None:
+            plots.append(("time_to_target", f"simulated time to val loss {target_loss:g} (s)",
+                          "time_to_target_vs_bandwidth"))
+        for key, label, name in plots:
+            _versus_bandwidth(plt, swept, key, label, save_as(name))
     return written
 
 
-def _loss_vs_time(plt, rows, path, title, label_of, legend_title, target_loss):
+def label_projected(rows) -> bool:
+    """A projection's times are for another model: the trained model's losses are not."""
+    return any(r["projection"] for r in rows)
+
+
+def _loss_vs_time(plt, rows, path, what, label_of, legend_title, target_loss,
+                  validation=False):
     """One line per setup in `rows`, labelled by label_of(its first row); fastest network
-    first."""
+    first. Training loss smoothed (the window stated), or the validation loss as validated."""
     setups = sorted(by_setup(rows).values(),
                     key=lambda g: (-(g[0]["bottleneck_bandwidth"] or math.inf), label_of(g[0])))
+    steps = max(len(r["losses"]) for r in rows)
+    window = 1 if validation else smoothing_window(steps)
+    label, unit = time_label([r["sim_times"][-1] for r in rows if r["sim_times"]])
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    shown = []
     for group, style in zip(setups, line_styles(len(setups))):
-        times, mean, low, high = _mean_curve(group)
-        ax.plot(times, mean, label=label_of(group[0]), linewidth=1.4, **style)
+        times, mean, low, high = _mean_curve(group, window, validation)
+        times = [t / unit for t in times]
+        shown += times
+        ax.plot(times, mean, label=label_of(group[0]), linewidth=1.4,
+                # a validated model's loss holds until the next validation (DiLoCo's
+                # between its outer steps)
+                **({"marker": ".", "markersize": 3, "drawstyle": "steps-post"}
+                   if validation else {}), **style)
         if len(group) > 1:
-            ax.fill_between(times, low, high, color=style["color"], alpha=0.15, linewidth=0)
-        _failure_marks(ax, group, style["color"])
+            ax.fill_between(times, low, high, color=style["color"], alpha=0.15, linewidth=0,
+                            step="post" if validation else None)
+        if not validation:
+            _failure_marks(ax, group, style["color"], window, unit)
     _reference_lines(ax, rows, target_loss)
     ax.set_xscale("log")
-    ax.set_xlabel("simulated wall-clock (s, log scale)")
-    ax.set_ylabel("training loss (moving average)")
-    ax.set_title(title + _seeds_note([len(g) for g in setups]))
+    positive = [t for t in shown if t > 0]
+    if positive:
+        readable_log_axis(ax.xaxis, min(positive), max(positive))
+    ax.set_xlabel(label)
+    ax.set_ylabel("validation loss (held model)" if validation
+                  else f"training loss ({smoothing_label(window)})")
+    ax.set_title(title(what, rows, seeds_note([len(g) for g in setups])), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     _save(plt, fig, ax, path, legend_title)
 
 
-def _failure_marks(ax, group, colour):
-    """An x on each run's curve where a node failed (simulated failures)."""
+def _failure_marks(ax, group, colour, window, unit):
+    """An x on each run's curve where a node failed (simulated failures); a failure before
+    the first step's end or after the last is marked at that end."""
     for row in group:
-        failed = [t for t in row.get("failed_at", []) if row["sim_times"]
-                  and row["sim_times"][0] <= t <= row["sim_times"][-1]]
-        if failed:
-            losses = _smoothed([math.nan if x is None else x for x in row["losses"]])
-            ax.plot(failed, [_at(row["sim_times"], losses, t) for t in failed], "x",
-                    color=colour, markersize=7, markeredgewidth=1.5)
+        times = row["sim_times"]
+        if not times or not row.get("failed_at"):
+            continue
+        losses = smoothed([math.nan if x is None else x for x in row["losses"]], window)
+        at = [min(max(t, times[0]), times[-1]) for t in row["failed_at"]]
+        ax.plot([t / unit for t in at], [_at(times, losses, t) for t in at], "x",
+                color=colour, markersize=7, markeredgewidth=1.5)
 
 
 def _at(times, values, t):
@@ -117,7 +138,7 @@ def _at(times, values, t):
 
 
 def _reference_lines(ax, rows, target_loss):
-    best = _common(rows, "best_achievable_loss")
+    best = common(rows, "best_achievable_loss")
     if target_loss is not None:
         ax.axhline(target_loss, color="black", linestyle="--", linewidth=1,
                    label=f"target {target_loss:g} (val loss)")
@@ -126,11 +147,40 @@ def _reference_lines(ax, rows, target_loss):
                    label=f"best achievable {best:.4g}")
 
 
+def _loss_vs_bytes(plt, rows, path, target_loss):
+    """Validation loss of the held model against the bytes each node has sent, one line per
+    strategy (and network, where a strategy trained on several)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups = _by(rows, lambda r: (r["strategy"], r["net"], r.get("faults")))
+    nets_of = defaultdict(set)
+    for strategy, net, _ in groups:
+        nets_of[strategy].add(net)
+    for ((strategy, net, _), group), style in zip(groups.items(), line_styles(len(groups))):
+        points = defaultdict(list)  # step -> (bytes, loss) of each seed
+        for r in group:
+            for i, (sent, loss) in enumerate(zip(r["bytes_sent"], r["val_losses"])):
+                if loss is not None and sent is not None:
+                    points[i].append((sent, loss))
+        steps = [i for i in sorted(points) if len(points[i]) == len(group)]
+        xs = [sum(b for b, _ in points[i]) / len(group) / 1e6 for i in steps]
+        ys = [sum(v for _, v in points[i]) / len(group) for i in steps]
+        label = strategy + (f" on {_net_label(group[0])}" if len(nets_of[strategy]) > 1 else "")
+        ax.plot(xs, ys, label=label, marker=".", markersize=3, linewidth=1.4,
+                drawstyle="steps-post", **style)
+    _reference_lines(ax, rows, target_loss)
+    ax.set_xlabel("bytes sent per node (MB)")
+    ax.set_ylabel("validation loss (held model)")
+    ax.set_title(title("Validation loss versus bytes sent per node", rows,
+                       seeds_note([len(g) for g in groups.values()])), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    _save(plt, fig, ax, path, "strategy")
+
+
 def _versus_bandwidth(plt, rows, key, label, path):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     scale = 100 if key == "compute_utilization" else 1
     strategies = _by(rows, "strategy")
-    counts = []
+    counts, values = [], []
     for (strategy, group), style in zip(strategies.items(), line_styles(len(strategies))):
         points = defaultdict(list)  # bandwidth -> the seeds' values
         for r in group:
@@ -144,23 +194,25 @@ def _versus_bandwidth(plt, rows, key, label, path):
             ax.fill_between(mbits, [min(points[x]) for x in xs], [max(points[x]) for x in xs],
                             color=style["color"], alpha=0.15, linewidth=0)
         counts += [len(v) for v in points.values()]
+        values += [v for vs in points.values() for v in vs]
+    bandwidths = [r["bottleneck_bandwidth"] * 8 / 1e6 for r in rows]
     ax.set_xscale("log")
-    if key == "simulated_seconds":
+    readable_log_axis(ax.xaxis, min(bandwidths), max(bandwidths))
+    positive = [v for v in values if v > 0]
+    if key != "compute_utilization" and positive:
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
-        # label 2 and 5 between the powers of ten: every minor tick's label would overlap
-        ax.yaxis.set_minor_formatter(plt.FuncFormatter(
-            lambda v, _: f"{v:g}" if round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
-    else:
+        readable_log_axis(ax.yaxis, min(positive), max(positive))
+    elif key == "compute_utilization":
         ax.set_ylim(0, 105)  # room for the markers at 100%
-    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("bottleneck bandwidth (Mbit/s, log scale)")
     ax.set_ylabel(label)
     # several networks of one bandwidth (presets, not a --bandwidth grid) share a point
     shared = any(len({r["net"] for r in group}) > 1
                  for group in _by(rows, "bottleneck_bandwidth").values())
-    ax.set_title(f"{label[0].upper()}{label[1:].split(' (')[0]} versus bandwidth" + _seeds_note(
-        counts, "runs (seeds, networks of equal bandwidth)" if shared else "seeds"))
+    what = f"{label[0].upper()}{label[1:].split(' (')[0]} versus bandwidth"
+    ax.set_title(title(what, rows, seeds_note(
+        counts, "runs (seeds, networks of equal bandwidth)" if shared else "seeds")),
+        fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     _save(plt, fig, ax, path, "strategy")
 
@@ -174,34 +226,22 @@ def _save(plt, fig, ax, path, legend_title):
     plt.close(fig)
 
 
-def _seeds_note(counts: list[int], what: str = "seeds") -> str:
-    """How several seeds are drawn, for the title; nothing for one seed each."""
-    if not counts or max(counts) < 2:
-        return ""
-    n = str(max(counts)) if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
-    return f"\nmean of {n} {what}; shaded: their min to max"
-
-
-def _mean_curve(rows):
+def _mean_curve(rows, window: int, validation: bool = False):
     """Step by step over the rows (seeds): their mean time, and the mean, minimum and
-    maximum of their smoothed losses, up to the shortest run (a run stopped at the target
-    loss ends early). A diverged (None) loss is NaN, a gap in the line."""
-    curves = [_smoothed([math.nan if x is None else x for x in r["losses"]]) for r in rows]
-    n = min(min(len(c), len(r["sim_times"])) for c, r in zip(curves, rows))
-    times = [sum(r["sim_times"][i] for r in rows) / len(rows) for i in range(n)]
-    steps = [[c[i] for c in curves] for i in range(n)]
-    return (times, [sum(s) / len(s) for s in steps], [min(s) for s in steps],
-            [max(s) for s in steps])
-
-
-def _smoothed(losses, window: int = 10):
-    out, acc = [], []
-    for loss in losses:
-        acc.append(loss)
-        if len(acc) > window:
-            acc.pop(0)
-        out.append(sum(acc) / len(acc))
-    return out
+    maximum of their (smoothed) training losses, up to the shortest run (a run stopped at
+    the target loss ends early). A diverged (None) loss is NaN, a gap in the line. With
+    `validation`, the validation losses at the steps every seed validated."""
+    n = min(len(r["sim_times"]) for r in rows)
+    if validation:
+        steps = [i for i in range(n) if all(r["val_losses"][i] is not None for r in rows)]
+        curves = [[r["val_losses"][i] for i in steps] for r in rows]
+    else:
+        steps = list(range(n))
+        curves = [smoothed([math.nan if x is None else x for x in r["losses"]], window)
+                  for r in rows]
+    times = [sum(r["sim_times"][i] for r in rows) / len(rows) for i in steps]
+    at = [[c[j] for c in curves] for j in range(len(steps))]
+    return (times, [sum(s) / len(s) for s in at], [min(s) for s in at], [max(s) for s in at])
 
 
 def _net_label(row) -> str:
@@ -213,22 +253,9 @@ def _net_label(row) -> str:
     return setup_label({**row, "net": net})
 
 
-def _file_name(prefix: str, name: str, taken: set) -> str:
-    """prefix_name.png with only letters, digits, '.', '-' and '_' from the name, unique
-    among `taken` (to which it is added)."""
-    safe = re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("._")[:80] or "unnamed"
-    stem, i = f"{prefix}_{safe}", 1
-    while f"{stem}.png" in taken:
-        i += 1
-        stem = f"{prefix}_{safe}_{i}"
-    taken.add(f"{stem}.png")
-    return f"{stem}.png"
-
-
-def _common(rows, key):
-    """The rows' one value of `key`, else None (absent, or not the same in every row)."""
-    values = {r.get(key) for r in rows}
-    return values.pop() if len(values) == 1 else None
+def _claim(name: str, taken: set) -> str:
+    taken.add(name)
+    return name
 
 
 def _by(rows, key) -> dict:

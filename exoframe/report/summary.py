@@ -1,7 +1,12 @@
 """The run summary (summary.json) and its short terminal table."""
 from __future__ import annotations
 
-from ..sim.units import YEAR
+from ..sim.units import YEAR, format_duration
+
+# Below this share of simulated time spent computing, the compute model says so: times
+# then compare networks alone (flops:h100 on a tiny model gives microseconds per step).
+LOW_UTILIZATION = 0.01
+REPLICAS_KEY = "final_val_loss_replicas_average"
 
 
 def build_summary(job, rows: list[dict], launch_result) -> dict:
@@ -32,6 +37,7 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "strategy": job.strategy_name,
         "strategy_params": vars(job.strategy_params).copy(),
         "workload": job.workload_name,
+        "model_parameters": sum(p.numel() for p in job.model.parameters()),
         "num_nodes": nodes,
         "steps": steps,  # run: fewer than asked when a stopping rule stopped the run
         "stopped_by": launch_result.stopped_by,  # steps, target_loss or time_budget
@@ -42,7 +48,10 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         **{f"final_{key}": value for key, value in (val_rows[-1] if val_rows else {}).items()
            if key.startswith("val_") and key != "val_loss"},
         "best_achievable_loss": job.best_loss,
-        # Read from the validation loss of the averaged model, validated at every step.
+        # What val_loss, the time to target and the final model are of: the model a node
+        # would deploy (the strategy's declaration, strategies/base.py held_model).
+        "validated_model": job.strategy_cls.held_model,
+        # Read from the validation loss of that model, validated at every step.
         "target_loss": job.target_loss,
         "time_to_target": at_target["sim_time"] if at_target else None,
         "steps_to_target": at_target["step"] if at_target else None,
@@ -57,6 +66,10 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         # Over the whole run: the ranks' compute / (ranks × simulated time to finish).
         "compute_utilization": _ratio(sum(r["compute_seconds"] for r in ranks),
                                       nodes * simulated),
+        # Steps at which the nodes exchanged anything (a sync, a fragment, a gossip round).
+        "syncs": steps_with_exchange(rows),
+        "comm_seconds_per_node": sum(r["comm_seconds"] for r in ranks) / nodes,
+        "idle_seconds_per_node": sum(r["idle_seconds"] for r in ranks) / nodes,
         "per_rank": per_rank,
         "bytes_sent_per_node": sum(r["bytes_sent"] for r in ranks) / nodes,
         "bytes_received_per_node": sum(r["bytes_received"] for r in ranks) / nodes,
@@ -97,6 +110,26 @@ def failure_summary(job, ranks: list[dict]) -> dict:
     }
 
 
+def steps_with_exchange(rows: list[dict]) -> int:
+    sent = [0.0, *(r.get("bytes_sent_per_node") or 0.0 for r in rows)]
+    return sum(after > before for before, after in zip(sent, sent[1:]))
+
+
+def compute_warning(summary: dict) -> str | None:
+    """One line when the compute model leaves the nodes computing less than 1 % of the
+    simulated time, else None."""
+    utilization = summary.get("compute_utilization")
+    if summary.get("real_network") or utilization is None or utilization >= LOW_UTILIZATION:
+        return None
+    ranks = summary["per_rank"]
+    per_step = sum(r["compute_seconds"] for r in ranks) / len(ranks) / max(1, summary["steps"])
+    return (f"warning: compute model {summary['compute_model']} gives "
+            f"{format_duration(per_step)} of compute per step, {100 * utilization:.2g}% of the "
+            "simulated time: the times compare the network alone and stragglers change "
+            "little; give the step time you mean (--compute fixed:<time per step>) or a larger "
+            "model.")
+
+
 def first_at_target(rows: list[dict], target: float | None) -> dict | None:
     """The first step's row whose validation loss is at most `target`."""
     if target is None:
@@ -132,22 +165,28 @@ def format_bytes(n: float) -> str:
     return f"{n} B"
 
 
-def summary_table(summary: dict) -> str:
+def summary_table(summary: dict, extra: tuple = ()) -> str:
+    """extra: more (name, value) rows, last."""
     def fmt(x):
         return "-" if x is None else f"{x:.4f}"
 
     rows = [
-        ("strategy", summary["strategy"]),
-        ("workload", summary["workload"]),
+        ("strategy", summary["strategy"] + _params_text(summary.get("strategy_params"))),
+        ("workload", summary["workload"] + (f" ({summary['model_parameters']:,} parameters)"
+                                            if summary.get("model_parameters") else "")),
         ("nodes", str(summary["num_nodes"])),
         ("steps", str(summary["steps"]) + ("" if summary.get("stopped_by", "steps") == "steps"
                                            else f" (stopped by {summary['stopped_by']})")),
         ("final train loss", fmt(summary["final_loss"])),
-        ("final val loss", fmt(summary["final_val_loss"])),
+        ("final val loss", fmt(summary["final_val_loss"])
+         + (f" ({summary['validated_model']})" if summary.get("validated_model") else "")),
         *((key.replace("_", " "), fmt(value)) for key, value in summary.items()
-          if key.startswith("final_val_") and key != "final_val_loss"),
+          if key.startswith("final_val_") and key not in ("final_val_loss", REPLICAS_KEY)),
+        *([("final val loss", f"{fmt(summary[REPLICAS_KEY])} (replicas' average, a model no "
+                              "node holds)")] if summary.get(REPLICAS_KEY) is not None else []),
         ("best achievable loss", fmt(summary["best_achievable_loss"])),
-        ("sent per node", format_bytes(summary["bytes_sent_per_node"])),
+        ("sent per node", format_bytes(summary["bytes_sent_per_node"])
+         + (f" in {summary['syncs']} steps with an exchange" if "syncs" in summary else "")),
         ("network", summary["net"]),
         ("measured wall-clock", f"{format_seconds(summary['simulated_seconds'])} "
                                 "(--net real: nothing simulated)")
@@ -156,13 +195,28 @@ def summary_table(summary: dict) -> str:
                                  f"(compute model {summary['compute_model']})"),
         ("compute utilization", "-" if summary["compute_utilization"] is None
          else f"{100 * summary['compute_utilization']:.1f}%"),
+        *_comm_rows(summary),
         *_failure_rows(summary),
         *_target_rows(summary),
         ("elapsed (real)", f"{summary['elapsed_seconds']:.1f} s "
                            f"(start-up {summary['startup_seconds']:.1f} s)"),
+        *extra,
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def _params_text(params: dict | None) -> str:
+    shown = {k: v for k, v in (params or {}).items() if v not in ({}, [], None)}
+    return f" ({', '.join(f'{k}={v}' for k, v in shown.items())})" if shown else ""
+
+
+def _comm_rows(summary: dict) -> list:
+    if "comm_seconds_per_node" not in summary or summary.get("real_network"):
+        return []
+    return [("comm / idle per node", f"{format_seconds(summary['comm_seconds_per_node'])} "
+             f"communicating (not hidden behind compute) / "
+             f"{format_seconds(summary['idle_seconds_per_node'])} waiting for peers")]
 
 
 def _failure_rows(summary: dict) -> list:
@@ -181,5 +235,5 @@ def _target_rows(summary: dict) -> list:
     if summary["time_to_target"] is None:
         return [("time to target", f"not reached (val loss {target:g})")]
     return [("time to target", f"{format_seconds(summary['time_to_target'])} simulated, step "
-                               f"{summary['steps_to_target']} (val loss of the averaged model "
-                               f"<= {target:g})")]
+                               f"{summary['steps_to_target']} (val loss of the "
+                               f"{summary['validated_model']} <= {target:g})")]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import ExoframeError
 from . import strict_json
-from .summary import format_bytes, format_seconds
+from .summary import LOW_UTILIZATION, format_bytes, format_seconds
 
 COLUMNS = ["strategy", "seed", "net", "bottleneck_bandwidth", "faults", "projection",
            "simulated_seconds", "time_to_target", "compute_utilization", "bytes_sent_per_node",
@@ -58,6 +58,12 @@ def _rows_of(run_dir: Path) -> list[dict]:
             "best_achievable_loss": summary.get("best_achievable_loss"),
             "run_dir": str(run_dir), "losses": [m.get("loss") for m in metrics],
             "val_losses": [m.get("val_loss") for m in metrics],
+            # what val_loss is of (the model each node would deploy), and the run's context
+            "validated_model": summary.get("validated_model"),
+            "num_nodes": summary.get("num_nodes"), "workload": summary.get("workload"),
+            "model_parameters": summary.get("model_parameters"),
+            "compute_model": summary.get("compute_model"),
+            "bytes_sent": [m.get("bytes_sent_per_node") for m in metrics],
             "faults": summary.get("faults", "none"),
             "failures": len(summary.get("failures", [])),
             "failed_at": [f["failed_at"] for f in summary.get("failures", [])],
@@ -83,8 +89,8 @@ def _mapping(value, path) -> dict:
 
 
 def time_to_target(row: dict, target: float | None) -> float | None:
-    """Simulated time of the first step whose validation loss of the averaged model is at
-    most `target`, on the row's network: a replay keeps the step and reads its own time for
+    """Simulated time of the first step whose validation loss of the held model is at most
+    `target`, on the row's network: a replay keeps the step and reads its own time for
     it. A sweep with a target validates every step (engine/target.py); for runs made
     without one, the time is only resolved to their evaluation steps."""
     if target is None:
@@ -126,31 +132,77 @@ def summarize(rows: list[dict]) -> list[dict]:
     return summaries
 
 
-HEADERS = ["strategy", "network", "simulated time", "to target (val loss, averaged model)",
-           "compute util.", "sent / node", "final loss"]
+HEADERS = ["strategy", "network", "simulated time", "to target", "compute util.",
+           "sent / node", "final val loss"]
+TO_TARGET = HEADERS.index("to target")
 
 
 def table(rows: list[dict]) -> str:
     """One line per row; with several seeds of a setup, one line per setup instead, each
-    metric as mean ± standard deviation over its seeds."""
+    metric as mean ± standard deviation over its seeds. The "to target" column only with a
+    target; below the table, what each strategy's validation loss is of."""
     summaries = summarize(rows)
     failures = any(r.get("faults", "none") != "none" for r in rows)
     extra = ["failures (node-steps lost)"] if failures else []
+    targeted = any(r.get("target_loss") is not None for r in rows)
     if any(s["seeds"] > 1 for s in summaries):
-        return _aligned([*HEADERS[:2], "seeds", *HEADERS[2:], *extra],
-                        [_summary_line(s) + (_failure_cell(s, "_mean") if failures else [])
-                         for s in summaries])
-    return _aligned([*HEADERS, *extra], [[
-        r["strategy"] + (f" s{r['seed']}" if r.get("seed") else ""),
-        setup_label(r),
-        format_seconds(r["simulated_seconds"]),
-        "-" if r["time_to_target"] is None else format_seconds(r["time_to_target"]),
-        "-" if r["compute_utilization"] is None else f"{100 * r['compute_utilization']:.1f}%",
-        format_bytes(r["bytes_sent_per_node"]),
-        # a projection's times are for another model: the trained model's loss is not
-        "-" if r["final_val_loss"] is None or r["projection"] else f"{r['final_val_loss']:.4f}",
-        *(_failure_cell(r) if failures else [])]
-        for r in sorted(rows, key=_order)])
+        headers = [*HEADERS[:2], "seeds", *HEADERS[2:], *extra]
+        lines = [_summary_line(s) + (_failure_cell(s, "_mean") if failures else [])
+                 for s in summaries]
+        column = TO_TARGET + 1
+    else:
+        headers = [*HEADERS, *extra]
+        lines = [[
+            r["strategy"] + (f" s{r['seed']}" if r.get("seed") else ""),
+            setup_label(r),
+            format_seconds(r["simulated_seconds"]),
+            "-" if r["time_to_target"] is None else format_seconds(r["time_to_target"]),
+            "-" if r["compute_utilization"] is None
+            else f"{100 * r['compute_utilization']:.1f}%",
+            format_bytes(r["bytes_sent_per_node"]),
+            # a projection's times are for another model: the trained model's loss is not
+            "-" if r["final_val_loss"] is None or r["projection"]
+            else f"{r['final_val_loss']:.4f}",
+            *(_failure_cell(r) if failures else [])]
+            for r in sorted(rows, key=_order)]
+        column = TO_TARGET
+    if targeted:
+        target = _one(rows, "target_loss")
+        headers[column] = f"to val loss {target:g}" if target is not None else "to target"
+    else:
+        headers.pop(column)
+        for line in lines:
+            line.pop(column)
+    return "\n".join([_aligned(headers, lines), *validated_notes(rows)])
+
+
+def validated_notes(rows: list[dict]) -> list[str]:
+    """What each strategy's validation loss (and time to target) is of."""
+    models = {}
+    for r in sorted(rows, key=_order):
+        if r.get("validated_model"):
+            models.setdefault(r["strategy"], r["validated_model"])
+    if not models:
+        return []
+    return ["  val loss of: " + "; ".join(f"{s}: {m}" for s, m in models.items())]
+
+
+def compute_warning(rows: list[dict]) -> str | None:
+    """One line when some rows' compute model leaves utilization under 1 %."""
+    low = [r for r in rows if r["compute_utilization"] is not None
+           and r["compute_utilization"] < LOW_UTILIZATION]
+    if not low:
+        return None
+    models = sorted({r.get("compute_model") or "unknown" for r in low})
+    return (f"warning: compute model {' and '.join(models)} leaves compute utilization under "
+            f"1% in {len(low)} of {len(rows)} rows: the times compare the network alone and "
+            "stragglers change little; give the step time you mean (--compute fixed:<time per "
+            "step>, or --step-time with a projection) or a larger model.")
+
+
+def _one(rows: list[dict], key: str):
+    values = {r.get(key) for r in rows}
+    return values.pop() if len(values) == 1 else None
 
 
 def _failure_cell(row: dict, suffix: str = "") -> list[str]:

@@ -2,7 +2,7 @@
 
 Compute models (`--compute`):
   measured            the rank's own CPU time for each stretch of work between exchanges
-  fixed:<duration>    this much per training step (e.g. fixed:0.25 or fixed:250ms)
+  fixed:<duration>    this much per training step (e.g. fixed:250ms or fixed:2s)
   flops:<device>[:<efficiency>]
                       the step's FLOPs (forward + backward, counted once with torch's FLOP
                       counter) / (device peak × efficiency, 0.4 unless given); <device> is a
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from .inputs import ExoframeError, did_you_mean, shorten
-from .units import parse_seconds
+from .units import parse_duration
 
 # Peak dense FLOP/s in the precision one trains in on each device.
 DEVICES = {
@@ -94,7 +94,13 @@ def parse_compute(spec: str) -> ComputeModel:
     if kind == "measured" and not rest:
         return ComputeModel("measured")
     if kind == "fixed":
-        seconds = parse_seconds(rest, "compute", "--compute")
+        if _is_bare_number(rest):  # 100 what? 100 s is rarely what was meant
+            if not math.isfinite(float(rest)):
+                raise ExoframeError(f"compute: fixed needs a finite time per step, got "
+                                    f"'{shorten(rest)}'; write e.g. fixed:100ms.")
+            raise ExoframeError(f"compute: 'fixed:{shorten(rest)}' has no unit; write e.g. "
+                                f"fixed:{shorten(rest)}ms or fixed:{shorten(rest)}s.")
+        seconds = parse_duration(rest, "compute", "--compute")
         if not 0 < seconds <= MAX_STEP_SECONDS:
             raise ExoframeError(f"compute: fixed needs a positive time per step of at most "
                                 f"{MAX_STEP_SECONDS:g}s (a day), got '{shorten(rest)}'.")
@@ -111,8 +117,16 @@ def parse_compute(spec: str) -> ComputeModel:
     raise ExoframeError(
         f"compute: unknown compute model '{shorten(spec)}'."
         f"{did_you_mean(kind, ['measured', 'fixed', 'flops'])}"
-        " Use measured, fixed:<seconds per step> (e.g. fixed:250ms) or flops:<device> "
+        " Use measured, fixed:<time per step> (e.g. fixed:250ms) or flops:<device> "
         f"(devices: {', '.join(DEVICES)}).")
+
+
+def _is_bare_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _number(text: str, what: str) -> float:

@@ -12,21 +12,11 @@ compute read from the trace), which talks to the simulator over an in-process co
 as a live rank's talks over its pipe, and the simulator runs behind the same Feed as in a
 live run's launcher. Each replayed rank is a thread, as its clock blocks while it waits.
 
-Projection rescales a trace to a larger model: every operation's bytes by one ratio (the
-parameter ratio times the payload's bits over 32), every step's compute to a given step
-time. An all-reduce that a real implementation streams out during the backward pass (DDP's
-gradients; an outer synchronization a strategy declares overlappable) is split into buckets
-on one communication stream per rank, as torch's DDP does: bucket i is ready once its
-slice of the backward pass is computed, and starts when it is ready and bucket i-1 is done
-on this rank; the backward pass goes on meanwhile, and the step ends when the last bucket
-is done. Each bucket pays the collective's latency, one after the other.
-
-Projected traces use two more events, for the backward pass running beside the
-communication stream: ["b", seconds] queues compute on the rank's compute stream without
-moving its clock, and ["r"] moves the clock to the end of the oldest queued compute not
-yet waited for (the next bucket's gradients are ready). Waiting while queued compute is
-still running is hidden behind it: only the part past the compute counts as communication
-or idle time.
+Projection (sim/projection.py) rescales a trace to a larger model before it is replayed;
+its backward passes run beside the communication stream (["b", seconds] queues compute
+without moving the clock, ["r"] waits for the oldest queued compute): waiting while queued
+compute still runs is hidden behind it, and only the part past the compute counts as
+communication or idle time.
 """
 from __future__ import annotations
 
@@ -40,10 +30,6 @@ from .protocol import Done, StepEnd, Waited, frozen
 from .simulator import Simulator
 from .transport import Arrivals, in_process
 from .topology import DEFAULT_ALGORITHMS, Topology
-
-DDP_BUCKET_BYTES = 25 * 1024 * 1024  # torch DistributedDataParallel's bucket_cap_mb = 25
-BACKWARD_SHARE = 2 / 3  # backward ≈ 2 × forward in FLOPs
-
 
 MAX_TRACE_NODES = 1024  # exoframe.config.MAX_NODES: no run records more ranks than this
 KINDS = (*DEFAULT_ALGORITHMS, "send", "recv")
@@ -260,6 +246,17 @@ def replay(traces: list[list], topology: Topology, algorithms: dict, seed: int =
     return ReplayResult(clocks)
 
 
+def all_reduce_alone(topology: Topology, algorithms: dict, nodes: int, seed: int = 0):
+    """seconds(nbytes, participants): how long one blocking all-reduce of nbytes among
+    `participants` takes alone on this network (replayed through it)."""
+    def seconds(nbytes: float, participants: tuple) -> float:
+        op = ["o", 0, ["c", list(participants), 0], "all_reduce", nbytes, list(participants),
+              0, True]
+        traces = [[op, ["s", 1]] if r in participants else [["s", 1]] for r in range(nodes)]
+        return replay(traces, topology, algorithms, seed).simulated_seconds
+    return seconds
+
+
 def _drive(feed: Feed, ends: list, arrivals: Arrivals):
     """Hand every rank's messages to the simulator and its answers back, until all are done."""
     sim, done = feed.sim, 0
@@ -326,64 +323,3 @@ def _play(events: list, clock: TraceClock):
         pass
     except BaseException as e:
         port.send(PlayFailed(e))
-
-
-def project(traces: list[list], bytes_ratio: float, step_seconds: float,
-            streamed_all_reduce: bool = False,
-            bucket_bytes: float = DDP_BUCKET_BYTES) -> list[list]:
-    """The traces of the same run for a model whose payloads are `bytes_ratio` times larger
-    and whose training step computes for `step_seconds` (each rank's compute is scaled by one
-    factor, so stragglers stay as slow relative to the others). With `streamed_all_reduce`,
-    a blocking all-reduce right after a step's compute (DDP's gradients, or a declared
-    overlappable outer sync) is split into buckets of at most `bucket_bytes`, streamed one
-    after another during the backward pass."""
-    steps = sum(1 for e in traces[0] if e[0] == "s")
-    total_compute = sum(e[1] for events in traces for e in events if e[0] == "c")
-    if steps == 0 or total_compute <= 0:
-        raise ReplayError("the trace has no compute to scale: record the run with a compute "
-                          "model (measured, fixed or flops).")
-    scale = step_seconds / (total_compute / (len(traces) * steps))
-    projected = []
-    for events in traces:
-        out = []
-        for event in events:
-            if event[0] == "c":
-                out.append(["c", event[1] * scale])
-            elif event[0] == "o":
-                op = list(event)
-                op[4] = event[4] * bytes_ratio
-                if streamed_all_reduce and _is_all_reduce_after_compute(op, out):
-                    out.extend(_buckets(op, out.pop()[1], bucket_bytes))
-                else:
-                    out.append(op)
-            else:
-                out.append(list(event))
-        projected.append(out)
-    return projected
-
-
-def _is_all_reduce_after_compute(op, previous) -> bool:
-    return op[3] == "all_reduce" and op[7] and bool(previous) and previous[-1][0] == "c"
-
-
-def _buckets(op, compute: float, bucket_bytes: float) -> list:
-    """The forward pass; the backward pass queued in one slice per bucket; then, on the
-    communication stream, each bucket once its slice is computed and the previous bucket is
-    done; then wait for the last bucket."""
-    _, op_id, key, kind, nbytes, participants, root, _ = op
-    count = max(1, math.ceil(nbytes / bucket_bytes))
-    backward = compute * BACKWARD_SHARE
-    events = [["c", compute - backward]]
-    events.extend(["b", backward / count] for _ in range(count))
-    for b in range(count):
-        if b > 0:
-            events.append(["w", (op_id, b - 1)])
-        events.append(["r"])
-        events.append(["o", (op_id, b), [*_as_list(key), b], kind, nbytes / count,
-                       participants, root, False])
-    events.append(["w", (op_id, count - 1)])
-    return events
-
-
-def _as_list(key):
-    return list(key) if isinstance(key, (list, tuple)) else [key]

@@ -44,6 +44,8 @@ class AsyncLocalSGD(Strategy):
 
     timing_dependent = True
     checkpointable = False  # pushes and pulls stay in flight across steps
+    held_model_from = "rank0"
+    held_model = "server's global model"
 
     @dataclass
     class Params:
@@ -100,6 +102,12 @@ class AsyncLocalSGD(Strategy):
         unflatten_into(self.take_buffers(rebased, numel), params)
         self.base = new_global[:numel]
         self.reply = None
+
+    def held_weights(self):
+        if self.rank != SERVER:
+            return super().held_weights()
+        return self.weights_with(self.global_params,
+                                 self.global_buffers if self.global_buffers.numel() else None)
 
     # -- server ----------------------------------------------------------------------------
     def setup_server(self):

@@ -116,11 +116,12 @@ class Strategy:
     #: step's backward pass, which real DDP overlaps with the backward pass (in buckets):
     #: projections to larger models model that overlap.
     gradient_all_reduce_after_backward: ClassVar[bool] = False
-    #: True when the strategy's outer synchronization, a blocking all-reduce right after the
-    #: compute of the steps that have one (DiLoCo's outer gradient), is one a real
-    #: implementation would overlap with that step's backward pass (inner step and outer
-    #: gradient computed layer by layer as the backward produces gradients): projections
-    #: stream it in buckets during the backward pass, as they do DDP's gradients.
+    #: True when the strategy's outer synchronization, an all-reduce right after the compute
+    #: of the steps that have one (DiLoCo's outer gradient, Streaming DiLoCo's fragments), is
+    #: one a real implementation would overlap with that step's backward pass (inner step and
+    #: outer gradient computed layer by layer as the backward produces gradients):
+    #: projections stream it in buckets during the backward pass, where that is not slower
+    #: than sending it after the compute (sim/projection.py).
     outer_sync_overlaps_backward: ClassVar[bool] = False
     #: False when a run with this strategy cannot be checkpointed: its state is more than
     #: state_dict() holds at any step end with no exchange in flight (engine/checkpoint.py).
@@ -136,6 +137,13 @@ class Strategy:
     #: checksums at those steps and stops the run, naming the ranks, if they differ.
     #: Subclasses inherit it: one that keeps ranks apart sets it False.
     replicas_equal_after_sync: ClassVar[bool] = False
+    #: The model a node would deploy, which the run validates and reports (val_loss, time to
+    #: target, result.model): each node's `held_weights()`, taken over the nodes as
+    #: `held_model_from` says: "average" (their mean) or "rank0" (the lowest live rank's).
+    #: By default, the mean of the current weights: "replicas' average" (docs/strategies.md).
+    held_model_from: ClassVar[str] = "average"
+    #: That model in words, for summary.json's `validated_model` and the tables.
+    held_model: ClassVar[str] = "replicas' average"
 
     @dataclass
     class Params:
@@ -193,6 +201,18 @@ class Strategy:
     def metrics(self) -> dict:
         """Numbers to log for the step just finished (e.g. an outer gradient norm)."""
         return {}
+
+    def held_weights(self) -> list[torch.Tensor]:
+        """The parameters (model.parameters() order) and float buffers of the model this node
+        would deploy now; default: its current weights. DiLoCo gives its last outer step's
+        (`weights_with`); the run then also validates the replicas' average."""
+        return current_weights(self.model)
+
+    @classmethod
+    def held_model_is_replicas_average(cls) -> bool:
+        """True when the model the run validates is the mean of the nodes' current weights
+        (then no second, replicas' average validation is needed)."""
+        return cls.held_weights is Strategy.held_weights and cls.held_model_from == "average"
 
     def extra_state(self) -> dict:
         return {}
@@ -259,6 +279,24 @@ class Strategy:
 
     def float_buffers(self) -> list[torch.Tensor]:
         return float_buffers(self.model)
+
+    def weights_with(self, trainable: torch.Tensor, buffers: torch.Tensor | None
+                     ) -> list[torch.Tensor]:
+        """The model's weights as `held_weights` gives them, from the flat `trainable`
+        parameters and flat float `buffers` (None: a model without them)."""
+        weights, offset = [], 0
+        for p in self.model.parameters():
+            if p.requires_grad:
+                weights.append(trainable[offset:offset + p.numel()])
+                offset += p.numel()
+            else:
+                weights.append(p)
+        return weights + ([buffers] if buffers is not None else [])
+
+    def float_buffers_flat(self) -> torch.Tensor | None:
+        """A copy of the floating-point buffers, flat (None without any)."""
+        buffers = self.float_buffers()
+        return flatten(buffers).detach().clone() if buffers else None
 
     def with_buffers(self, flat: torch.Tensor) -> torch.Tensor:
         """`flat` followed by the floating-point buffers' values, to send in one message
@@ -331,6 +369,11 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
             state = optimizer.state.get(p, {})
             tensors.extend(state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor))
     return tensors
+
+
+def current_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Every parameter, then the floating-point buffers: what the run averages or validates."""
+    return [*model.parameters(), *float_buffers(model)]
 
 
 def float_buffers(model: torch.nn.Module) -> list[torch.Tensor]:

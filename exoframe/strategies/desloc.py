@@ -33,6 +33,7 @@ class DESLOC(Strategy):
     survives_failures = True
     # A step that syncs only a moment leaves the parameters apart: no checksum check.
     replicas_equal_after_sync = False
+    held_model = "replicas' average (a model no node holds)"
 
     @dataclass
     class Params:

@@ -51,6 +51,7 @@ class DiLoCo(Strategy):
     outer_sync_overlaps_backward = True
     replicas_equal_after_sync = True
     survives_failures = True
+    held_model = "global model as of the last outer step"
 
     Params = OuterParams
 
@@ -59,7 +60,11 @@ class DiLoCo(Strategy):
         p = self.params
         self.outer_optimizer = outer_optimizer_spec("diloco", p).build([self.global_params])
         self.quantizer = outer_quantizer(self)
+        self.synced_buffers = self.float_buffers_flat()  # the buffers' mean at the last sync
         self._metrics = {}
+
+    def held_weights(self):
+        return self.weights_with(self.global_params.detach(), self.synced_buffers)
 
     def step(self):
         self.optimizer.step()
@@ -67,6 +72,8 @@ class DiLoCo(Strategy):
         if self.step_num % self.params.H == 0:
             with self.sync():
                 self.outer_step()
+            # again once a node back from a failure has the live buffers (heal, in sync())
+            self.synced_buffers = self.float_buffers_flat()
 
     def outer_step(self):
         params = self.trainable_parameters()
@@ -77,6 +84,7 @@ class DiLoCo(Strategy):
         self.outer_optimizer.step()
         self.outer_optimizer.zero_grad()
         unflatten_into(self.global_params.detach(), params)
+        self.synced_buffers = self.float_buffers_flat()
 
     def all_reduce_outer_gradient(self, delta: torch.Tensor) -> torch.Tensor:
         """The mean over ranks of this rank's outer gradient as `quantizer` encodes it (the
@@ -97,12 +105,14 @@ class DiLoCo(Strategy):
 
     def extra_state(self):
         return {"global_params": self.global_params.detach().clone(),
-                "outer_optimizer": self.outer_optimizer.state_dict(), **self.quantizer.state()}
+                "outer_optimizer": self.outer_optimizer.state_dict(),
+                "synced_buffers": self.synced_buffers, **self.quantizer.state()}
 
     def load_extra_state(self, state):
         with torch.no_grad():
             self.global_params.copy_(state["global_params"])
         self.outer_optimizer.load_state_dict(state["outer_optimizer"])
+        self.synced_buffers = state.get("synced_buffers", self.synced_buffers)
         self.quantizer.load(state)
 
 

@@ -33,6 +33,10 @@ from .diloco import OuterParams, outer_quantizer
 class EagerDiLoCo(Strategy):
     """DiLoCo whose outer all-reduce overlaps the next round, with eager outer steps."""
 
+    # Each node's copy differs until the round's average arrives (its own outer gradient
+    # stands in for it): their mean is validated.
+    held_model = "global model as of the last outer step (each node's eager copy, averaged)"
+
     @dataclass
     class Params(OuterParams):
         owner: ClassVar[str] = "eager-diloco"
@@ -46,6 +50,9 @@ class EagerDiLoCo(Strategy):
         self.previous_local = torch.zeros_like(self.previous_mean)  # Δ_m^{t−1}, as sent
         self.pending = None  # (handle, joined tensor) of the all-reduce in flight
         self._metrics = {}
+
+    def held_weights(self):
+        return self.weights_with(self.global_params.detach(), self.float_buffers_flat())
 
     def step(self):
         self.optimizer.step()

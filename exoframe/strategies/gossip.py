@@ -69,6 +69,8 @@ def exchange_with(comm, tensor: torch.Tensor, peers) -> dict[int, torch.Tensor]:
 class Gossip(Strategy):
     """Every H steps, average parameters with graph neighbours (send/recv, no collective)."""
 
+    held_model = "replicas' average (a model no node holds)"
+
     @dataclass
     class Params:
         graph: str = "ring"

@@ -76,6 +76,7 @@ class HALoS(Strategy):
     remote_calls = True
     timing_dependent = True  # which model a worker gets depends on the order of arrivals
     checkpointable = False
+    held_model = "replicas' average (the workers' copies of their regions' models)"
 
     @dataclass
     class Params:

@@ -7,6 +7,7 @@ Source: Stich, "Local SGD Converges Fast and Communicates Little" (2019); McMaha
 """
 from dataclasses import dataclass
 
+from ..comm import flatten
 from .base import Strategy, check_positive
 
 
@@ -15,6 +16,7 @@ class LocalSGD(Strategy):
 
     survives_failures = True
     replicas_equal_after_sync = True
+    held_model = "global model as of the last average"
 
     @dataclass
     class Params:
@@ -23,9 +25,26 @@ class LocalSGD(Strategy):
         def __post_init__(self):
             check_positive("localsgd", H=self.H)
 
+    def setup(self):
+        self.remember_average()
+
+    def remember_average(self):
+        self.averaged = (flatten(self.trainable_parameters()).detach().clone(),
+                         self.float_buffers_flat())
+
+    def held_weights(self):
+        return self.weights_with(*self.averaged)
+
     def step(self):
         self.optimizer.step()
         self.optimizer.zero_grad()
         if self.step_num % self.params.H == 0:
             with self.sync():
                 self.average_parameters()
+            self.remember_average()
+
+    def extra_state(self):
+        return {"averaged": self.averaged}
+
+    def load_extra_state(self, state):
+        self.averaged = state.get("averaged", self.averaged)

@@ -26,6 +26,8 @@ from .gossip import exchange_with
 class NoLoCo(Strategy):
     """H local steps, then an outer step averaged with one random partner (no all-reduce)."""
 
+    held_model = "replicas' average (a model no node holds)"
+
     @dataclass
     class Params:
         H: int = 50

@@ -61,6 +61,8 @@ class ParameterServer(Strategy):
 
     remote_calls = True
     timing_dependent = True  # with staleness, which update a pull returns depends on timing
+    # The workers' copies of the servers' weights: equal to them with staleness 0.
+    held_model = "replicas' average (the workers' copies of the servers' weights)"
 
     @dataclass
     class Params:

@@ -31,6 +31,7 @@ class SparseLoCo(Strategy):
     """H inner steps, then an all-gather of each rank's top-k, 2-bit outer gradient."""
 
     replicas_equal_after_sync = True
+    held_model = "global model as of the last outer step"
 
     @dataclass
     class Params:
@@ -55,6 +56,9 @@ class SparseLoCo(Strategy):
         self.residual = torch.zeros_like(self.global_params)
         self.index_bits = max(1, math.ceil(math.log2(self.params.chunk)))
         self._metrics = {}
+
+    def held_weights(self):
+        return self.weights_with(self.global_params, self.float_buffers_flat())
 
     def step(self):
         self.optimizer.step()

@@ -18,6 +18,8 @@ from .base import Strategy, check_fraction
 class Sparta(Strategy):
     """Each step, average a random fraction p of parameters (shared-seed mask, none sent)."""
 
+    held_model = "replicas' average (a model no node holds)"
+
     @dataclass
     class Params:
         p: float = 0.005

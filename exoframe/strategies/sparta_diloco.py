@@ -25,6 +25,8 @@ class SpartaDiLoCo(Sparta, DiLoCo):
     outer_sync_overlaps_backward = False
     # SPARTA's sparse averages leave the ranks apart between outer steps.
     replicas_equal_after_sync = False
+    held_model = DiLoCo.held_model
+    held_weights = DiLoCo.held_weights
 
     @dataclass
     class Params(OuterParams):

@@ -39,6 +39,11 @@ BITS = {32: "none", 16: "bf16", 8: "int8", 4: "int4"}
 class StreamingDiLoCo(Strategy):
     """DiLoCo with F staggered fragments whose outer all-reduce overlaps τ inner steps."""
 
+    held_model = "global model, each fragment as of its last sync"
+    # Each fragment's outer gradient, of layers strided through the model, is ready as the
+    # backward pass goes (projections stream it through that backward pass).
+    outer_sync_overlaps_backward = True
+
     @dataclass
     class Params(OuterParams):
         owner: ClassVar[str] = "streaming-diloco"
@@ -88,6 +93,7 @@ class StreamingDiLoCo(Strategy):
         self.rows = row_lengths([q.shape for q in self.trainable_parameters()])
         self.quantizer = OuterQuantizer(p.format, p.error_feedback, self.rows)
         self.in_flight = {}  # fragment -> (handle, outer gradient, step at which to apply)
+        self.synced_buffers = self.float_buffers_flat()  # their mean at the last buffer sync
         self._metrics = {}
 
     def step(self):
@@ -119,6 +125,8 @@ class StreamingDiLoCo(Strategy):
         self.in_flight.pop(f, None)
         fragment = self.global_fragments[f]
         if f == self.buffer_fragment:  # full precision; mixed with the local ones like weights
+            if self.synced_buffers is not None:
+                self.synced_buffers = outer_grad[fragment.numel():].clone()
             outer_grad = self.take_buffers(outer_grad, fragment.numel(), keep=self.params.alpha)
         fragment.grad = outer_grad
         self.outer_optimizer.step()
@@ -129,6 +137,10 @@ class StreamingDiLoCo(Strategy):
         flat[a:b] = torch.lerp(fragment.detach(), flat[a:b], self.params.alpha)
         unflatten_into(flat, params)
         self._metrics[f"outer_grad_norm_{f}"] = outer_grad.norm().item()
+
+    def held_weights(self):
+        return self.weights_with(torch.cat([g.detach() for g in self.global_fragments]),
+                                 self.synced_buffers)
 
     @classmethod
     def checkpoint_problem(cls, params):
@@ -146,11 +158,13 @@ class StreamingDiLoCo(Strategy):
 
     def extra_state(self):
         return {"global_fragments": [g.detach().clone() for g in self.global_fragments],
-                "outer_optimizer": self.outer_optimizer.state_dict(), **self.quantizer.state()}
+                "outer_optimizer": self.outer_optimizer.state_dict(),
+                "synced_buffers": self.synced_buffers, **self.quantizer.state()}
 
     def load_extra_state(self, state):
         with torch.no_grad():
             for g, saved in zip(self.global_fragments, state["global_fragments"]):
                 g.copy_(saved)
         self.outer_optimizer.load_state_dict(state["outer_optimizer"])
+        self.synced_buffers = state.get("synced_buffers", self.synced_buffers)
         self.quantizer.load(state)

@@ -1,14 +1,17 @@
 """exoframe-tensorboard: the `tensorboard` metrics sink.
 
 `exoframe run --sink jsonl --sink tensorboard` (or `sinks: [jsonl, tensorboard]` in a config
-file) writes TensorBoard event files, through torch.utils.tensorboard.SummaryWriter, into
-LOGDIR/<run name>: runs that share a logdir are separate runs in TensorBoard.
+file) writes TensorBoard event files, through torch.utils.tensorboard.SummaryWriter: a
+relative LOGDIR is a folder of the run folder, which holds that one run (runs/<run>/tb); an
+absolute one is shared by many runs, each in LOGDIR/<run name>, separate runs in
+TensorBoard.
 
     tensorboard --logdir runs/<run folder>/tensorboard    # one run
     exoframe run ... --sink tensorboard:logdir=/tmp/tb     # many runs, one logdir
 
 Options (`--sink tensorboard:logdir=tb,flush_secs=5`, or `{tensorboard: {logdir: tb}}`):
-  logdir      default "tensorboard", relative to the run folder; an absolute path is kept.
+  logdir      default "tensorboard", relative to the run folder; an absolute path is kept
+              (and the run writes into LOGDIR/<run name>).
   flush_secs  how often, in seconds, events are written to disk (default 10).
 
 What it writes:
@@ -45,8 +48,10 @@ class TensorBoardSink:
         from torch.utils.tensorboard import SummaryWriter
 
         self.config = run.config
-        # An absolute logdir replaces the run folder: Path("/run") / "/tmp/tb" is /tmp/tb.
-        self.logdir = Path(run.dir) / Path(logdir).expanduser() / run.name
+        # An absolute logdir replaces the run folder: Path("/run") / "/tmp/tb" is /tmp/tb;
+        # shared by runs, it takes each in a folder named after it.
+        given = Path(logdir).expanduser()
+        self.logdir = given / run.name if given.is_absolute() else Path(run.dir) / given
         self.logdir.mkdir(parents=True, exist_ok=True)
         self.start = time.time()
         self.walltime = self.start  # start + the last simulated time seen

@@ -54,7 +54,7 @@ def test_a_run_writes_its_metrics_config_and_status(tmp_path):
                        "--sink", "tensorboard:logdir=tb,flush_secs=1")
     assert run.returncode == 0, run.stderr
     (folder,) = tmp_path.iterdir()
-    logdir = folder / "tb" / folder.name
+    logdir = folder / "tb"  # the run folder holds one run: no folder of its name inside
     assert [p.name.startswith("events.out.tfevents.") for p in logdir.iterdir()] == [True]
     acc, hparams, status = read_events(logdir)
 
@@ -159,4 +159,4 @@ def test_flush_secs_must_be_a_positive_number(tmp_path, value):
 def test_a_run_without_rows_writes_nothing_until_it_finishes(tmp_path):
     sink = TensorBoardSink(make_run(tmp_path, "run", {}), flush_secs="2.5")
     sink.close()
-    assert list((tmp_path / "tensorboard" / "run").iterdir()) == []
+    assert list((tmp_path / "tensorboard").iterdir()) == []
