@@ -172,9 +172,7 @@ def per_sync(said: dict, key: str, syncs: int) -> float:
 def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir: str,
              tag: str) -> dict:
     steps = STRATEGIES[strategy][0]
-    network = dict(case.network)
-    if protocol is not None:
-        network["protocol"] = protocol
+    network = {**case.network, "protocol": protocol}
     hidden = hidden_for(case.network, nodes, case.seconds_per_exchange)
     args = run_args(strategy, hidden, steps, seed)
     folder = Path(tempfile.mkdtemp(prefix=f"{case.name}-{strategy}-", dir=workdir))
@@ -239,9 +237,9 @@ def parse_options(names):
     parser.add_argument("--strategies", default="ddp,diloco,streaming-diloco")
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--protocol", default="default",
-                        help="the networks' protocol: section: 'default' (the preset's "
-                             "model), 'none' (the exact alpha-beta model)")
+    parser.add_argument("--protocol", default="tcp",
+                        help="the twin's protocol: section, in YAML: tcp (default), none "
+                             "(the exact alpha-beta model), or e.g. '{shared_efficiency: 0.8}'")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--keep", help="keep the runs' folders in this folder")
     return parser.parse_args()
@@ -266,7 +264,7 @@ def main() -> int:
             print(f"--strategies: unknown '{strategy}'; choose among "
                   f"{', '.join(STRATEGIES)}.", file=sys.stderr)
             return 2
-    protocol = {"default": None, "none": "none"}.get(options.protocol, options.protocol)
+    protocol = yaml.safe_load(options.protocol)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, stop_on_signal)
     tag = f"b{os.getpid()}"
@@ -281,9 +279,11 @@ def main() -> int:
             Path(workdir).mkdir(parents=True, exist_ok=True)
             for name in chosen:
                 for strategy in strategies:
+                    started = time.monotonic()
                     results.append(run_case(known[name], strategy, options.nodes,
                                             options.seed, protocol, workdir, tag))
                     print_table(results[-1:])
+                    print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
     except (EmulationError, CaseError) as e:
         print(f"emulated_network: {e}", file=sys.stderr)
         return 2
