@@ -4,31 +4,16 @@ import math
 
 import pytest
 
+from test_maxmin import deliveries
+
 from exoframe.errors import ExoframeError
 from exoframe.sim.netconfig import NetConfig
-from exoframe.sim.network import Environment, FlowNetwork
 
 GBIT = 1e9 / 8
 
 
 def topology(n=2, **keys):
     return NetConfig.from_dict(keys, "test", "test.yaml").validate().topology(n)
-
-
-def deliveries(topology, flows):
-    """flows: (start, src, dst, bytes). Each flow's delivery time, in order."""
-    env = Environment()
-    network = FlowNetwork(env, topology)
-    done = [None] * len(flows)
-
-    def start(i, at, src, dst, nbytes):
-        yield env.timeout(at)
-        network.start_flow(src, dst, nbytes, lambda j: done.__setitem__(j, env.now), i)
-
-    for i, flow in enumerate(flows):
-        env.process(start(i, *flow))
-    env.run()
-    return done
 
 
 def close(a, b, rel=1e-9):
