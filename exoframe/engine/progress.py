@@ -94,8 +94,8 @@ class Lines(Off):
     def _print(self):
         self.last = self.clock()
         self.shown = self.done
-        facts = "".join(f"  {key} {value}" for key, value in _facts(self.row, self.measured).items()) \
-            if self.row else ""
+        shown = _facts(self.row, self.measured) if self.row else {}
+        facts = "".join(f"  {key} {value}" for key, value in shown.items())
         percent = 100 * self.done / self.total if self.total else 100
         print(f"{self.label}: step {self.done}/{self.total} ({percent:.0f}%){facts}  elapsed "
               f"{format_seconds(self.last - self.start)}", file=self.out, flush=True)
