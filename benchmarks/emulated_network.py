@@ -98,7 +98,7 @@ def hidden_for(network: dict, nodes: int, seconds: float) -> int:
                        if topology.site_of[r] != topology.site_of[(r + 1) % nodes]) // 2)
     slowest = topology.bottleneck() / flows
     size = seconds * slowest * nodes / (2 * (nodes - 1))  # bytes of the all-reduce
-    hidden = int((-42 + (42 ** 2 + 4 * size / 4) ** 0.5) / 2)  # 4 (h² + 42 h) bytes
+    hidden = int((-44 + (44 ** 2 + size) ** 0.5) / 2)  # about 4 (h² + 44 h) bytes
     return max(64, hidden // 64 * 64)
 
 
@@ -118,7 +118,7 @@ def summary_of(out: str) -> tuple[dict, list[dict]]:
 
 
 def real_run(emulation: Emulation, args: list[str], out: str, nodes: int,
-             timeout: float) -> dict:
+             timeout: float) -> tuple[dict, list[dict]]:
     """The ranks under torchrun, one agent per rank namespace, rendezvous on the control
     network, gloo on the shaped data network."""
     endpoint = f"{emulation.control_addr(0)}:29400"
@@ -162,7 +162,8 @@ def first_error(log: Path) -> str:
     return lines[-1] if lines else "no output"
 
 
-def twin_run(net_file: str, args: list[str], out: str, compute: float, nodes: int) -> dict:
+def twin_run(net_file: str, args: list[str], out: str, compute: float,
+             nodes: int) -> tuple[dict, list[dict]]:
     done = subprocess.run([sys.executable, "-m", "exoframe", "run", "--nodes", str(nodes),
                            "--net", net_file, "--compute", f"fixed:{compute:.6f}",
                            "--out", out, *args], capture_output=True, text=True,
