@@ -148,7 +148,9 @@ def test_a_diloco_node_fails_and_rejoins_with_the_state_timed_by_the_network(dil
     bandwidth = parse_bandwidth(net.bandwidth, "bandwidth", "test")
     latency = parse_duration(net.latency, "latency", "test")
     jitter = parse_duration(net.jitter, "jitter", "test")
-    transfer = failure["recovery_bytes"] / bandwidth  # simulated seconds, a closed form
+    # The preset models TCP: a 1448-byte segment travels in a 1514-byte frame (no flow
+    # comes back, so no ACKs share its links; its window allows far more than 100 Mbit/s).
+    transfer = failure["recovery_bytes"] * 1514 / 1448 / bandwidth  # a closed form
     assert abs(failure["recovery_seconds"] - transfer - latency) <= jitter + 1e-9
 
     # Down from the step it noticed the failure to the sync it rejoined at; the steps it

@@ -191,6 +191,11 @@ def test_the_real_network_trains_the_same_weights_and_measures_its_time(tmp_path
     # (How the measured times compare with the launch's: benchmarks/real_network.py.)
     for rank in real.summary["per_rank"]:
         assert rank["compute_seconds"] > 0  # the timer counted the training
+        # the wall-clock splits into compute, transfers and waiting for peers
+        assert rank["comm_seconds"] == rank["transfer_seconds"]
+        assert rank["idle_seconds"] == rank["wait_seconds"]
+        assert rank["compute_seconds"] + rank["transfer_seconds"] + rank["wait_seconds"] == \
+            pytest.approx(rank["simulated_seconds"], rel=1e-9)
     [trace] = (tmp_path / "runs").glob("*/trace.json")
     with pytest.raises(ReplayError, match="real network"):
         check_trace(json.loads(trace.read_text()))

@@ -40,6 +40,15 @@ def test_a_sweeps_next_run_shows_none_of_the_last_runs_numbers():
         "elapsed 1.0 min"]
 
 
+def test_a_real_network_run_says_its_time_is_measured():
+    out = io.StringIO()
+    lines = Lines(total=2, label="ddp ×2", every=30, out=out, clock=lambda: 0.0, measured=True)
+    lines.update(2, {"step": 2, "loss": 1.0, "sim_time": 3.0})
+    lines.close()
+    assert out.getvalue().splitlines() == [
+        "ddp ×2: step 2/2 (100%)  loss 1.0000  measured 3 s  elapsed 0 s"]
+
+
 def test_a_run_without_a_terminal_prints_progress_lines(cli):
     run = cli("run", "--workload", "mlp", "--nodes", "2", "--steps", "40", "--eval-every", "10",
               "--compute", "fixed:10ms", "--out", "runs", "--progress-every", "0.000001")

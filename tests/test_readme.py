@@ -222,6 +222,8 @@ def not_rerun_here(argv):
         return "installs (or checks for) packages"
     if argv[:3] == ["python", "-m", "pytest"]:
         return "runs this suite; .ci/run holds it verbatim (checked)"
+    if argv[:2] == ["python", "benchmarks/emulated_network.py"]:
+        return "needs root; tests/test_emulated_network.py runs its smallest case"
     return None
 
 

@@ -41,13 +41,17 @@ def nets():
     """List network presets: name, what it models, source package."""
     from ..plugins import PluginManager
     from ..sim.netconfig import load_network
+    from ..sim.tcp import parse_protocol
 
     pm = PluginManager(kinds={"networks"})
     entries = list(pm.networks)
     width = max((len(e.name) for e in entries), default=4)
     for e in entries:
         try:
-            line = e.description or load_network(e.name, pm.networks).summary()
+            net = load_network(e.name, pm.networks)
+            line = e.description or net.summary()
+            if parse_protocol(net.protocol, net.where) is not None:
+                line += "  (protocol: tcp)"  # headers, ACKs, shared bottlenecks, window
         except ExoframeError as error:
             line = f"broken: {error}"
         click.echo(f"{e.name:<{width}}  {line}  [{e.source}]")

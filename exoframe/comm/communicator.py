@@ -49,7 +49,7 @@ class Handle:
     def _complete(self):
         if self._work is not None:
             self._work.wait()
-            self._comm.clock.waited()  # (RealClock: the time spent waiting is not compute)
+            self._comm.clock.waited(self._op_id)  # (RealClock: the wait is not compute)
         if self._finish is not None:
             self._finish()
         self._done = True

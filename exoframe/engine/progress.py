@@ -16,12 +16,14 @@ from ..report.summary import format_seconds
 MODES = ("bar", "lines", "off")
 
 
-def progress_display(mode, total: int, label: str, every: float = 30.0):
-    """mode: "bar" (or True), "lines" or "off" (or False/None)."""
+def progress_display(mode, total: int, label: str, every: float = 30.0,
+                     measured: bool = False):
+    """mode: "bar" (or True), "lines" or "off" (or False/None). measured: the rows' times
+    are measured (--net real), not simulated."""
     if mode is True or mode == "bar":
-        return Bar(total, label)
+        return Bar(total, label, measured)
     if mode == "lines" and every > 0:
-        return Lines(total, label, every)
+        return Lines(total, label, every, measured=measured)
     return Off()
 
 
@@ -30,13 +32,13 @@ def default_mode(every: float) -> str:
     return "bar" if sys.stderr.isatty() else "lines" if every > 0 else "off"
 
 
-def _facts(row: dict) -> dict:
+def _facts(row: dict, measured: bool = False) -> dict:
     # no loss: every node was down that step (simulated failures)
     facts = {"loss": "-" if row.get("loss") is None else f"{row['loss']:.4f}"}
     if row.get("val_loss") is not None:
         facts["val"] = f"{row['val_loss']:.4f}"
     if row.get("sim_time") is not None:
-        facts["sim"] = format_seconds(row["sim_time"])
+        facts["measured" if measured else "sim"] = format_seconds(row["sim_time"])
     return facts
 
 
@@ -52,8 +54,9 @@ class Off:
 
 
 class Bar(Off):
-    def __init__(self, total: int, label: str):
+    def __init__(self, total: int, label: str, measured: bool = False):
         self.bar = tqdm(total=total, desc=label, unit="step", dynamic_ncols=True)
+        self.measured = measured
 
     def describe(self, label: str):
         """A new run (or replay) from here: its own label, and none of the last one's numbers."""
@@ -63,15 +66,16 @@ class Bar(Off):
     def update(self, steps: int = 1, row: dict | None = None):
         self.bar.update(steps)
         if row is not None:
-            self.bar.set_postfix(_facts(row), refresh=False)
+            self.bar.set_postfix(_facts(row, self.measured), refresh=False)
 
     def close(self):
         self.bar.close()
 
 
 class Lines(Off):
-    def __init__(self, total: int, label: str, every: float, out=None, clock=time.monotonic):
-        self.total, self.label, self.every = total, label, every
+    def __init__(self, total: int, label: str, every: float, out=None, clock=time.monotonic,
+                 measured: bool = False):
+        self.total, self.label, self.every, self.measured = total, label, every, measured
         self.out, self.clock = out or sys.stderr, clock
         self.start = self.last = clock()
         self.done, self.row, self.shown = 0, None, 0
@@ -93,8 +97,8 @@ class Lines(Off):
     def _print(self):
         self.last = self.clock()
         self.shown = self.done
-        facts = "".join(f"  {key} {value}" for key, value in _facts(self.row).items()) \
-            if self.row else ""
+        shown = _facts(self.row, self.measured) if self.row else {}
+        facts = "".join(f"  {key} {value}" for key, value in shown.items())
         percent = 100 * self.done / self.total if self.total else 100
         print(f"{self.label}: step {self.done}/{self.total} ({percent:.0f}%){facts}  elapsed "
               f"{format_seconds(self.last - self.start)}", file=self.out, flush=True)

@@ -19,7 +19,8 @@ from ..comm import Communicator
 from ..comm.exchange import TorchExchange
 from ..comm.faults import RankFaults
 from ..errors import ExoframeError
-from ..sim.clock import RankClock, RealClock
+from ..sim.clock import RankClock
+from ..sim.measured import RealClock
 from ..sim.compute import ComputeClock
 from . import devices, rank_state
 from .data import Batches

@@ -25,6 +25,7 @@ from .model_state import load
 from .progress import progress_display
 from .run_folder import RunFolder
 from .run_lock import RunLock
+from ..sim.measured import split_measured
 from ..sinks import OpenSinks, RunInfo
 
 
@@ -80,7 +81,7 @@ def _execute(job, folder, config_record, progress, progress_every, on_row, clust
     if records_replaced:
         provisional.refresh()
     bar = progress_display(progress, job.steps, f"{job.strategy_name} ×{job.nodes}",
-                           progress_every)
+                           progress_every, measured=job.sim.real)
 
     def handle_row(row):
         nonlocal records_replaced
@@ -102,6 +103,8 @@ def _execute(job, folder, config_record, progress, progress_every, on_row, clust
         load(job.model, result.final_state)
         if folder and job.checkpoint_every is not None:  # the run's final (averaged) model
             rank_state.save(folder.path / "model.pt", job.model.state_dict())
+        if job.sim.real:  # wall-clock waits split into transfers and waits for peers
+            split_measured(result.rank_results)
         trace = build_trace(job, [r.pop("trace") for r in result.rank_results], result.steps)
         summary = {"status": "completed", **build_summary(job, rows, result)}
         if resuming:  # the steps up to it ran in an earlier process

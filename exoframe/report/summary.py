@@ -25,6 +25,9 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "comm_seconds": r["comm_seconds"],
         "idle_seconds": r["idle_seconds"],
         "down_seconds": r["down_seconds"],
+        # --net real: comm is the transfer, idle the wait (exoframe/sim/measured.py)
+        **{key: r[key] for key in ("transfer_seconds", "wait_seconds", "compute_cpu_seconds")
+           if key in r},
         "steps_down": sum(f["steps_down"] for f in r["failures"]),
         # steps whose work counts: neither spent down nor lost with a failure
         "steps_trained": steps - sum(f["steps_down"] + f["steps_lost"] for f in r["failures"]),

@@ -27,6 +27,17 @@ class Submitted:
     bytes_received: int
 
 
+def operation_key(sequence: dict, kind: str, participants: tuple) -> tuple:
+    """The key that names one operation alike on every participant: its group (or its
+    (src, dst) pair) and how many operations that group has had before. `sequence` counts
+    them (updated)."""
+    point_to_point = kind in ("send", "recv")
+    group = ("p" if point_to_point else "c", participants)
+    count = sequence.get(group, 0)
+    sequence[group] = count + 1
+    return ("p", *participants, count) if point_to_point else ("c", participants, count)
+
+
 class RankClock:
     def __init__(self, rank: int, port, compute: ComputeClock, topology_algorithms: dict,
                  algorithms: dict, topology: Topology | None = None):
@@ -91,10 +102,7 @@ class RankClock:
         """Tell the simulator this rank starts an operation now; if blocking, wait for it.
         participants: the group's ranks (send/recv: (src, dst)); root: index in it."""
         self.charge()
-        if kind in ("send", "recv"):
-            key = ("p", *participants, self._next_in(("p", participants)))
-        else:
-            key = ("c", participants, self._next_in(("c", participants)))
+        key = operation_key(self._sequence, kind, participants)
         sent, received = self.plans.bytes_moved(kind, participants, root, self.rank, nbytes)
         op_id = self._next_id
         self._next_id += 1
@@ -110,8 +118,8 @@ class RankClock:
         self.trace.append(["w", op_id])
         self._receive_wait()
 
-    def waited(self):
-        """The real exchange behind an operation was waited for (see RealClock)."""
+    def waited(self, op_id: int | None = None):
+        """The real exchange behind an operation was waited for (see measured.RealClock)."""
 
     def is_done(self, op_id: int, work=None) -> bool:
         """Has the operation completed by this rank's simulated now? (work: the real
@@ -206,11 +214,6 @@ class RankClock:
                 "simulated time passes between the questions (compute is charged per step), "
                 "so the answer cannot change. Call wait(), or ask once per step.")
 
-    def _next_in(self, group) -> int:
-        count = self._sequence.get(group, 0)
-        self._sequence[group] = count + 1
-        return count
-
     def _send(self, message):
         self.port.send(message)
 
@@ -248,7 +251,7 @@ class SoloClock:
     def wait(self, op_id):
         pass
 
-    def waited(self):
+    def waited(self, op_id=None):
         pass
 
     def is_done(self, op_id, work=None) -> bool:
@@ -259,78 +262,3 @@ class SoloClock:
 
     def skip(self):
         pass
-
-
-class RealClock:
-    """A rank's clock on a real network (`--net real`): no simulator. `now` is the wall-clock
-    time the rank has trained (the engine's bookkeeping between `charge()` and `skip()`
-    left out, as the simulated clock leaves it out), compute the time its timer counts
-    between exchanges (the main thread's CPU time, or a GPU timer), and communication the
-    rest (transfers and waiting for peers: they cannot be told apart here). Bytes are counted
-    per operation as the network's algorithm would move them. Operations complete for real:
-    is_done() asks the exchange itself."""
-
-    def __init__(self, rank: int, timer, topology_algorithms: dict, algorithms: dict,
-                 topology: Topology | None = None):
-        import time
-
-        self.rank = rank
-        self.plans = Plans(topology_algorithms, algorithms, topology)
-        self._wall = time.perf_counter
-        self._timer = timer
-        self._started = self._charged_at = self._wall()
-        self._mark = timer()
-        self._left_out = 0.0  # bookkeeping wall time, not the run's
-        self.compute_seconds = 0.0
-        self.down = False
-        self.trace: list = []  # step ends only: a real run is not replayed
-        self._next_id = 0
-
-    @property
-    def now(self) -> float:
-        return self._wall() - self._started - self._left_out
-
-    def stats(self) -> dict:
-        now = self.now
-        compute = min(now, self.compute_seconds)
-        return {"simulated_seconds": now, "compute_seconds": compute,
-                "comm_seconds": now - compute, "idle_seconds": 0.0, "down_seconds": 0.0}
-
-    def start_step(self):
-        pass
-
-    def charge(self):
-        """Count the compute since the last mark."""
-        now = self._timer()
-        self.compute_seconds += now - self._mark
-        self._mark, self._charged_at = now, self._wall()
-
-    def skip(self):
-        """Leave out what was done since the last charge (bookkeeping)."""
-        self._left_out += self._wall() - self._charged_at
-        self._mark, self._charged_at = self._timer(), self._wall()
-
-    def waited(self):
-        """A real exchange was waited for: that time is not compute (a GPU timer counts it)."""
-        self._mark = self._timer()
-
-    def add_compute(self, seconds: float):
-        pass
-
-    def end_step(self, step: int):
-        self.trace.append(["s", step])
-
-    def submit(self, kind: str, nbytes: int, participants: tuple, root: int = 0,
-               blocking: bool = True) -> Submitted:
-        self.charge()
-        op_id, self._next_id = self._next_id, self._next_id + 1
-        return Submitted(op_id, *self.plans.bytes_moved(kind, participants, root, self.rank,
-                                                        nbytes))
-
-    def wait(self, op_id: int):
-        pass
-
-    def is_done(self, op_id: int, work=None) -> bool:
-        """Whether the real exchange has completed (gloo's point-to-point handles say so
-        only once waited for: timing-dependent strategies are refused with --net real)."""
-        return work is None or work.is_completed()

@@ -14,6 +14,7 @@ from pathlib import Path
 from .inputs import build_dataclass, load_yaml
 from .inputs import ExoframeError, did_you_mean, shorten
 from .collectives import BUILTIN
+from .tcp import parse_protocol
 from .topology import DEFAULT_ALGORITHMS, LinkSpec, Topology
 from .units import format_bandwidth, format_duration, parse_bandwidth, parse_duration
 
@@ -66,6 +67,9 @@ class NetKeys:
     algorithm: str | dict | None = None  # one name for every collective, or {collective: name}
     sites: dict[str, SiteConfig] = field(default_factory=dict)
     links: list[LinkConfig] = field(default_factory=list)
+    # How TCP uses the links (exoframe/sim/tcp.py): none (left out: the exact alpha-beta
+    # model), tcp, or a dict of TcpModel's fields, e.g. {window: 64KiB}.
+    protocol: str | dict | None = None
 
 
 @dataclass
@@ -103,6 +107,7 @@ class NetConfig(NetKeys):
         self._links()
         self._explicit_ranks()
         self._algorithms(algorithms)
+        parse_protocol(self.protocol, self.where)
         return self
 
     def topology(self, n: int,
@@ -116,7 +121,8 @@ class NetConfig(NetKeys):
             up, down, intra = self._endpoint(None)
             return Topology(uplink=[up] * n, downlink=[down] * n, site_of=[0] * n,
                             intra=[intra], algorithms=chosen,
-                            nic_trace=[self._nic_trace(None)] * n)
+                            nic_trace=[self._nic_trace(None)] * n,
+                            protocol=parse_protocol(self.protocol, self.where))
         names = list(self.sites)
         endpoints = [self._endpoint(site) for site in names]
         links = self._links()
@@ -133,7 +139,8 @@ class NetConfig(NetKeys):
         return Topology(uplink=[endpoints[s][0] for s in site_of],
                         downlink=[endpoints[s][1] for s in site_of], site_of=site_of,
                         sites=names, intra=[intra for _, _, intra in endpoints], inter=inter,
-                        algorithms=chosen, nic_trace=[traces[s] for s in site_of])
+                        algorithms=chosen, nic_trace=[traces[s] for s in site_of],
+                        protocol=parse_protocol(self.protocol, self.where))
 
     def summary(self) -> str:
         """One line for listings, e.g. '100 Mbit/s, 25 ms ± 2 ms'."""

@@ -32,7 +32,7 @@ from .topology import Topology
 
 class Flow:
     __slots__ = ("id", "links", "remaining", "rate", "since", "finish", "version", "latency",
-                 "on_delivered", "arg")
+                 "on_delivered", "arg", "data")
 
     def __init__(self, id, links, nbytes, latency, on_delivered, arg):
         self.id = id  # creation order: breaks ties deterministically
@@ -45,15 +45,27 @@ class Flow:
         self.latency = latency
         self.on_delivered = on_delivered
         self.arg = arg
+        self.data = 0  # under a protocol: its first `data` links carry its data (the rest ACKs)
 
 
 class Link:
-    __slots__ = ("id", "capacity", "flows")
+    __slots__ = ("id", "capacity", "flows", "weights", "data_flows", "shared_efficiency")
 
-    def __init__(self, id: int, capacity: float):
+    def __init__(self, id: int, capacity: float, shared_efficiency: float = 1.0):
         self.id = id
         self.capacity = capacity  # bytes/s
         self.flows = {}  # flow id -> Flow, in creation order (dicts iterate deterministically)
+        # Under a protocol (tcp.py): flow id -> bytes on this link per payload byte, for the
+        # flows that do not take exactly 1 (no entry: 1); how many flows send data over it.
+        self.weights = {}
+        self.data_flows = 0
+        self.shared_efficiency = shared_efficiency
+
+    def usable(self) -> float:
+        """The capacity its flows share: less when several TCP flows send through it."""
+        if self.data_flows >= 2 and self.shared_efficiency != 1.0:
+            return self.capacity * self.shared_efficiency
+        return self.capacity
 
 
 class FlowNetwork:
@@ -64,10 +76,12 @@ class FlowNetwork:
         self.env = env
         self.topology = topology
         self.rng = random.Random(seed)
-        ids = itertools.count()
-        self.uplinks = [_link_or_none(next(ids), b) for b in topology.uplink]
-        self.downlinks = [_link_or_none(next(ids), b) for b in topology.downlink]
-        self.site_links = {pair: _link_or_none(next(ids), spec.bandwidth)
+        self.protocol = topology.protocol  # tcp.TcpModel, or None: the exact alpha-beta model
+        efficiency = self.protocol.shared_efficiency if self.protocol else 1.0
+        self._link_ids = ids = itertools.count()
+        self.uplinks = [_link_or_none(next(ids), b, efficiency) for b in topology.uplink]
+        self.downlinks = [_link_or_none(next(ids), b, efficiency) for b in topology.downlink]
+        self.site_links = {pair: _link_or_none(next(ids), spec.bandwidth, efficiency)
                            for pair, spec in topology.inter.items()}
         self._paths: dict[tuple[int, int], tuple] = {}
         self._agenda = []  # heap of (time, seq, flow, version); version None: a delivery
@@ -92,6 +106,7 @@ class FlowNetwork:
     # -- public ------------------------------------------------------------------------------
     def start_flow(self, src: int, dst: int, nbytes: float, on_delivered, arg=None):
         links, latency, jitter = self._paths.get((src, dst)) or self._path(src, dst)
+        base_latency = latency
         if jitter:
             latency = max(0.0, latency + self.rng.uniform(-jitter, jitter))
         self.flows_started += 1
@@ -100,10 +115,12 @@ class FlowNetwork:
             self.bytes_between_sites[(a, b)] = self.bytes_between_sites.get((a, b), 0) + nbytes
         flow = Flow(next(self._flow_ids), links, nbytes, latency, on_delivered, arg)
         now = self.env.now
-        if nbytes > 0 and links:
+        if nbytes > 0 and links and self.protocol is not None:
+            self._as_tcp(flow, src, dst, base_latency)
+        if nbytes > 0 and flow.links:
             flow.since = now
             self._floor = 0.0
-            for link in links:
+            for link in flow.links:
                 link.flows[flow.id] = flow
                 self._changed[link.id] = link
             # Rates are computed once every start at this instant is in: wake up now.
@@ -134,6 +151,22 @@ class FlowNetwork:
         links = [*self.site_links.values(), *self.uplinks, *self.downlinks]
         return not self.busy() and any(link and link.flows and link.capacity == 0
                                        for link in links)
+
+    def _as_tcp(self, flow: Flow, src: int, dst: int, latency: float):
+        """The flow as a TCP connection (tcp.py): its data links carry data_factor bytes per
+        payload byte, the reverse path its ACKs, and a link of its own caps it at
+        window / RTT."""
+        tcp = self.protocol
+        reverse = [link for link in self._path(dst, src)[0] if link not in flow.links]
+        cap = tcp.rate_cap(latency)
+        window = [Link(next(self._link_ids), cap)] if cap < math.inf else []
+        for link in flow.links:
+            link.weights[flow.id] = tcp.data_factor
+            link.data_flows += 1
+        for link in reverse:
+            link.weights[flow.id] = tcp.ack_factor
+        flow.data = len(flow.links)
+        flow.links = (*flow.links, *reverse, *window)
 
     # -- bandwidth traces ------------------------------------------------------------------
     def _at_time(self, t: float, callback, arg):
@@ -170,26 +203,31 @@ class FlowNetwork:
         """Progressive filling over the links connected to those that changed."""
         changed, self._changed = self._changed, {}
         floor, self._floor = self._floor, math.inf
-        left, unfixed = {}, {}  # per link: capacity not yet given out, flows without a rate
+        # per link: capacity not yet given out, flows without a rate, and the bytes they put
+        # on it per payload byte (their count, without a protocol)
+        left, unfixed, weight = {}, {}, {}
         pieces = _connected_pieces(changed)
         component = [link for links, _ in pieces for link in links]
         for link in component:
-            capacity, count = link.capacity, 0
+            capacity, count, total = link.usable(), 0, 0.0
+            weights = link.weights
             for flow in link.flows.values():
+                w = weights.get(flow.id, 1.0) if weights else 1.0
                 if flow.rate < floor:
-                    capacity -= flow.rate
+                    capacity -= w * flow.rate
                 else:
                     count += 1
-            left[link.id], unfixed[link.id] = capacity, count
+                    total += w
+            left[link.id], unfixed[link.id], weight[link.id] = capacity, count, total
         fixed = set()
-        heap = [(left[link.id] / unfixed[link.id], link.id, link)
+        heap = [(left[link.id] / weight[link.id], link.id, link)
                 for link in component if unfixed[link.id]]
         heapq.heapify(heap)
         level = 0.0
         agenda, seq = self._agenda, self._seq
         while heap:
             share, link_id, link = heapq.heappop(heap)
-            if unfixed[link_id] == 0 or share != left[link_id] / unfixed[link_id]:
+            if unfixed[link_id] == 0 or share != left[link_id] / weight[link_id]:
                 continue  # saturated already, or an entry that a later push superseded
             level = max(level, share)  # rounding must not let a level fall below the last
             for flow in link.flows.values():
@@ -197,10 +235,12 @@ class FlowNetwork:
                     continue
                 fixed.add(flow.id)
                 for other in flow.links:
-                    left[other.id] -= level
+                    w = other.weights.get(flow.id, 1.0) if other.weights else 1.0
+                    left[other.id] -= w * level
                     unfixed[other.id] -= 1
+                    weight[other.id] -= w
                     if unfixed[other.id] and other is not link:
-                        heapq.heappush(heap, (left[other.id] / unfixed[other.id], other.id,
+                        heapq.heappush(heap, (left[other.id] / weight[other.id], other.id,
                                               other))
                 if flow.rate != level:
                     # max: a flow due to finish right now must not finish in the past
@@ -222,8 +262,11 @@ class FlowNetwork:
     def _transmitted(self, flow: Flow, now: float):
         self._floor = min(self._floor, flow.rate)
         flow.version += 1  # any other entry of its finish is void
-        for link in flow.links:
+        for i, link in enumerate(flow.links):
             del link.flows[flow.id]
+            if link.weights:
+                link.weights.pop(flow.id, None)
+                link.data_flows -= i < flow.data
             self._changed[link.id] = link
         self._deliver_after_latency(flow, now)
 
@@ -294,5 +337,5 @@ class Environment(simpy.Environment):
         heapq.heappush(self._queue, (when, priority, next(self._eid), event))
 
 
-def _link_or_none(id: int, bandwidth: float):
-    return None if math.isinf(bandwidth) else Link(id, bandwidth)
+def _link_or_none(id: int, bandwidth: float, shared_efficiency: float = 1.0):
+    return None if math.isinf(bandwidth) else Link(id, bandwidth, shared_efficiency)

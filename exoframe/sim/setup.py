@@ -10,7 +10,7 @@ from .netconfig import load_network
 from .topology import Sites, Topology
 
 
-# `--net real`: no simulator; the ranks' exchanges take the time they take (clock.RealClock).
+# `--net real`: no simulator; the ranks' exchanges take the time they take (measured.RealClock).
 REAL = "real"
 
 

@@ -39,6 +39,8 @@ class Topology:
     # nic_trace[r]: rank r's NIC bandwidth over time, both directions, as LinkSpec.trace
     # (empty: none). uplink/downlink hold before its first time.
     nic_trace: list = field(default_factory=list, repr=False)
+    # How TCP uses the links (tcp.TcpModel); None: the exact alpha-beta model.
+    protocol: object = None
 
     @property
     def size(self) -> int:

@@ -1,0 +1,325 @@
+"""The simulated clock against a real network stack: each case builds an emulated network
+(benchmarks/netns.py: a namespace per rank, links shaped with tc tbf) from a network
+description, runs N ranks in it under torchrun with `--net real`, then runs the same config
+through the simulator on the very same description, with `--compute fixed:` set to the
+compute per step the real run measured, so that only the network differs.
+
+    sudo python benchmarks/emulated_network.py                      # the default cases
+    sudo python benchmarks/emulated_network.py --cases star-100mbit --strategies diloco
+
+Needs root on Linux (one line otherwise); leaves no namespace, link or process behind, also
+when interrupted. The twin's compute per step is the time the real ranks took, per step,
+to arrive at their exchanges (their compute and their wait for the last of them). Columns:
+real (the ranks' mean: each rank's clock starts when that rank does) and simulated
+wall-clock, and their ratio; comm: the simulated
+share of communication in the wall-clock (where it is small, the CPU is the limit, not
+the network); per exchange, the ranks' mean measured transfer time, the simulated
+communication and their ratio, and the measured wait for peers; tc/payload: the bytes tc
+counted on the ranks' shaped uplinks per payload byte the run counted (frames and ACKs:
+about 1.06; evaluation would add a model's bytes per step); same: the losses and byte
+counts of the real and simulated runs are equal; load: the machine's 1-minute load
+average when the case ended.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from netns import DATA_IF, Emulation, EmulationError, check_can_emulate, leftovers, sh  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+GBIT_NIC = "1gbit"
+
+
+@dataclass
+class Case:
+    name: str
+    network: dict  # a network YAML (exoframe/netmodels format), without its protocol
+    seconds_per_exchange: float  # the all-reduce's size is chosen to take about this long
+
+
+def star(rate: str) -> dict:
+    return {"description": f"star, {rate} per link", "bandwidth": rate}
+
+
+def two_sites(interleaved: bool, nodes: int) -> dict:
+    """1 Gbit/s NICs, 50 Mbit/s between the sites. Contiguous halves: a ring crosses the
+    WAN once in each direction; interleaved: every hop crosses it, nodes/2 flows a way."""
+    net = {"description": "two sites, 1 Gbit/s NICs, 50 Mbit/s between them",
+           "bandwidth": GBIT_NIC, "sites": {"a": {}, "b": {}},
+           "links": [{"between": ["a", "b"], "bandwidth": "50mbit"}]}
+    if interleaved:
+        net["sites"] = {"a": {"ranks": list(range(0, nodes, 2))},
+                        "b": {"ranks": list(range(1, nodes, 2))}}
+    return net
+
+
+def cases(nodes: int) -> dict[str, Case]:
+    return {case.name: case for case in (
+        Case("star-20mbit", star("20mbit"), 1.0),
+        Case("star-100mbit", star("100mbit"), 1.0),
+        Case("star-1gbit", star("1gbit"), 0.12),  # the CPU, not the network, is the limit
+        Case("sites-1flow", two_sites(False, nodes), 1.0),
+        Case("sites-2flows", two_sites(True, nodes), 1.2),
+    )}
+
+
+STRATEGIES = {  # strategy -> (steps, extra arguments)
+    "ddp": (4, []),
+    "diloco": (4, ["-p", "H=2"]),
+    "streaming-diloco": (4, ["-p", "H=2", "-p", "fragments=2"]),
+}
+
+
+class CaseError(Exception):
+    """A case that could not run, in one line."""
+
+
+def hidden_for(network: dict, nodes: int, seconds: float) -> int:
+    """The MLP width whose ring all-reduce takes about `seconds` on the slowest hop."""
+    from exoframe.sim.netconfig import NetConfig
+
+    topology = NetConfig.from_dict(network, "case", "case").validate().topology(nodes)
+    flows = max(1, sum(1 for r in range(nodes)
+                       if topology.site_of[r] != topology.site_of[(r + 1) % nodes]) // 2)
+    slowest = topology.bottleneck() / flows
+    size = seconds * slowest * nodes / (2 * (nodes - 1))  # bytes of the all-reduce
+    hidden = int((-44 + (44 ** 2 + size) ** 0.5) / 2)  # about 4 (h² + 44 h) bytes
+    return max(64, hidden // 64 * 64)
+
+
+def run_args(strategy: str, hidden: int, steps: int, seed: int, extra: list[str]) -> list[str]:
+    return ["--workload", "mlp", "-w", f"hidden={hidden}", "--strategy", strategy,
+            *STRATEGIES[strategy][1], "--steps", str(steps), "--seed", str(seed),
+            "--threads", "1", "--no-progress", *extra]
+
+
+def summary_of(out: str) -> tuple[dict, list[dict]]:
+    found = glob.glob(f"{out}/*/summary.json")
+    if len(found) != 1:
+        raise CaseError(f"no run folder in {out}: the run did not start (see its log).")
+    folder = Path(found[0]).parent
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return json.loads((folder / "summary.json").read_text()), rows
+
+
+def real_run(emulation: Emulation, args: list[str], out: str, nodes: int,
+             timeout: float) -> tuple[dict, list[dict]]:
+    """The ranks under torchrun, one agent per rank namespace, rendezvous on the control
+    network, gloo on the shaped data network."""
+    endpoint = f"{emulation.control_addr(0)}:29400"
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": DATA_IF, "PYTHONPATH": str(REPO),
+           "OMP_NUM_THREADS": "1", "EXOFRAME_TOKEN": secrets.token_hex(16)}
+    log = Path(out) / "agents.log"
+    agents = []
+    with open(log, "w") as sink:
+        for rank in range(nodes):
+            conf = ["--rdzv-conf", "is_host=1"] if rank == 0 else []
+            agents.append(subprocess.Popen(
+                ["ip", "netns", "exec", emulation.rank_ns(rank), sys.executable, "-m",
+                 "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", "1",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, *conf,
+                 "--rdzv-id", f"emu{os.getpid()}", "--local-addr", emulation.control_addr(rank),
+                 "-m", "exoframe", "run", "--net", "real", "--out", out, *args],
+                env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        try:
+            for agent in agents:
+                agent.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise CaseError(f"the ranks did not finish in {timeout:.0f} s (log: {log})") from None
+        finally:
+            for agent in agents:
+                if agent.poll() is None:
+                    os.killpg(agent.pid, signal.SIGKILL)
+                    agent.wait()
+    if any(agent.returncode for agent in agents):
+        raise CaseError(f"a rank failed: {first_error(log)}")
+    return summary_of(out)
+
+
+def first_error(log: Path) -> str:
+    """The line of a log that says what went wrong: exoframe's one-line error, or the
+    last line of the first traceback."""
+    lines = [line.strip() for line in log.read_text().splitlines() if line.strip()]
+    for line in lines:
+        if line.lower().startswith(("error:", "exoframe: ")):
+            return line
+    return lines[-1] if lines else "no output"
+
+
+def twin_run(net_file: str, args: list[str], out: str, compute: float,
+             nodes: int) -> tuple[dict, list[dict]]:
+    done = subprocess.run([sys.executable, "-m", "exoframe", "run", "--nodes", str(nodes),
+                           "--net", net_file, "--compute", f"fixed:{compute:.6f}",
+                           "--out", out, *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    if done.returncode:
+        lines = done.stderr.strip().splitlines()
+        raise CaseError(f"the simulated run failed: {lines[-1] if lines else done.returncode}")
+    return summary_of(out)
+
+
+def per_sync(said: dict, key: str) -> float:
+    """The ranks' mean of `key` per exchange."""
+    exchanges = sum(kind["calls"] for kind in said["traffic_by_kind_rank0"].values())
+    return sum(rank[key] for rank in said["per_rank"]) / len(said["per_rank"]) / exchanges
+
+
+def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir: str,
+             tag: str, extra: list[str] = ()) -> dict:
+    steps = STRATEGIES[strategy][0]
+    network = {**case.network, "protocol": protocol}
+    hidden = hidden_for(case.network, nodes, case.seconds_per_exchange)
+    args = run_args(strategy, hidden, steps, seed, list(extra))
+    folder = Path(tempfile.mkdtemp(prefix=f"{case.name}-{strategy}-", dir=workdir))
+    net_file = folder / "network.yaml"
+    net_file.write_text(yaml.safe_dump(network, sort_keys=False))
+    from exoframe.sim.netconfig import load_file
+
+    topology = load_file(net_file, "case").topology(nodes)
+    (folder / "real").mkdir()
+    with Emulation(tag, topology.uplink, topology.downlink, topology.site_of,
+                   {pair: spec.bandwidth for pair, spec in topology.inter.items()}) as emulation:
+        before = emulation.counters()
+        real, real_rows = real_run(emulation, args, str(folder / "real"), nodes,
+                                   timeout=300)
+        after = emulation.counters()
+    # The twin computes, per step, for as long as the real ranks took to arrive at their
+    # exchanges (compute, and waiting for the last to arrive): the network alone differs.
+    compute = sum(rank["compute_seconds"] + rank["wait_seconds"]
+                  for rank in real["per_rank"]) / nodes / steps
+    twin, twin_rows = twin_run(str(net_file), args, str(folder / "sim"), compute, nodes)
+    payload = sum(real["bytes_sent_per_rank"])
+    return {
+        "case": f"{case.name} {strategy}", "hidden": hidden,
+        # each rank's clock starts when it does: the mean, not the latest starter's
+        "real": sum(rank["simulated_seconds"] for rank in real["per_rank"]) / nodes,
+        "simulated": twin["simulated_seconds"],
+        "transfer_per_sync": per_sync(real, "transfer_seconds"),
+        "wait_per_sync": per_sync(real, "wait_seconds"),
+        "sim_comm_per_sync": per_sync(twin, "comm_seconds"),
+        "comm_share": 1 - compute * steps / twin["simulated_seconds"],
+        "compute_per_step": compute,
+        # what crossed the ranks' shaped uplinks, per byte the run sent
+        "tc_per_payload": sum(after[k] - before[k] for k in after if k.endswith(f"/{DATA_IF}")),
+        "payload": payload,
+        "same_losses": [r["loss"] for r in real_rows] == [r["loss"] for r in twin_rows],
+        "same_bytes": real["bytes_sent_per_rank"] == twin["bytes_sent_per_rank"],
+        "load": os.getloadavg()[0],
+    }
+
+
+def print_table(results: list[dict]):
+    print(f"{'case':30s} {'real s':>7s} {'sim s':>7s} {'ratio':>6s} {'comm':>5s} "
+          f"{'xfer/sync':>9s} {'sim/sync':>8s} {'x ratio':>7s} {'wait/sync':>9s} "
+          f"{'tc/payload':>10s} {'same':>5s} {'load':>5s}")
+    for r in results:
+        same = "yes" if r["same_losses"] and r["same_bytes"] else "NO"
+        print(f"{r['case']:30s} {r['real']:7.2f} {r['simulated']:7.2f} "
+              f"{r['real'] / r['simulated']:6.3f} {r['comm_share']:5.0%} "
+              f"{r['transfer_per_sync']:9.3f} "
+              f"{r['sim_comm_per_sync']:8.3f} "
+              f"{r['transfer_per_sync'] / r['sim_comm_per_sync']:7.3f} "
+              f"{r['wait_per_sync']:9.3f} {r['tc_per_payload'] / r['payload']:10.4f} "
+              f"{same:>5s} {r['load']:5.2f}", flush=True)
+    for label, chosen in (("all cases", results),
+                          ("network-bound (comm >= 50%)",
+                           [r for r in results if r["comm_share"] >= 0.5])):
+        errors = [abs(r["real"] / r["simulated"] - 1) for r in chosen]
+        if errors and len(chosen) > 1:
+            print(f"{label}: mean |real/simulated - 1| = {sum(errors) / len(errors):.3f}, "
+                  f"max {max(errors):.3f}")
+
+
+def parse_options(names):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=",".join(names),
+                        help=f"comma-separated, of: {', '.join(names)}")
+    parser.add_argument("--strategies", default="ddp,diloco,streaming-diloco")
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--protocol", default="tcp",
+                        help="the twin's protocol: section, in YAML: tcp (default), none "
+                             "(the exact alpha-beta model), or e.g. '{shared_efficiency: 0.8}'")
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--extra", default="",
+                        help="more `exoframe run` arguments for every run, e.g. '--threads 2'")
+    parser.add_argument("--keep", help="keep the runs' folders in this folder")
+    return parser.parse_args()
+
+
+def stop_on_signal(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main() -> int:
+    options = parse_options(list(cases(4)))
+    known = cases(options.nodes)
+    chosen = [name.strip() for name in options.cases.split(",") if name.strip()]
+    strategies = [s.strip() for s in options.strategies.split(",") if s.strip()]
+    for name in chosen:
+        if name not in known:
+            print(f"--cases: unknown case '{name}'; choose among {', '.join(known)}.",
+                  file=sys.stderr)
+            return 2
+    for strategy in strategies:
+        if strategy not in STRATEGIES:
+            print(f"--strategies: unknown '{strategy}'; choose among "
+                  f"{', '.join(STRATEGIES)}.", file=sys.stderr)
+            return 2
+    protocol = yaml.safe_load(options.protocol)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop_on_signal)
+    tag = f"b{os.getpid()}"
+    results = []
+    try:
+        check_can_emulate()
+        congestion = sh("sysctl", "-n", "net.ipv4.tcp_congestion_control").strip()
+        print(f"{options.nodes} ranks; TCP congestion control: {congestion}; "
+              f"{os.cpu_count()} CPUs", flush=True)
+        with tempfile.TemporaryDirectory(prefix="exoframe-emulated-") as scratch:
+            workdir = options.keep or scratch
+            Path(workdir).mkdir(parents=True, exist_ok=True)
+            for name in chosen:
+                for strategy in strategies:
+                    started = time.monotonic()
+                    results.append(run_case(known[name], strategy, options.nodes,
+                                            options.seed, protocol, workdir, tag,
+                                            shlex.split(options.extra)))
+                    print_table(results[-1:])
+                    print(f"  ({time.monotonic() - started:.0f} s)", flush=True)
+    except (EmulationError, CaseError) as e:
+        print(f"emulated_network: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("emulated_network: interrupted; the emulated network is removed.",
+              file=sys.stderr)
+        return 130
+    finally:
+        left = leftovers(tag) if os.geteuid() == 0 else []
+        if left:
+            print(f"emulated_network: left behind: {', '.join(left)}", file=sys.stderr)
+    print()
+    print_table(results)
+    if options.json:
+        Path(options.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The network model under `protocol: tcp` (exoframe/sim/tcp.py) against closed forms derived
+here from TCP's mechanics, and `protocol: none` against the exact alpha-beta model."""
+import math
+
+import pytest
+
+from test_maxmin import deliveries
+
+from exoframe.errors import ExoframeError
+from exoframe.sim.netconfig import NetConfig
+
+GBIT = 1e9 / 8
+
+
+def topology(n=2, **keys):
+    return NetConfig.from_dict(keys, "test", "test.yaml").validate().topology(n)
+
+
+def close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def test_the_window_caps_a_long_fast_link_at_window_over_the_round_trip():
+    # 1 Gbit/s, 50 ms one way, a 64 KiB window: at most 64 KiB per 100 ms round trip,
+    # 655,360 B/s, far below the link's 1e9/8 / (1514/1448) of payload.
+    window, latency, size = 64 * 1024, 0.050, 10e6
+    net = topology(bandwidth="1gbit", latency="50ms", protocol={"window": "64KiB"})
+    rate = window / (2 * latency)
+    assert rate < GBIT / (1514 / 1448)
+    [done] = deliveries(net, [(0.0, 0, 1, size)])
+    assert close(done, size / rate + latency)  # 15.29 s: the last byte, then one latency
+
+
+def test_one_flow_pays_the_frame_headers_and_a_ring_pays_the_acks_coming_back():
+    # A 1448-byte segment in a 1514-byte frame; with no latency no window applies.
+    net = topology(bandwidth="100mbit", protocol="tcp")
+    B, size = 100e6 / 8, 5e6
+    [alone] = deliveries(net, [(0.0, 0, 1, size)])
+    assert close(alone, size * 1514 / 1448 / B)
+    # 0 -> 1 and 1 -> 0 at once: each uplink carries one flow's frames and the other's
+    # ACKs, 66 bytes every 2.2 segments.
+    both = deliveries(net, [(0.0, 0, 1, size), (0.0, 1, 0, size)])
+    per_byte = 1514 / 1448 + 66 / (2.2 * 1448)
+    assert all(close(t, size * per_byte / B) for t in both)
+
+
+def test_two_flows_through_one_bottleneck_get_its_shared_efficiency():
+    # Two sites, 1 Gbit/s NICs, 50 Mbit/s between: 0 -> 1 and 2 -> 3 cross the same
+    # direction of the site link (no flow comes back, so no ACK shares it).
+    net = topology(4, bandwidth="1gbit", protocol={"shared_efficiency": 0.8},
+                   sites={"a": {"ranks": [0, 2]}, "b": {"ranks": [1, 3]}},
+                   links=[{"between": ["a", "b"], "bandwidth": "50mbit"}])
+    size, wan = 2e6, 50e6 / 8
+    first, second = deliveries(net, [(0.0, 0, 1, size), (0.0, 2, 3, 2 * size)])
+    # Both at 0.8 * wan / 2 (in frames) until the first ends; then the second alone, at
+    # the whole link.
+    shared = 0.8 * wan / 2 / (1514 / 1448)
+    assert close(first, size / shared)
+    assert close(second, first + (2 * size - size) / (wan / (1514 / 1448)))
+
+
+def test_protocol_none_and_no_protocol_are_the_exact_alpha_beta_model():
+    for protocol in ("none", None):
+        net = topology(bandwidth="100mbit", latency="10ms", protocol=protocol)
+        assert net.protocol is None
+        both = deliveries(net, [(0.0, 0, 1, 5e6), (0.0, 1, 0, 5e6)])
+        assert both == [5e6 / (100e6 / 8) + 0.010] * 2
+
+
+@pytest.mark.parametrize("protocol, says", [
+    ("tpc", "expected none, tcp or a dict"),
+    ({"windw": 1}, "protocol.windw: unknown key"),
+    ({"window": "lots"}, "protocol.window: expected a positive number"),
+    ({"shared_efficiency": 1.5}, "protocol.shared_efficiency: at most 1"),
+    ({"mtu": 40}, "protocol.mtu: 40 leaves no payload")])
+def test_a_bad_protocol_is_one_line_naming_the_field(protocol, says):
+    with pytest.raises(ExoframeError, match=says):
+        NetConfig.from_dict({"bandwidth": "1gbit", "protocol": protocol}, "t",
+                            "t.yaml").validate()
+
+
+def test_presets_of_real_networks_model_tcp_and_ideal_does_not():
+    from exoframe.plugins import get_plugin_manager
+    from exoframe.sim.netconfig import load_network
+
+    networks = get_plugin_manager().networks
+    for name in ("wan-100mbps", "lan-1gbps", "geo-2dc", "home-broadband"):
+        assert load_network(name, networks).topology(2).protocol is not None, name
+    for name in ("ideal", "nvlink", "dc-100gbps"):
+        assert load_network(name, networks).topology(2).protocol is None, name
+    assert math.isinf(load_network("ideal", networks).topology(2).uplink[0])
