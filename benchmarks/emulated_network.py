@@ -165,7 +165,7 @@ def first_error(log: Path) -> str:
 def twin_run(net_file: str, args: list[str], out: str, compute: float,
              nodes: int) -> tuple[dict, list[dict]]:
     done = subprocess.run([sys.executable, "-m", "exoframe", "run", "--nodes", str(nodes),
-                           "--net", net_file, "--compute", f"fixed:{compute:.6f}",
+                           "--net", net_file, "--compute", f"fixed:{compute:.6f}s",
                            "--out", out, *args], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     if done.returncode:

@@ -74,7 +74,7 @@ def test_eager_diloco_hides_the_outer_all_reduce_behind_the_next_rounds_compute(
     t_all_reduce = 2 * (n - 1) * (0.020 + 4 * N_PARAMS / (n * 10e6 / 8))
     trainer = exoframe.Trainer(fresh_model(), per_rank, batch_size=SHARD)
     run = dict(num_nodes=n, steps=steps, eval_every=1000, net=str(net),
-               compute=f"fixed:{compute}", strategy_params={"H": H}, **ADAMW)
+               compute=f"fixed:{compute}s", strategy_params={"H": H}, **ADAMW)
     eager = trainer.fit(strategy="eager-diloco", **run).summary["simulated_seconds"]
     blocking = trainer.fit(strategy="diloco", **run).summary["simulated_seconds"]
     rounds = steps // H
