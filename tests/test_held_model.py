@@ -1,8 +1,11 @@
 """The model a method holds: validation, time to target and result.model use the model a
 node would deploy (DiLoCo's global model as of its last outer step), and the replicas'
 average is a second, named metric."""
+import importlib.resources
+
 import pytest
 import torch
+import yaml
 from conftest import Regressor
 from torch.utils.data import TensorDataset
 
@@ -46,8 +49,13 @@ def test_diloco_reaches_a_target_only_at_an_outer_step(target):
 
 
 @pytest.mark.parametrize("target", sorted(DDP_BEFORE))
-def test_ddp_time_to_target_is_unchanged(target):
-    summary = run(strategy="ddp", target_loss=target).summary
+def test_ddp_time_to_target_is_unchanged(target, tmp_path):
+    # wan-100mbps as it was then: the exact α-β model (the preset now models TCP).
+    preset = yaml.safe_load((importlib.resources.files("exoframe.netmodels") /
+                             "wan-100mbps.yaml").read_text())
+    net = tmp_path / "wan-100mbps-alpha-beta.yaml"
+    net.write_text(yaml.safe_dump({**preset, "protocol": "none"}))
+    summary = run(strategy="ddp", target_loss=target, net=str(net)).summary
     steps, seconds = DDP_BEFORE[target]
     assert summary["steps_to_target"] == steps
     assert summary["time_to_target"] == pytest.approx(seconds, rel=1e-12, abs=0)
