@@ -10,6 +10,7 @@ import math
 from typing import Callable, Optional
 
 import torch
+from torch.utils.data import IterableDataset
 
 from ..config import RunConfig, budget_seconds
 from ..errors import ExoframeError, shorten
@@ -18,7 +19,8 @@ from ..sim import SimSetup, resolve_sim
 from ..sim.faults import FaultSpec, parse_faults
 from ..sinks import sink_spec
 from ..strategies.base import OptimizerSpec, Strategy
-from ..workloads.base import DatasetFactory, Workload, call_with_params
+from ..partition import describe, parse_partition, partition_indices
+from ..workloads.base import DatasetFactory, Shards, Workload, call_with_params
 from . import devices
 from .packing import max_workers, nodes_per_process
 
@@ -73,6 +75,9 @@ class Job:
     run_dir: Optional[str] = None  # set by engine/run.py: the run folder, for checkpoints
     resume_from: Optional[object] = None  # an engine.checkpoint.Checkpoint
     faults: FaultSpec = FaultSpec()  # simulated node failures (comm/faults.py)
+    # How the training set was split (exoframe/partition.py): each node's size and label
+    # histogram, for summary.json; None for a workload that makes each rank's data itself.
+    partition: Optional[dict] = None
 
     def asks_to_stop(self, step: int) -> bool:
         """Whether a rank asks the launcher, at the end of `step`, whether to stop there."""
@@ -161,14 +166,16 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
     strategy_cls, strategy_name, strategy_params = (names.strategy_cls, names.strategy_name,
                                                     names.strategy_params)
     batch_size = config.batch_size or workload.batch_size
-    steps = config.steps if config.epochs is None else epoch_steps(config, workload, batch_size)
+    dataset, partition = partition_data(workload.dataset, config.partition, config.seed,
+                                        config.nodes)
+    steps = config.steps if config.epochs is None else epoch_steps(config, dataset, batch_size)
     if config.warmup_steps >= steps:
         raise ExoframeError(f"warmup_steps ({config.warmup_steps}) must be fewer than the "
                             f"run's steps ({steps}): the learning rate would never reach its "
                             "peak and decay.")
     optimizer, sim, device = names.optimizer, names.sim, names.device
     return Job(
-        model=model, dataset=workload.dataset, strategy_cls=strategy_cls,
+        model=model, dataset=dataset, partition=partition, strategy_cls=strategy_cls,
         strategy_name=strategy_name, strategy_params=strategy_params,
         optimizer=OptimizerSpec(optimizer.name, config.lr or workload.lr, config.weight_decay,
                                 config.momentum, dict(config.optimizer_params), optimizer.obj),
@@ -272,10 +279,28 @@ def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: st
     return every
 
 
-def epoch_steps(config: RunConfig, workload: Workload, batch_size: int) -> int:
+def partition_data(dataset: DatasetFactory, text: str, seed: int, nodes: int):
+    """(the dataset factory with its training set split as `text` says, what summary.json
+    records of the split). Only whole datasets (Shards) can be split another way."""
+    partition = parse_partition(text)
+    if not isinstance(dataset, Shards) or isinstance(dataset.train, IterableDataset):
+        if partition.kind != "iid":
+            raise ExoframeError(
+                f"partition: {partition} splits a whole training set, and this workload gives "
+                "each rank its data itself (a dataset factory or a stream); give whole "
+                "datasets (Workload.from_datasets) or use iid.")
+        return dataset, None
+    labels = dataset.labels()
+    parts = partition_indices(partition, len(dataset.train), nodes, labels, seed)
+    if partition.kind != "iid":  # iid: the equal contiguous shards Shards makes itself
+        dataset = dataset.partitioned(parts)
+    return dataset, describe(partition, seed, parts, labels)
+
+
+def epoch_steps(config: RunConfig, dataset: DatasetFactory, batch_size: int) -> int:
     """Steps for `config.epochs` passes over rank 0's training shard, each step taking
     `accumulate` batches."""
-    shard = workload.dataset(0, config.nodes, "train")
+    shard = dataset(0, config.nodes, "train")
     try:
         size = len(shard)
     except TypeError:
