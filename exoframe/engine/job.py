@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import traceback
+import zlib
 from dataclasses import dataclass
 import math
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -97,17 +100,12 @@ def resolve_strategy(strategy, params: dict | None, pm: PluginManager):
 
 
 def load_workload(spec: str, params: dict, pm: PluginManager) -> Workload:
-    """A registered workload name, or `package.module:function` returning a Workload."""
+    """A registered workload name, `package.module:function` (installed, or a module in the
+    current folder) or `path/to/file.py:function`, returning a Workload."""
     if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        # Let users name modules next to where they run, but after everything installed:
-        # a stray file there (sympy.py, ...) must not shadow a module torch imports.
-        if os.getcwd() not in sys.path:
-            sys.path.append(os.getcwd())
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as e:
-            raise ExoframeError(f"cannot import workload module '{module_name}': {e}") from None
+        module_name, _, attr = spec.rpartition(":")
+        module = (module_from_file(module_name) if module_name.endswith(".py")
+                  else import_user_module(module_name))
         factory = getattr(module, attr, None)
         if factory is None:
             raise ExoframeError(f"workload module '{module_name}' has no attribute '{attr}'.")
@@ -155,6 +153,42 @@ def resolve_names(config: RunConfig, strategy=None, pm: PluginManager | None = N
     return Resolved(strategy_cls, strategy_name, strategy_params, optimizer, sim,
                     devices.resolve(config.device),
                     tuple(sink_spec(item, pm.sinks) for item in config.sinks), faults)
+
+
+def import_user_module(name: str):
+    # Let users name modules next to where they run, but after everything installed:
+    # a stray file there (sympy.py, ...) must not shadow a module torch imports.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        return importlib.import_module(name)
+    except Exception as e:
+        raise ExoframeError(f"cannot import workload module '{name}': {e} (looked among the "
+                            f"installed packages and in the current folder, {os.getcwd()}; a "
+                            "file elsewhere: --workload path/to/file.py:function).") from None
+
+
+def module_from_file(path: str):
+    """A workload's .py file, imported under a name of its own (its folder is put on sys.path
+    for the modules beside it); the ranks, forked, have it too."""
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise ExoframeError(f"workload: no such file '{path}'; give path/to/file.py:function.")
+    name = f"exoframe_user_workload_{file.stem}_{zlib.crc32(str(file).encode()):x}"
+    if name in sys.modules:
+        return sys.modules[name]
+    if str(file.parent) not in sys.path:
+        sys.path.append(str(file.parent))
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise ExoframeError(f"cannot import workload file '{path}': {type(e).__name__}: "
+                            f"{e}") from None
+    return module
 
 
 def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, strategy=None,

@@ -53,7 +53,7 @@ def generated_images(n: int, classes: int, channels: int, size: int, noise: floa
     return TensorDataset(images, labels)
 
 
-def image(classes: int = 10, channels: int = 1, size: int = 16, noise: float = 1.0,
+def image(classes: int = 10, channels: int = 1, size: int = 16, noise: float = 1.5,
           shift: int = 2, width: int = 16, train_examples: int = 10_000,
           val_examples: int = 2_000, data_seed: int = 0) -> Workload:
     """Small CNN on generated images of `classes` classes; reports val_accuracy."""
