@@ -65,8 +65,9 @@ def parse_partition(text) -> Partition:
 
 
 def partition_indices(partition: Partition, size: int, num_nodes: int,
-                      labels: Optional[np.ndarray], seed: int) -> list[np.ndarray]:
-    """Each node's training example indices (sorted), every node with at least one."""
+                      labels: Optional[np.ndarray], seed: int) -> list:
+    """Each node's training example indices (sorted), every node with at least one: a range
+    for iid (a large dataset's indices are not spelled out), else an array."""
     if size < num_nodes:
         raise ExoframeError(f"partition: the training set has {size} examples, fewer than the "
                             f"{num_nodes} nodes: every node needs at least one. Use fewer nodes "
@@ -79,7 +80,7 @@ def partition_indices(partition: Partition, size: int, num_nodes: int,
     rng = np.random.default_rng(seed)
     if partition.kind == "iid":
         per_node = size // num_nodes
-        return [np.arange(r * per_node, (r + 1) * per_node) for r in range(num_nodes)]
+        return [range(r * per_node, (r + 1) * per_node) for r in range(num_nodes)]
     if partition.kind == "dirichlet":
         return dirichlet(labels, num_nodes, partition.value, rng)
     if partition.kind == "shards":
@@ -142,6 +143,7 @@ def describe(partition: Partition, seed: int, parts: list[np.ndarray],
     if labels is not None:
         classes, codes = np.unique(labels, return_inverse=True)
         record["classes"] = classes.tolist()
-        record["label_histograms"] = [np.bincount(codes[p], minlength=len(classes)).tolist()
-                                      for p in parts]
+        record["label_histograms"] = [
+            np.bincount(codes[slice(p.start, p.stop) if isinstance(p, range) else p],
+                        minlength=len(classes)).tolist() for p in parts]
     return record
