@@ -98,5 +98,10 @@ def hf_lm(model_type: str = "gpt2", config: Optional[str] = None, hidden_size: i
     defaults = model_config(model_type, config, {})
     sizes = {k: v for k, v in sizes.items() if hasattr(defaults, k)}
     built = model_config(model_type, config, {**sizes, **model_params})
+    positions = getattr(built, "max_position_embeddings", None)
+    if positions is not None and positions < block_size:
+        raise ExoframeError(f"block_size: the model holds {positions} positions, fewer than "
+                            f"the windows' {block_size}; give -w block_size={positions} or "
+                            "a config with more positions.")
     return Workload(build_model=lambda: CausalLM(built), dataset=dataset, batch_size=16,
                     lr=3e-3, best_loss=best, name="hf-lm", tokens_per_sample=block_size)
