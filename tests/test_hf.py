@@ -97,3 +97,17 @@ def test_a_config_file_and_a_saved_dataset_train_offline(cli):
     chars = sorted(set(text[0] + "\n"))
     first = "".join(chars[i] for i in windows[0][0].tolist())
     assert first == ("\n".join(text))[:17]
+
+
+def test_sizes_given_go_over_the_config_file_and_unknown_ones_are_one_line(tmp_path):
+    from exoframe.errors import ExoframeError
+    from exoframe.workloads.hf import hf_lm
+
+    transformers.AutoConfig.for_model("gpt2", n_embd=32, n_layer=1, n_head=2,
+                                      n_positions=64).save_pretrained(tmp_path)
+    small = dict(train_tokens=8000, val_tokens=1000, block_size=16)
+    model = hf_lm(config=str(tmp_path), num_hidden_layers=3, **small).build_model()
+    assert (model.model.config.n_layer, model.model.config.n_embd) == (3, 32)
+    assert model.model.config.vocab_size == 32  # the data's, not gpt2's 50257
+    with pytest.raises(ExoframeError, match="gpt2 configs have no 'n_layers'. Did you mean"):
+        hf_lm(n_layers=3, **small)

@@ -17,12 +17,12 @@ from torch.utils.data import IterableDataset
 
 from ..config import RunConfig, budget_seconds
 from ..errors import ExoframeError, shorten
+from ..partition import describe, parse_partition, partition_indices
 from ..plugins import PluginManager, get_plugin_manager
 from ..sim import SimSetup, resolve_sim
 from ..sim.faults import FaultSpec, parse_faults
 from ..sinks import sink_spec
 from ..strategies.base import OptimizerSpec, Strategy
-from ..partition import describe, parse_partition, partition_indices
 from ..workloads.base import DatasetFactory, Shards, Workload, call_with_params
 from . import devices
 from .packing import max_workers, nodes_per_process

@@ -18,12 +18,6 @@ from ..errors import ExoframeError, did_you_mean
 from .base import Workload
 from .gpt import language_data
 
-# Sizes by their common names (transformers maps them onto each model type's own names:
-# gpt2's n_embd is hidden_size); set only where the model type has them.
-SIZE_NAMES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-              "max_position_embeddings", "vocab_size")
-
-
 def transformers_module():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing reaches the network at run time
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -51,8 +45,9 @@ class CausalLM(nn.Module):
 
 def model_config(model_type: str, config: Optional[str], sizes: dict):
     """A transformers config: config.json (a file or a folder holding one) with `sizes` over
-    it, or `model_type`'s defaults with `sizes`. Unknown size names are one line."""
+    it, or `model_type`'s defaults with `sizes`. A size the model type lacks is one line."""
     auto = transformers_module().AutoConfig
+    values = {}
     if config is not None:
         path = Path(config)
         path = path / "config.json" if path.is_dir() else path
@@ -65,7 +60,6 @@ def model_config(model_type: str, config: Optional[str], sizes: dict):
         except (ValueError, KeyError, AttributeError):
             raise ExoframeError(f"config: '{path}' is not a transformers config.json with a "
                                 "model_type.") from None
-        sizes = {**values, **sizes}
     try:
         defaults = auto.for_model(model_type)
     except ValueError:
@@ -75,28 +69,33 @@ def model_config(model_type: str, config: Optional[str], sizes: dict):
         if not hasattr(defaults, key):
             raise ExoframeError(f"workload 'hf-lm': {model_type} configs have no '{key}'."
                                 f"{did_you_mean(key, vars(defaults))}")
-    return auto.for_model(model_type, **sizes)
+    return auto.for_model(model_type, **{**values, **sizes})
 
 
-def hf_lm(model_type: str = "gpt2", config: Optional[str] = None, hidden_size: int = 64,
-          num_hidden_layers: int = 2, num_attention_heads: int = 4,
-          vocab_size: Optional[int] = None, block_size: int = 64, data: Optional[str] = None,
-          val_data: Optional[str] = None, dtype: str = "uint16", tokenizer: str = "char",
-          column: Optional[str] = None, order: int = 1, alpha: float = 0.1,
-          train_tokens: int = 1_000_000, val_tokens: int = 65_000, data_seed: int = 0,
-          domains: int = 1, **model_params) -> Workload:
+def hf_lm(model_type: str = "gpt2", config: Optional[str] = None,
+          hidden_size: Optional[int] = None, num_hidden_layers: Optional[int] = None,
+          num_attention_heads: Optional[int] = None, vocab_size: Optional[int] = None,
+          block_size: int = 64, data: Optional[str] = None, val_data: Optional[str] = None,
+          dtype: str = "uint16", tokenizer: str = "char", column: Optional[str] = None,
+          order: int = 1, alpha: float = 0.1, train_tokens: int = 1_000_000,
+          val_tokens: int = 65_000, data_seed: int = 0, domains: int = 1,
+          **model_params) -> Workload:
     """A transformers causal LM from a config, randomly initialized; the gpt workload's data."""
     dataset, vocab_size, best = language_data(
         vocab_size, order, alpha, block_size, train_tokens, val_tokens, data_seed, domains,
         data, val_data, dtype, tokenizer, column)
-    sizes = {"hidden_size": hidden_size, "num_hidden_layers": num_hidden_layers,
-             "num_attention_heads": num_attention_heads,
-             "intermediate_size": 4 * hidden_size, "max_position_embeddings": block_size,
-             "vocab_size": vocab_size}
-    if config is not None:  # the file's sizes, but for the ones the data decides
-        sizes = {"vocab_size": vocab_size}
+    given = {"hidden_size": hidden_size, "num_hidden_layers": num_hidden_layers,
+             "num_attention_heads": num_attention_heads}
+    if config is None:  # a small model: 64 wide, 2 layers, 4 heads, unless given
+        sizes = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 **{k: v for k, v in given.items() if v is not None}}
+        sizes.update(intermediate_size=4 * sizes["hidden_size"],
+                     max_position_embeddings=block_size)
+    else:  # the file's sizes, but for the ones given and the vocabulary, which the data decide
+        sizes = {k: v for k, v in given.items() if v is not None}
+    sizes["vocab_size"] = vocab_size
     defaults = model_config(model_type, config, {})
-    sizes = {k: v for k, v in sizes.items() if hasattr(defaults, k)}
+    sizes = {k: v for k, v in sizes.items() if hasattr(defaults, k)}  # (gpt2: no intermediate_size)
     built = model_config(model_type, config, {**sizes, **model_params})
     positions = getattr(built, "max_position_embeddings", None)
     if positions is not None and positions < block_size:
