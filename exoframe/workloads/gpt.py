@@ -111,8 +111,9 @@ def gpt(vocab_size: Optional[int] = None, order: int = 1, alpha: float = 0.1,
         domains: int = 1, data: Optional[str] = None, val_data: Optional[str] = None,
         dtype: str = "uint16", tokenizer: str = "char",
         column: Optional[str] = None) -> Workload:
-    """Char-level GPT on a seeded Markov source (order 1 by default; best loss known), or on
-    your tokens: data=a nanoGPT .bin, a text file or a save_to_disk dataset folder."""
+    """Char-level GPT on a seeded Markov source (best loss known), or on -w data=your tokens.
+
+    data: a nanoGPT .bin, a text file or a save_to_disk dataset folder (tokens.py)."""
     dataset, vocab_size, best = language_data(
         vocab_size, order, alpha, block_size, train_tokens, val_tokens, data_seed, domains,
         data, val_data, dtype, tokenizer, column)
