@@ -1,6 +1,7 @@
 """Bring your data: partitions of the training set, token and text files, the image
 workload, a workload from a file anywhere, and bad data as one line."""
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from conftest import REPO
 
 from exoframe.config import RunConfig
 from exoframe.engine.data import Batches
-from exoframe.engine.job import job_from_config, load_workload
+from exoframe.engine.job import build_job, job_from_config, load_workload
 from exoframe.errors import ExoframeError
 from exoframe.partition import parse_partition, partition_indices
 from exoframe.plugins import get_plugin_manager
@@ -159,33 +160,11 @@ def test_a_token_file_trains_packed_nodes(cli):
     assert np.isfinite(summary["final_val_loss"]) and summary["tokens_seen"] == 4 * 2 * 16 * 16
 
 
-WORKLOAD_FILE = '''
-import torch
-from torch.utils.data import TensorDataset
-import exoframe
-
-
-class Linear(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(3, 1)
-
-    def forward(self, batch):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.fc(x).squeeze(1), y)
-
-
-def make():
-    x = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))
-    return exoframe.Workload.from_datasets(Linear, TensorDataset(x, x.sum(1)), batch_size=8)
-'''
-
-
 def test_a_workload_file_or_module_from_a_folder_outside_the_repository(cli):
     assert REPO not in cli.cwd.parents
     (cli.cwd / "wl").mkdir()
-    (cli.cwd / "wl" / "mywl.py").write_text(WORKLOAD_FILE)
-    (cli.cwd / "nearby.py").write_text(WORKLOAD_FILE)
+    shutil.copy(REPO / "examples" / "my_workload.py", cli.cwd / "wl" / "mywl.py")
+    shutil.copy(REPO / "examples" / "my_workload.py", cli.cwd / "nearby.py")
     env = {"PYTHONPATH": str(REPO)}  # not the current folder: exoframe must look there
     for spec in ("wl/mywl.py:make", "nearby:make"):
         proc = cli("run", "--workload", spec, "--steps", "2", "--out", "runs", env=env)
@@ -214,12 +193,10 @@ def test_partitions_that_cannot_be_made_name_the_fix():
         partition_indices(parse_partition("quantity:1"), 6, 8, labels, 0)
     with pytest.raises(ExoframeError, match="shards:2 cuts 4 nodes x 2 = 8 shards from 6"):
         partition_indices(parse_partition("shards:2"), 6, 4, labels, 0)
-    stream = load_workload("mlp", {}, get_plugin_manager())
-    stream.dataset = lambda rank, nodes, split: TensorDataset(torch.zeros(4, 1))
-    from exoframe.engine.job import build_job
-
+    per_rank = load_workload("mlp", {}, get_plugin_manager())
+    per_rank.dataset = lambda rank, nodes, split: TensorDataset(torch.zeros(4, 1))
     with pytest.raises(ExoframeError, match="gives each rank its data itself"):
-        build_job(RunConfig(workload="mlp", partition="shards:1"), stream,
-                  stream.build_model())
+        build_job(RunConfig(workload="mlp", partition="shards:1"), per_rank,
+                  per_rank.build_model())
     with pytest.raises(ExoframeError, match="must be one integer per example"):
         shard_factory(TensorDataset(torch.zeros(4)), labels=np.zeros(3, int)).labels()
