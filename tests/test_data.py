@@ -70,6 +70,7 @@ def expected_dirichlet_histograms(labels, nodes, alpha, seed):
 def test_dirichlet_on_image_with_8_nodes_gives_the_draws_label_histograms(cli):
     seed = 3
     summary = run_summary(cli, "--workload", "image", *IMAGE_FLAGS, "--nodes", "8",
+                          "--nodes-per-process", "4",
                           "--partition", "dirichlet:0.1", "--seed", str(seed))
     labels = image(**IMAGE).dataset.train.tensors[1].numpy()
     expected = expected_dirichlet_histograms(labels, 8, 0.1, seed)
