@@ -28,7 +28,8 @@ STRATEGIES = {
     "halos": "exoframe.strategies.halos:HALoS",
 }
 ALIASES = {"localsgd": ["fedavg"]}
-WORKLOADS = {"gpt": "exoframe.workloads.gpt:gpt", "mlp": "exoframe.workloads.mlp:mlp"}
+WORKLOADS = {"gpt": "exoframe.workloads.gpt:gpt", "mlp": "exoframe.workloads.mlp:mlp",
+             "image": "exoframe.workloads.image:image", "hf-lm": "exoframe.workloads.hf:hf_lm"}
 
 
 @hookimpl

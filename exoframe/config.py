@@ -55,6 +55,9 @@ class RunConfig:
     epochs: typing.Optional[int] = None
     shuffle: bool = True
     drop_last: bool = True
+    # How the training set is split over the nodes (exoframe/partition.py), seeded by seed:
+    # iid | dirichlet:ALPHA | shards:K | quantity:ALPHA
+    partition: str = "iid"
     # Stop at the first step whose simulated end passes this ("2h", "90min", seconds).
     time_budget: typing.Optional[typing.Union[float, str]] = None
     eval_every: typing.Optional[int] = None
@@ -140,8 +143,10 @@ class RunConfig:
         if twice is not None:
             raise ExoframeError(f"sinks: '{shorten(twice)}' is named twice with the same "
                                 "options; it would write every row twice: name it once.")
+        from .partition import parse_partition
         from .sim.faults import parse_faults
 
+        parse_partition(self.partition)
         parse_faults(self.faults).check_ranks(self.nodes)
         return self
 

@@ -43,6 +43,9 @@ from .options import progress_mode, progress_options, sink_items, check_out_fold
 @click.option("--shuffle/--no-shuffle", default=None, help="Reshuffle every epoch. [on]")
 @click.option("--drop-last/--keep-last", default=None,
               help="Drop each epoch's last short batch. [drop]")
+@click.option("--partition", help="How the training set is split over the nodes, seeded: "
+              "iid, dirichlet:ALPHA (label skew), shards:K (K label shards per node) or "
+              "quantity:ALPHA (power-law sizes). [iid]")
 @click.option("--time-budget", help="Stop at the first step whose simulated end reaches this "
               "time (2h, 90min, 600s).")
 @click.option("--eval-every", type=int, help="Validate the held model every N steps. [steps/10]")

@@ -31,6 +31,8 @@ from .options import (split_names, progress_mode, progress_options, projection_f
 @click.option("--nodes-per-process", type=int, help="Nodes sharing a worker process. [auto]")
 @click.option("--steps", type=int, help="Training steps per run. [300]")
 @click.option("--workload", help="Workload. [gpt]")
+@click.option("--partition", help="How the training set is split over the nodes (see "
+              "`exoframe run --help`). [iid]")
 @click.option("--compute", help="Compute model (see `exoframe run --help`). [measured]")
 @click.option("--stragglers", help="Slow ranks (see `exoframe run --help`).")
 @click.option("--faults", "faults", multiple=True, metavar="SPEC",

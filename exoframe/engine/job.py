@@ -2,23 +2,28 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import traceback
+import zlib
 from dataclasses import dataclass
 import math
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+from torch.utils.data import IterableDataset
 
 from ..config import RunConfig, budget_seconds
 from ..errors import ExoframeError, shorten
+from ..partition import describe, parse_partition, partition_indices
 from ..plugins import PluginManager, get_plugin_manager
 from ..sim import SimSetup, resolve_sim
 from ..sim.faults import FaultSpec, parse_faults
 from ..sinks import sink_spec
 from ..strategies.base import OptimizerSpec, Strategy
-from ..workloads.base import DatasetFactory, Workload, call_with_params
+from ..workloads.base import DatasetFactory, Shards, Workload, call_with_params
 from . import devices
 from .packing import max_workers, nodes_per_process
 
@@ -73,6 +78,9 @@ class Job:
     run_dir: Optional[str] = None  # set by engine/run.py: the run folder, for checkpoints
     resume_from: Optional[object] = None  # an engine.checkpoint.Checkpoint
     faults: FaultSpec = FaultSpec()  # simulated node failures (comm/faults.py)
+    # How the training set was split (exoframe/partition.py): each node's size and label
+    # histogram, for summary.json; None for a workload that makes each rank's data itself.
+    partition: Optional[dict] = None
 
     def asks_to_stop(self, step: int) -> bool:
         """Whether a rank asks the launcher, at the end of `step`, whether to stop there."""
@@ -92,17 +100,12 @@ def resolve_strategy(strategy, params: dict | None, pm: PluginManager):
 
 
 def load_workload(spec: str, params: dict, pm: PluginManager) -> Workload:
-    """A registered workload name, or `package.module:function` returning a Workload."""
+    """A registered workload name, `package.module:function` (installed, or a module in the
+    current folder) or `path/to/file.py:function`, returning a Workload."""
     if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-        # Let users name modules next to where they run, but after everything installed:
-        # a stray file there (sympy.py, ...) must not shadow a module torch imports.
-        if os.getcwd() not in sys.path:
-            sys.path.append(os.getcwd())
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as e:
-            raise ExoframeError(f"cannot import workload module '{module_name}': {e}") from None
+        module_name, _, attr = spec.rpartition(":")
+        module = (module_from_file(module_name) if module_name.endswith(".py")
+                  else import_user_module(module_name))
         factory = getattr(module, attr, None)
         if factory is None:
             raise ExoframeError(f"workload module '{module_name}' has no attribute '{attr}'.")
@@ -152,6 +155,42 @@ def resolve_names(config: RunConfig, strategy=None, pm: PluginManager | None = N
                     tuple(sink_spec(item, pm.sinks) for item in config.sinks), faults)
 
 
+def import_user_module(name: str):
+    # Let users name modules next to where they run, but after everything installed:
+    # a stray file there (sympy.py, ...) must not shadow a module torch imports.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        return importlib.import_module(name)
+    except Exception as e:
+        raise ExoframeError(f"cannot import workload module '{name}': {e} (looked among the "
+                            f"installed packages and in the current folder, {os.getcwd()}; a "
+                            "file elsewhere: --workload path/to/file.py:function).") from None
+
+
+def module_from_file(path: str):
+    """A workload's .py file, imported under a name of its own (its folder is put on sys.path
+    for the modules beside it); the ranks, forked, have it too."""
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise ExoframeError(f"workload: no such file '{path}'; give path/to/file.py:function.")
+    name = f"exoframe_user_workload_{file.stem}_{zlib.crc32(str(file).encode()):x}"
+    if name in sys.modules:
+        return sys.modules[name]
+    if str(file.parent) not in sys.path:
+        sys.path.append(str(file.parent))
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise ExoframeError(f"cannot import workload file '{path}': {type(e).__name__}: "
+                            f"{e}") from None
+    return module
+
+
 def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, strategy=None,
               pm: PluginManager | None = None, sim: SimSetup | None = None) -> Job:
     """The Job for a validated config; `strategy` (a name or a Strategy subclass) overrides
@@ -161,14 +200,16 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
     strategy_cls, strategy_name, strategy_params = (names.strategy_cls, names.strategy_name,
                                                     names.strategy_params)
     batch_size = config.batch_size or workload.batch_size
-    steps = config.steps if config.epochs is None else epoch_steps(config, workload, batch_size)
+    dataset, partition = partition_data(workload.dataset, config.partition, config.seed,
+                                        config.nodes)
+    steps = config.steps if config.epochs is None else epoch_steps(config, dataset, batch_size)
     if config.warmup_steps >= steps:
         raise ExoframeError(f"warmup_steps ({config.warmup_steps}) must be fewer than the "
                             f"run's steps ({steps}): the learning rate would never reach its "
                             "peak and decay.")
     optimizer, sim, device = names.optimizer, names.sim, names.device
     return Job(
-        model=model, dataset=workload.dataset, strategy_cls=strategy_cls,
+        model=model, dataset=dataset, partition=partition, strategy_cls=strategy_cls,
         strategy_name=strategy_name, strategy_params=strategy_params,
         optimizer=OptimizerSpec(optimizer.name, config.lr or workload.lr, config.weight_decay,
                                 config.momentum, dict(config.optimizer_params), optimizer.obj),
@@ -272,10 +313,28 @@ def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: st
     return every
 
 
-def epoch_steps(config: RunConfig, workload: Workload, batch_size: int) -> int:
+def partition_data(dataset: DatasetFactory, text: str, seed: int, nodes: int):
+    """(the dataset factory with its training set split as `text` says, what summary.json
+    records of the split). Only whole datasets (Shards) can be split another way."""
+    partition = parse_partition(text)
+    if not isinstance(dataset, Shards) or isinstance(dataset.train, IterableDataset):
+        if partition.kind != "iid":
+            raise ExoframeError(
+                f"partition: {partition} splits a whole training set, and this workload gives "
+                "each rank its data itself (a dataset factory or a stream); give whole "
+                "datasets (Workload.from_datasets) or use iid.")
+        return dataset, None
+    labels = dataset.labels()
+    parts = partition_indices(partition, len(dataset.train), nodes, labels, seed)
+    if partition.kind != "iid":  # iid: the equal contiguous shards Shards makes itself
+        dataset = dataset.partitioned(parts)
+    return dataset, describe(partition, seed, parts, labels)
+
+
+def epoch_steps(config: RunConfig, dataset: DatasetFactory, batch_size: int) -> int:
     """Steps for `config.epochs` passes over rank 0's training shard, each step taking
     `accumulate` batches."""
-    shard = workload.dataset(0, config.nodes, "train")
+    shard = dataset(0, config.nodes, "train")
     try:
         size = len(shard)
     except TypeError:

@@ -47,7 +47,7 @@ class Trainer:
             shuffle: bool = True, drop_last: bool = True,
             time_budget: float | str | None = None, checkpoint_every: int | None = None,
             resume: str | None = None, faults: str = "",
-            nodes_per_process: int | None = None) -> RunResult:
+            nodes_per_process: int | None = None, partition: str = "iid") -> RunResult:
         """Arguments as the RunConfig fields of `exoframe run` (net: a preset name or a YAML
         file; compute: measured, fixed:<time per step> or flops:<device>; sinks: metrics
         sinks writing into the run folder under `out`; target_loss: validate every step and
@@ -55,7 +55,8 @@ class Trainer:
         save every rank's state every N steps in the run folder; resume: a run folder whose
         latest checkpoint to go on from, with the same arguments and more steps; faults:
         simulated node failures, as `exoframe run --faults`; nodes_per_process: nodes sharing
-        a worker process, engine/packing.py)."""
+        a worker process, engine/packing.py; partition: how the training set is split over
+        the nodes, iid, dirichlet:ALPHA, shards:K or quantity:ALPHA, exoframe/partition.py)."""
         config = RunConfig(
             strategy_params=dict(strategy_params or {}), nodes=num_nodes, steps=steps,
             batch_size=self.batch_size, optimizer=optimizer, lr=lr, weight_decay=weight_decay,
@@ -67,7 +68,7 @@ class Trainer:
             clip_grad_norm=clip_grad_norm, accumulate=accumulate, precision=precision,
             device=device, epochs=epochs, shuffle=shuffle, drop_last=drop_last,
             time_budget=time_budget, checkpoint_every=checkpoint_every,
-            faults=faults, nodes_per_process=nodes_per_process).validate()
+            faults=faults, nodes_per_process=nodes_per_process, partition=partition).validate()
         workload = Workload(build_model=lambda: self.model, dataset=self.dataset,
                             batch_size=self.batch_size, lr=lr, best_loss=self.best_loss,
                             metrics=self.metrics)

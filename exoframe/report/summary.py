@@ -59,6 +59,8 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "time_to_target": at_target["sim_time"] if at_target else None,
         "steps_to_target": at_target["step"] if at_target else None,
         "seed": job.seed,
+        # the training set's split over the nodes: each node's size and label histogram
+        "partition": job.partition,
         "net": job.sim.net,
         "real_network": job.sim.real,  # --net real: the times are measured, not simulated
         "bottleneck_bandwidth": job.sim.topology.bottleneck(),

@@ -5,8 +5,9 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import numpy as np
 import torch
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from ..errors import ExoframeError, did_you_mean
 
@@ -36,8 +37,10 @@ class Workload:
         self.dataset = split_factory(self.dataset)
 
     @classmethod
-    def from_datasets(cls, build_model, train: Dataset, val: Optional[Dataset] = None, **kw):
-        return cls(build_model=build_model, dataset=shard_factory(train, val), **kw)
+    def from_datasets(cls, build_model, train: Dataset, val: Optional[Dataset] = None,
+                      labels=None, **kw):
+        """labels: the training examples' integer labels, for --partition's label skews."""
+        return cls(build_model=build_model, dataset=shard_factory(train, val, labels), **kw)
 
 
 def split_factory(factory) -> DatasetFactory:
@@ -67,16 +70,62 @@ def takes_bool_split(factory) -> bool:
             or third.name in BOOL_SPLIT_NAMES)
 
 
-def shard_factory(train: Dataset, val: Optional[Dataset] = None) -> DatasetFactory:
-    """Split whole datasets into equal contiguous shards, one per rank."""
+def shard_factory(train: Dataset, val: Optional[Dataset] = None, labels=None) -> "Shards":
+    """Split whole datasets into equal contiguous shards, one per rank (the training set may
+    be partitioned otherwise: --partition). labels: the training examples' integer labels,
+    for label-skew partitions (default: a TensorDataset's last tensor, when integer)."""
+    return Shards(train, val, labels)
 
-    def factory(rank: int, num_nodes: int, split: str) -> Dataset:
-        dataset = train if split == "train" else val
+
+class Shards:
+    """A DatasetFactory over whole datasets: rank r gets the r-th of equal contiguous shards
+    of each split, or, once partitioned, the training examples its partition names."""
+
+    def __init__(self, train: Dataset, val: Optional[Dataset] = None, labels=None,
+                 parts: Optional[list] = None):
+        self.train, self.val, self._labels = train, val, labels
+        self.parts = parts  # per-rank training indices (torch.long), or None: equal shards
+
+    def __call__(self, rank: int, num_nodes: int, split: str) -> Dataset:
+        if split == "train" and self.parts is not None:
+            return Subset(self.train, self.parts[rank])
+        dataset = self.train if split == "train" else self.val
         if dataset is None:
-            return Subset(train, [])
+            return Subset(self.train, [])
         return shard(dataset, rank, num_nodes, split)
 
-    return factory
+    def labels(self):
+        """The training labels as a 1-D integer numpy array, or None when there are none."""
+        labels = self._labels
+        if labels is None:
+            labels = labels_of(self.train)
+        if labels is None:
+            return None
+        labels = np.asarray(labels)
+        if labels.ndim != 1 or len(labels) != len(self.train) or labels.dtype.kind not in "iub":
+            raise ExoframeError(f"partition: the training labels must be one integer per "
+                                f"example ({len(self.train)}), got an array of shape "
+                                f"{labels.shape} and type {labels.dtype}.")
+        return labels
+
+    def partitioned(self, parts: list) -> "Shards":
+        return Shards(self.train, self.val, self._labels,
+                      [torch.as_tensor(p, dtype=torch.long) for p in parts])
+
+
+def labels_of(dataset: Dataset):
+    """A dataset's integer labels: a TensorDataset's last tensor (1-D, integer, beside the
+    inputs), or a `targets` / `labels` attribute (torchvision's convention)."""
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
+        last = dataset.tensors[-1]
+        if last.dim() == 1 and not last.is_floating_point() and not last.is_complex():
+            return last.numpy()
+        return None
+    for name in ("targets", "labels"):
+        value = getattr(dataset, name, None)
+        if value is not None and not callable(value):
+            return value.numpy() if isinstance(value, torch.Tensor) else value
+    return None
 
 
 def shard(dataset: Dataset, rank: int, num_nodes: int, split: str = "train") -> Dataset:

@@ -7,14 +7,17 @@ cross-entropy of a batch of (block_size + 1)-symbol windows.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from .base import Workload, shard
+from ..errors import ExoframeError
+from .base import Workload, shard_factory
 from .markov import MarkovSource
+from .tokens import token_windows
 
 
 class Block(nn.Module):
@@ -85,17 +88,55 @@ def markov_corpus(vocab_size, order, alpha, block_size, train_tokens, val_tokens
             source.best_window_loss(block_size))
 
 
-def gpt(vocab_size: int = 32, order: int = 1, alpha: float = 0.1, block_size: int = 64,
-        n_layer: int = 2, n_head: int = 4, n_embd: int = 64, train_tokens: int = 1_000_000,
-        val_tokens: int = 65_000, data_seed: int = 0) -> Workload:
-    """Char-level GPT on a seeded Markov source (order 1 by default); best loss is known."""
-    train, val, best = markov_corpus(vocab_size, order, alpha, block_size, train_tokens,
-                                     val_tokens, data_seed)
+def markov_domains(domains, vocab_size, order, alpha, block_size, train_tokens, val_tokens,
+                   data_seed):
+    """`domains` Markov sources, domain d's drawn from seed data_seed + 1000 d, each giving
+    an equal part of the text: (train, val, train windows' domain labels, best loss), the
+    best loss only for one domain (with several it depends on how soon a model can tell
+    which source a window comes from)."""
+    if domains == 1:
+        train, val, best = markov_corpus(vocab_size, order, alpha, block_size, train_tokens,
+                                         val_tokens, data_seed)
+        return train, val, None, best
+    parts = [markov_corpus(vocab_size, order, alpha, block_size, train_tokens // domains,
+                           val_tokens // domains, data_seed + 1000 * d) for d in range(domains)]
+    labels = torch.cat([torch.full((len(train),), d) for d, (train, _, _) in enumerate(parts)])
+    return (torch.cat([train for train, _, _ in parts]), torch.cat([val for _, val, _ in parts]),
+            labels, None)
 
-    def dataset(rank, num_nodes, split):
-        return shard(TensorDataset(train if split == "train" else val), rank, num_nodes, split)
 
+def gpt(vocab_size: Optional[int] = None, order: int = 1, alpha: float = 0.1,
+        block_size: int = 64, n_layer: int = 2, n_head: int = 4, n_embd: int = 64,
+        train_tokens: int = 1_000_000, val_tokens: int = 65_000, data_seed: int = 0,
+        domains: int = 1, data: Optional[str] = None, val_data: Optional[str] = None,
+        dtype: str = "uint16", tokenizer: str = "char",
+        column: Optional[str] = None) -> Workload:
+    """Char-level GPT on a seeded Markov source (best loss known), or on -w data=your tokens.
+
+    data: a nanoGPT .bin, a text file or a save_to_disk dataset folder (tokens.py)."""
+    dataset, vocab_size, best = language_data(
+        vocab_size, order, alpha, block_size, train_tokens, val_tokens, data_seed, domains,
+        data, val_data, dtype, tokenizer, column)
     return Workload(
         build_model=lambda: GPT(vocab_size, block_size, n_layer, n_head, n_embd),
         dataset=dataset, batch_size=16, lr=3e-3, best_loss=best, name="gpt",
         tokens_per_sample=block_size)
+
+
+def language_data(vocab_size, order, alpha, block_size, train_tokens, val_tokens, data_seed,
+                  domains, data, val_data, dtype, tokenizer, column):
+    """(dataset factory, vocabulary size, best loss or None) of a language workload: the
+    Markov source (with `domains` sources, their domain as each window's label, for a
+    --partition domain skew), or the token files `data` and `val_data` (tokens.py)."""
+    if data is None:
+        if val_data is not None:
+            raise ExoframeError("val_data: give data=PATH too (validation alone trains nothing).")
+        if not isinstance(domains, int) or domains < 1:
+            raise ExoframeError(f"domains: a whole number of Markov sources >= 1, got {domains}.")
+        vocab_size = 32 if vocab_size is None else vocab_size
+        train, val, labels, best = markov_domains(domains, vocab_size, order, alpha, block_size,
+                                                  train_tokens, val_tokens, data_seed)
+        return shard_factory(TensorDataset(train), TensorDataset(val), labels), vocab_size, best
+    train, val, vocab_size = token_windows(str(data), None if val_data is None else str(val_data),
+                                           block_size, dtype, tokenizer, column, vocab_size)
+    return shard_factory(train, val), vocab_size, None
