@@ -99,11 +99,12 @@ def test_a_resume_stopped_before_its_first_step_changes_nothing(cli):
         deadline = time.monotonic() + HANG_GUARD
         while held.poll() is None and time.monotonic() < deadline:
             held.send_signal(signal.SIGINT)
-            time.sleep(1.0)
+            time.sleep(2.0)
         _, err = held.communicate(timeout=HANG_GUARD)
     finally:
         gate.unlink()
-    assert held.returncode == 130, err
+    # (a Ctrl-C that comes while the interpreter exits ends it by the signal)
+    assert held.returncode in (130, -signal.SIGINT) and "interrupted" in err, err
     assert records(run) == before
     wait_for(lambda: not cli.leftovers(), "the ranks to stop with the launcher")
 

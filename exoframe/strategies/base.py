@@ -261,14 +261,18 @@ class Strategy:
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def average_gradients(self):
-        """One all-reduce (mean) over every gradient, as a flat buffer."""
+    def average_gradients(self, ranks: tuple | None = None):
+        """One all-reduce (mean) over every gradient, as a flat buffer; among `ranks` only
+        (Communicator.all_reduce_among), if given."""
         params = self.trainable_parameters()
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         flat = flatten(p.grad for p in params)
-        self.comm.all_reduce(flat, op="mean")
+        if ranks is None:
+            self.comm.all_reduce(flat, op="mean")
+        else:
+            self.comm.all_reduce_among(flat, ranks, op="mean")
         unflatten_into(flat, [p.grad for p in params])
 
     def average_parameters(self):

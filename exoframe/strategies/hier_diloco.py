@@ -18,9 +18,6 @@ datacenter, made of data-parallel ranks).
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
-from ..comm import flatten, unflatten_into
 from .diloco import DiLoCo, OuterParams
 
 
@@ -42,18 +39,10 @@ class HierDiLoCo(DiLoCo):
 
     def step(self):
         if len(self.site) > 1:
-            self.average_gradients_in_site()
+            self.average_gradients(self.site)
         self.optimizer.step()
         self.optimizer.zero_grad()
         if self.step_num % self.params.H == 0:
             with self.sync():
                 self.outer_step()
 
-    def average_gradients_in_site(self):
-        params = self.trainable_parameters()
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = flatten(p.grad for p in params)
-        self.comm.all_reduce_among(flat, self.site, op="mean")
-        unflatten_into(flat, [p.grad for p in params])
