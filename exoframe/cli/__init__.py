@@ -14,6 +14,7 @@ import click
 
 from ..commands import PluginGroup
 from ..errors import ExoframeError, shorten
+from .options import debug_option
 
 MAX_MESSAGE = 1000  # characters of an error line; values inside are cut at 200 already
 
@@ -21,7 +22,7 @@ MAX_MESSAGE = 1000  # characters of an error line; values inside are cut at 200 
 @click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--strict-plugins", is_flag=True,
               help="A plugin that fails to load is an error (also: EXOFRAME_STRICT_PLUGINS=1).")
-@click.option("--debug", is_flag=True, help="Show full tracebacks of errors.")
+@debug_option("Show full tracebacks of errors.")
 def cli(strict_plugins, debug):
     """Simulate distributed training of PyTorch models on one machine."""
 
