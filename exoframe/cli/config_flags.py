@@ -29,10 +29,13 @@ def field_option(name: str, sweep: bool = False, **overrides):
     f = FIELDS[name]
     opt, kind = option_of(f), value_type(f, HINTS)
     axis = opt.sweep if sweep else None
-    help_text = (axis.help if axis else opt.sweep_help if sweep and opt.sweep_help else opt.help)
-    default = (axis.default if axis else opt.sweep_default
-               if sweep and opt.sweep_default is not None else default_text(f))
-    kwargs = dict(default=None, help=with_default(help_text, default or None))
+    help_text, default = opt.help, default_text(f)
+    if axis:
+        help_text, default = axis.help, axis.default
+    elif sweep:  # the same flag, meaning more in a sweep
+        help_text = opt.sweep_help or help_text
+        default = default if opt.sweep_default is None else opt.sweep_default
+    kwargs = dict(default=None, help=with_default(help_text, default))
     if axis:
         decls = [sweep_flag(f), name]
         kwargs.update(multiple=axis.repeat, metavar=axis.metavar)
@@ -45,7 +48,8 @@ def field_option(name: str, sweep: bool = False, **overrides):
             kwargs.update(type=click.Choice(opt.choices) if opt.choices else CLICK_TYPES.get(kind),
                           metavar=opt.metavar)
     kwargs.update(overrides)
-    return click.option(*decls, **{k: v for k, v in kwargs.items() if v is not None or k == "default"})
+    return click.option(*decls, **{k: v for k, v in kwargs.items()
+                                   if v is not None or k == "default"})
 
 
 def run_options(command):

@@ -68,7 +68,8 @@ def sweep(config_file, bandwidth, points, project_params, step_time, payload_bit
     folder, rows = run_sweep(base, strategy_names, net_list, seed_list, defaults["out"],
                              parse_assignments(params, long_flag(FIELDS["strategy_params"])),
                              None, projection, plots, progress_mode(progress, progress_every),
-                             grid, progress_every, faults, executor, ray_address, axes)
+                             grid, progress_every, faults, executor, ray_address,
+                             axes=axes)
     click.echo(table(rows))
     click.echo(f"  sweep folder: {folder}")
     warning = compute_warning(rows)
