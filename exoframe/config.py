@@ -269,10 +269,13 @@ def resolve_config(config_file=None, overrides: dict | None = None,
         source = str(config_file)
     values = _optimizer_mapping(values, source)
     config = build_dataclass(RunConfig, values, source)
-    overrides = dict(overrides or {})
-    checked = build_dataclass(RunConfig, overrides, where)
-    for key in overrides:
-        value = getattr(checked, key)
+    # Types checked here; a float that is not finite is left to validate(), which names it.
+    typed = {k: v for k, v in (overrides or {}).items()
+             if not (isinstance(v, float) and not math.isfinite(v))}
+    checked = build_dataclass(RunConfig, typed, where)
+    for key, value in (overrides or {}).items():
+        if key in typed:
+            value = getattr(checked, key)
         if isinstance(value, dict):
             value = {**getattr(config, key), **value}
         config = dataclasses.replace(config, **{key: value})
