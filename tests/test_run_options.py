@@ -186,3 +186,25 @@ def test_no_flag_is_declared_in_more_than_one_file():
     assert {"-p", "--param", "--config", "--debug", "--seeds"} <= set(where)
     twice = {flag: sorted(files) for flag, files in where.items() if len(files) > 1}
     assert not twice, f"flags declared in more than one file: {twice}"
+
+
+def test_a_job_is_frozen_and_what_is_learnt_later_makes_a_new_one():
+    """The FLOP count of a step is counted once the model and a batch exist (launcher's
+    prepare): it is a new Job, and each run resolves its own network setup."""
+    from exoframe.engine import job_from_config
+    from exoframe.engine.flops import count_step_flops
+    from exoframe.engine.launcher import prepare
+
+    config = resolve_config(None, {"workload": "mlp", "compute": "flops:cpu", "steps": 2})
+    job, other = job_from_config(config), job_from_config(config)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.steps = 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.sim.compute = None
+    assert job.sim is not other.sim  # one network setup per run
+    prepared, batches, _ = prepare(job)
+    compute = prepared.sim.compute
+    assert prepared is not job and job.sim.compute.needs_flops and not compute.needs_flops
+    flops = count_step_flops(job.model, batches[0].first())
+    assert compute.step_seconds == flops / (compute.peak * compute.efficiency)
+    assert other.sim.compute.needs_flops
