@@ -107,10 +107,11 @@ def test_fit_defaults_are_the_fields_defaults():
 def test_exo_gym_keywords_are_taken_or_refused_in_one_line():
     import torch
 
-    taken = {"num_nodes": 3, "max_steps": 7, "num_epochs": 2, "val_interval": 5,
-             "checkpoint_interval": 4, "inner_optim": "sgd", "device": "auto"}
+    taken = {"num_nodes": 3, "num_epochs": 2, "val_interval": 5, "checkpoint_interval": 4,
+             "inner_optim": "sgd", "device": "auto"}
     ours = {ALIASES.get(k, k): v for k, v in taken.items()}
     assert fit_config("ddp", taken, 8) == fit_config("ddp", ours, 8)
+    assert fit_config("ddp", {"max_steps": 7}, 8)[0].steps == 7
     assert fit_config("ddp", {"inner_optim": torch.optim.SGD}, 8)[0].optimizer == "sgd"
     for key, spelling in [("autocast", "precision="), ("minibatch_size", "accumulate="),
                           ("val_size", "eval_batches="), ("devices", "device="),
@@ -118,6 +119,8 @@ def test_exo_gym_keywords_are_taken_or_refused_in_one_line():
         with pytest.raises(ExoframeError) as refused:
             fit_config("ddp", {key: 1}, 8)
         assert spelling in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(ExoframeError, match="num_epochs and max_steps: .* give one"):
+        fit_config("ddp", {"num_epochs": 1, "max_steps": 3}, 8)
     with pytest.raises(ExoframeError, match="both give steps"):
         fit_config("ddp", {"max_steps": 3, "steps": 3}, 8)
     with pytest.raises(ExoframeError, match="unknown argument 'max_stepz'. Did you mean "

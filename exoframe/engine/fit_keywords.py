@@ -63,6 +63,10 @@ def fit_config(strategy, options: dict, batch_size: int, pm=None):
             raise ExoframeError(f"Trainer.fit: {given_as[name]} and {key} both give {name}; "
                                 "give one.")
         values[name], given_as[name] = _taken(key, value), key
+    if given_as.get("epochs") == "num_epochs" and "steps" in values:
+        raise ExoframeError(f"Trainer.fit: num_epochs and {given_as['steps']}: EXO Gym stops at "
+                            "whichever ends first; exoframe trains for epochs=N or for steps=N: "
+                            "give one.")
     # None stands for the field's default (strategy_params=None: no parameters).
     values = {k: v for k, v in values.items() if v is not None or FIELDS[k].default is None}
     out = values.get("out", api_default(FIELDS["out"]))
