@@ -40,6 +40,7 @@ import torch
 from ..comm import Communicator, flatten, flatten_bytes, unflatten_bytes_into, unflatten_into
 from ..config import build_dataclass, check_optimizer_values
 from ..errors import ExoframeError, shorten, unknown_name_error
+from .spec import StrategyType
 
 def torch_optimizers() -> dict[str, type]:
     """Every torch.optim optimizer that steps without a closure, by lower-case class name
@@ -107,7 +108,7 @@ class OptimizerSpec:
         return self.factory(list(params), **kwargs)
 
 
-class Strategy:
+class Strategy(metaclass=StrategyType):
     """Base class of every strategy. Subclasses set `Params` and implement `step()`."""
 
     #: True when the strategy's numerics depend on simulated timing (async methods).
