@@ -107,3 +107,20 @@ def test_bookkeeping_while_an_overlapped_exchange_is_in_flight_counts_as_transfe
     assert stats["transfer_seconds"] == pytest.approx(2.0 + 0.5)
     assert stats["wait_seconds"] == 0.0
     assert stats["compute_seconds"] == pytest.approx(cpu[0])  # 1 + 2 + 1 + 1 s of compute
+
+
+def test_a_failed_overlapped_exchange_is_noted_as_ended_without_a_thread_traceback(monkeypatch):
+    """The error is the rank's to raise where it waits; the noting thread stays quiet."""
+    class Failed:
+        def is_completed(self):
+            raise RuntimeError("peer gone")
+
+    uncaught = []
+    monkeypatch.setattr(threading, "excepthook", uncaught.append)
+    clock = RealClock(0, time.thread_time, {"all_reduce": "ring"}, BUILTIN)
+    op = clock.submit("all_reduce", 1000, (0, 1), blocking=False, work=Failed()).op_id
+    for _ in range(1000):
+        if clock._flights[op][1] is not None:
+            break
+        time.sleep(0.01)
+    assert clock._flights[op][1] is not None and uncaught == []

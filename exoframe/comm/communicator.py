@@ -326,6 +326,9 @@ class _AllOf:
         for work in self.works:
             work.wait()
 
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
 
 def _back(host: torch.Tensor, tensor: torch.Tensor, then=None):
     """What completes an operation whose result landed in `host`: copy it into `tensor`

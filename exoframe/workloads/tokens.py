@@ -14,6 +14,7 @@ Nothing here reaches the network.
 from __future__ import annotations
 
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,7 @@ class FileWindows:
     def read(self, starts: np.ndarray) -> np.ndarray:
         if self.pid != os.getpid():
             self.fd, self.pid = os.open(self.path, os.O_RDONLY), os.getpid()
+            weakref.finalize(self, os.close, self.fd)  # closed with the reader
         width = self.dtype.itemsize
         return np.stack([np.frombuffer(os.pread(self.fd, self.length * width,
                                                 self.offset + int(start) * width), self.dtype)
