@@ -22,6 +22,9 @@ MAX_NODES = 1024
 ON_NONFINITE = ("stop", "continue")
 SCHEDULES = ("constant", "linear", "cosine", "wsd")
 PRECISIONS = ("fp32", "bf16", "fp16")
+# What `exoframe sweep` runs where neither its flags nor its config file say.
+SWEEP_STRATEGIES, SWEEP_NETS, SWEEP_OUT = ("ddp", "diloco"), ("wan-100mbps",), "sweeps"
+EXECUTORS = ("local", "ray")  # where a sweep's runs happen (engine/executors.py)
 
 
 @dataclass
@@ -34,7 +37,8 @@ class RunConfig:
         default_factory=dict, flag="--workload-param", short="-w", metavar="KEY=VALUE",
         help="Workload parameter, repeatable (e.g. -w n_layer=4).")
     strategy: str = option("ddp", help="Strategy name (see `exoframe strategies`).", sweep=Sweep(
-        "Strategies, comma-separated.", default="the config's strategy, else ddp,diloco"))
+        "Strategies, comma-separated.",
+        default=f"the config's strategy, else {','.join(SWEEP_STRATEGIES)}"))
     strategy_params: dict = option(
         default_factory=dict, flag="--param", short="-p", metavar="KEY=VALUE",
         help="Strategy parameter, repeatable (e.g. -p H=50).",
@@ -97,12 +101,12 @@ class RunConfig:
     threads: int = option(1, help="CPU threads per rank.")
     out: str = option("runs", help="Parent folder of run folders.", api_default=None,
                       sweep_help="Parent folder of sweep folders.",
-                      sweep_default="the config's out, else sweeps")
+                      sweep_default=f"the config's out, else {SWEEP_OUT}")
     net: str = option("ideal", help="Network: a preset (see `exoframe nets`), a YAML file, or "
                       "real (no simulator: measured wall-clock and compute time).", sweep=Sweep(
                           "Networks, comma-separated (presets or YAML files); with --bandwidth, "
                           "the one base network of the grid.",
-                          default="the config's net, else wan-100mbps"))
+                          default=f"the config's net, else {','.join(SWEEP_NETS)}"))
     compute: str = option("measured", help="Compute model: measured, fixed:<time per step> "
                           "(fixed:250ms) or flops:<device>[:<efficiency>] (flops:h100).")
     stragglers: str = option("", help="Slow ranks, comma-separated: RANK:FACTOR (3:4), "

@@ -76,7 +76,7 @@ def plugins(as_json):
 @cli.command("new-plugin")
 @click.argument("name")
 @click.option("--dir", "parent", default=".", type=click.Path(file_okay=False),
-              help="Where to create the package folder. [.]")
+              show_default=True, help="Where to create the package folder.")
 def new_plugin(name, parent):
     """Write a plugin package skeleton exoframe-NAME: a strategy, its entry point and a test."""
     from ..plugins import get_plugin_manager

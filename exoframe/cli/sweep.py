@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from ..config import parse_assignments, resolve_config
+from ..config import EXECUTORS, parse_assignments, resolve_config
 from ..errors import ExoframeError
 from ..fields import long_flag
 from . import cli
@@ -26,13 +26,15 @@ plots_option = click.option("--plots/--no-plots", default=True,
 @click.option("--bandwidth", help="A grid LOW..HIGH (e.g. 10mbit..10gbit) of --points "
               "log-spaced bandwidths applied to the base network: its inter-site links if it "
               "has sites, else every node's NIC.")
-@click.option("--points", type=int, default=8, help="Points in the --bandwidth grid. [8]")
+@click.option("--points", type=int, default=8, show_default=True,
+              help="Points in the --bandwidth grid.")
 @projection_options
 @plots_option
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+@click.option("--executor", type=click.Choice(EXECUTORS), default=EXECUTORS[0],
+              show_default=True,
               help="Where the training runs happen: here, one after another, or as Ray tasks "
                    "(pip install 'exoframe[ray]'; a local Ray unless --ray-address or "
-                   "RAY_ADDRESS names a cluster). [local]")
+                   "RAY_ADDRESS names a cluster).")
 @click.option("--ray-address", help="The Ray cluster for --executor ray, e.g. ray://HOST:10001.")
 @progress_options
 def sweep(config_file, bandwidth, points, project_params, step_time, payload_bits, bucket_mb,

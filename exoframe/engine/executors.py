@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import EXECUTORS
 from ..errors import ExoframeError
 from ..files import replacing
 from ..sim import resolve_sim
@@ -31,7 +32,6 @@ from .replay import Projection, replay_trace, save_replay
 from .run import execute
 from .run_folder import RunFolder
 
-EXECUTORS = ("local", "ray")
 
 
 @dataclass(frozen=True)

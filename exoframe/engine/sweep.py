@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from ..config import RunConfig
+from ..config import SWEEP_NETS, SWEEP_OUT, SWEEP_STRATEGIES, RunConfig
 from ..errors import ExoframeError
 from ..plugins import get_plugin_manager
 from ..report.sweep import collect_rows, write_outputs
@@ -33,9 +33,6 @@ from .progress import progress_display
 from .replay import Projection
 from .run_folder import RunFolder
 
-DEFAULT_STRATEGIES = ["ddp", "diloco"]
-DEFAULT_NETS = ["wan-100mbps"]
-DEFAULT_OUT = "sweeps"
 # Every grid point is a training run or a replay and a row: past a thousand, a sweep runs
 # for hours and its table and plots are unreadable.
 MAX_POINTS = 1000
@@ -153,10 +150,10 @@ def _combinations(axes: dict) -> list[dict]:
 def config_axes(config: RunConfig, given: set) -> dict:
     """What a sweep takes from a config file where no flag says otherwise: the file's
     strategy, net and out when it gives them (else the sweep's defaults), and its seed."""
-    return {"strategies": [config.strategy] if "strategy" in given else DEFAULT_STRATEGIES,
-            "nets": [config.net] if "net" in given else DEFAULT_NETS,
+    return {"strategies": [config.strategy] if "strategy" in given else list(SWEEP_STRATEGIES),
+            "nets": [config.net] if "net" in given else list(SWEEP_NETS),
             "seeds": [config.seed],
-            "out": config.out if "out" in given else DEFAULT_OUT}
+            "out": config.out if "out" in given else SWEEP_OUT}
 
 
 def _bandwidth_text(bytes_per_s: float, digits: int = 3) -> str:
