@@ -1,6 +1,6 @@
 """The `exoframe` command line: the group, and the one error boundary (main).
 
-The commands live beside it, one module per family: run.py (`run`), sweep.py (`sweep`,
+The group is group.py; the commands live beside it, one module per family: run.py (`run`), sweep.py (`sweep`,
 `replay`, `report`), listings.py (what is installed, `new-plugin`); options.py holds the
 flags and checks they share. Plugins add commands through the same hook (exoframe.commands).
 """
@@ -12,19 +12,10 @@ import traceback
 
 import click
 
-from ..commands import PluginGroup
 from ..errors import ExoframeError, shorten
+from .group import cli
 
 MAX_MESSAGE = 1000  # characters of an error line; values inside are cut at 200 already
-
-
-@click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--strict-plugins", is_flag=True,
-              help="A plugin that fails to load is an error (also: EXOFRAME_STRICT_PLUGINS=1).")
-@click.option("--debug", is_flag=True, help="Show full tracebacks of errors.")
-def cli(strict_plugins, debug):
-    """Simulate distributed training of PyTorch models on one machine."""
-
 
 
 def main(argv=None):

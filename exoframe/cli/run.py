@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from ..config import config_to_dict, parse_assignments, resolve_config
-from . import cli
+from .group import cli
 from .options import progress_mode, progress_options, sink_items, check_out_folder
 
 

@@ -7,7 +7,7 @@ import click
 
 from ..config import parse_assignments, resolve_config
 from ..errors import ExoframeError
-from . import cli
+from .group import cli
 from .options import (split_names, progress_mode, progress_options, projection_from_flags,
                       projection_options, check_out_folder)
 

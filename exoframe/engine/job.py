@@ -22,7 +22,8 @@ from ..plugins import PluginManager, get_plugin_manager
 from ..sim import SimSetup, resolve_sim
 from ..sim.faults import FaultSpec, parse_faults
 from ..sinks import sink_spec
-from ..strategies.base import OptimizerSpec, Strategy
+from ..strategies.base import Strategy
+from ..strategies.optimizers import OptimizerSpec
 from ..workloads.base import DatasetFactory, Shards, Workload, call_with_params
 from . import devices
 from .packing import max_workers, nodes_per_process

@@ -18,8 +18,8 @@ from typing import ClassVar
 import torch
 
 from ..comm import flatten, unflatten_into
-from .base import (Strategy, check_fraction, check_positive, optimizer_tensors,
-                   outer_optimizer_spec)
+from .base import Strategy, check_fraction, check_positive
+from .optimizers import optimizer_tensors, outer_optimizer_spec
 from .quantizers import OuterQuantizer, check_format, row_lengths
 
 

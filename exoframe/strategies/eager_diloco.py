@@ -26,7 +26,8 @@ from typing import ClassVar
 import torch
 
 from ..comm import flatten, unflatten_into
-from .base import Strategy, outer_optimizer_spec
+from .base import Strategy
+from .optimizers import outer_optimizer_spec
 from .diloco import OuterParams, outer_quantizer
 
 

@@ -28,7 +28,8 @@ import torch
 
 from ..comm import flatten, unflatten_into
 from ..errors import ExoframeError
-from .base import Strategy, check_fraction, check_positive, outer_optimizer_spec
+from .base import Strategy, check_fraction, check_positive
+from .optimizers import outer_optimizer_spec
 from .diloco import OuterParams
 from .quantizers import OuterQuantizer, row_lengths, rows_within
 
