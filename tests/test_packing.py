@@ -15,7 +15,7 @@ from exoframe.comm.memory import fold
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
 from exoframe.engine.launcher import RankFailed
-from exoframe.engine.packing import max_workers, nodes_per_process, packed
+from exoframe.engine.placement import max_workers, nodes_per_process, packed
 from exoframe.errors import ExoframeError
 
 

@@ -102,7 +102,7 @@ def train(rank: int, job: Job, batches: Batches, conn, packed: PackedNode | None
     if packed is None:
         torch.set_num_threads(job.threads)
         rendezvous = conn.recv()
-        device = devices.for_rank(job.device, rank)
+        device = job.placement.device_of(rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL's communicator and the default CUDA stream
         exchange = TorchExchange(p2p_group=join_group(rank, job.nodes, rendezvous, device))
