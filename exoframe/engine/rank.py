@@ -16,10 +16,10 @@ import torch.distributed as dist
 
 from .. import distributed
 from ..comm import Communicator
-from ..comm.exchange import TorchExchange
+from ..comm.exchange import Exchange, TorchExchange
 from ..comm.faults import RankFaults
 from ..errors import ExoframeError
-from ..sim.clock import RankClock
+from ..sim.clock import RankClock, StepClock
 from ..sim.measured import RealClock
 from ..sim.compute import ComputeClock
 from . import devices, rank_state
@@ -68,11 +68,12 @@ def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
 class PackedNode:
     """A node that shares its worker process with others (engine/packing.py): how it
     exchanges tensors, and its own CPU time."""
-    exchange: object  # comm.memory.MemoryExchange
+    exchange: Exchange  # comm.memory.MemoryExchange
     timer: Callable[[], float]
 
 
-def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device, timer=None):
+def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device,
+               timer=None) -> StepClock:
     """timer: the compute timer (default: the thread's CPU time, or a GPU timer)."""
     sim = job.sim
     if timer is None:
