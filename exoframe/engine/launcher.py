@@ -34,10 +34,10 @@ from .cluster import ClusterEnv, Service, join
 from .loop import check_loss
 from .messages import EvaluatorStop, Rendezvous
 from .model_state import ModelState
-from .monitor import EVALUATOR, Channel, Monitor, RankFailed  # noqa: F401 - RankFailed: API
+from .monitor import EVALUATOR, Channel, Monitor
 from .packing import NodeLink, Outbox, Sender, closing, raise_open_files_limit, run_nodes
-from .processes import (RunInterrupted, catch_stop_signals, child_entry, interrupted,
-                        restore_signals, stack_file, stop_all)
+from .processes import (RankFailed, RunInterrupted, catch_stop_signals,  # noqa: F401 - API
+                        child_entry, interrupted, restore_signals, stack_file, stop_all)
 from .rank import train
 
 
