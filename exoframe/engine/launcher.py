@@ -178,12 +178,14 @@ def packed_children(job: Job, batches: dict, context, folder: str):
     return children, ends
 
 
-def rank_children(job: Job, batches: dict, context, folder: str):
-    """The processes this launcher forks for the ranks, one per placement group: (first
-    rank, target, arguments) each, and the pipes between packed workers."""
+def rank_children(job: Job, batches: dict, context, folder: str, cluster: ClusterEnv | None):
+    """The processes this launcher forks for the ranks, one per placement group (under
+    torchrun rank 0's alone): (first rank, target, arguments) each, and the pipes between
+    packed workers."""
     if job.placement.packed:
         return packed_children(job, batches, context, folder)
-    return [(rank, train, (rank, job, batches[rank])) for (rank,) in job.placement.groups], []
+    groups = job.placement.groups[:1] if cluster is not None else job.placement.groups
+    return [(rank, train, (rank, job, batches[rank])) for (rank,) in groups], []
 
 
 def rank_ends(job: Job, conns: list, processes: list, remote: dict, sender):
@@ -209,7 +211,7 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
     watchdog = job.hang_timeout
     store_path = os.path.join(folder, "store")
     context = mp.get_context("fork")
-    children, peer_pipes = rank_children(job, batches, context, folder)
+    children, peer_pipes = rank_children(job, batches, context, folder, cluster)
     children.append((EVALUATOR, closing(peer_pipes, evaluate), (job, val_shards)))
     pipes = [context.Pipe() for _ in children]
     processes = [context.Process(target=child_entry,

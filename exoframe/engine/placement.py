@@ -42,7 +42,8 @@ class Placement:
     # per node, exchanging through torch.distributed.
     nodes_per_process: Optional[int]
     backend: str  # the process group's: gloo, or nccl where every rank has a GPU of its own
-    # The ranks of each process this machine's launcher forks (under torchrun: rank 0's).
+    # The ranks of each process: consecutive ranks per worker where packed, else one each
+    # (under torchrun, rank 0's launcher forks only the first; torchrun starts the others).
     groups: tuple
 
     @property
@@ -61,12 +62,7 @@ def place(nodes: int, asked: Optional[int], device: str, real_network: bool,
     cluster = ClusterEnv.from_environ()
     per_process = check_packing(nodes, asked, device, real_network, cluster is not None,
                                 device_asked or device)
-    if per_process is not None:
-        groups = packed(nodes, per_process)
-    elif cluster is not None:
-        groups = [[0]]  # the other ranks' processes are torchrun's
-    else:
-        groups = [[rank] for rank in range(nodes)]
+    groups = packed(nodes, per_process or 1)
     backend = devices.backend(device, cluster.local_world_size if cluster else nodes)
     return Placement(nodes, device, per_process, backend, tuple(map(tuple, groups)))
 
