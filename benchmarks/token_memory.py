@@ -4,15 +4,13 @@ file (1 MB), in a fresh folder each.
 
     python benchmarks/token_memory.py [--gigabytes 1] [--nodes 64] [--steps 20]
 
-The file is read through one np.memmap opened in the launcher, whose mapping the forked
-workers share; a node reads only the windows of its batches. Memory is the peak over the
-run of the sum over its processes (launcher, workers, evaluator), sampled every 0.1 s from
+Each rank reads its batches' windows with pread (no process maps the file) and draws its
+shuffled order of its windows in the worker that trains it. Memory is the peak over the run
+of the sum over its processes (launcher, workers, evaluator), sampled every 0.1 s from
 /proc: resident set (RSS, which counts a shared page once per process that maps it) and
 proportional set (PSS, which splits it between them), PSS split into anonymous memory (the
 run's own: models, optimizers, batches, each node's shuffled order of its windows) and
-file-backed pages (the mapped token file: the page cache's one copy, shared by every
-process and reclaimable, which a read without a mapping would fill just the same). The
-figure is the big file's peak minus the tiny file's.
+file-backed pages. The figure is the big file's peak minus the tiny file's.
 """
 import argparse
 import json

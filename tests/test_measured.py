@@ -1,13 +1,17 @@
 """--net real: each rank's waits for exchanges split into waiting for its peers and the
 transfer itself (exoframe/sim/measured.py), from the times every rank noted."""
+import threading
+import time
+
 import pytest
 
 from exoframe.sim.clock import operation_key
-from exoframe.sim.measured import split_measured
+from exoframe.sim.collectives import BUILTIN
+from exoframe.sim.measured import RealClock, split_measured
 
 
-def exchange(key, arrived, waiting, ended):
-    return ["x", key, arrived, waiting, ended]
+def exchange(key, arrived, waiting, ended, hidden=0.0):
+    return ["x", key, arrived, waiting, ended, hidden]
 
 
 def test_a_wait_splits_at_the_last_arrival_and_compute_is_the_rest_of_the_wall_clock():
@@ -53,3 +57,53 @@ def test_exchanges_are_matched_by_group_and_order_as_every_rank_names_them():
             [("all_reduce", (0, 1)), ("send", (0, 1)), ("all_reduce", (0, 1)),
              ("recv", (0, 1))]]
     assert keys == [("c", (0, 1), 0), ("p", 0, 1, 0), ("c", (0, 1), 1), ("p", 0, 1, 1)]
+
+
+class Exchange:
+    """A real exchange in flight until the test ends it."""
+
+    def __init__(self):
+        self.over = threading.Event()
+
+    def wait(self):
+        self.over.wait()
+
+    def is_completed(self):
+        return self.over.is_set()
+
+
+def test_bookkeeping_while_an_overlapped_exchange_is_in_flight_counts_as_transfer():
+    """The engine's bookkeeping between steps is left out of a rank's time, except while an
+    exchange it started without waiting is in flight: the network moves its bytes meanwhile.
+    The clocks are the test's (made-up seconds); the exchange's end is noted by RealClock's
+    own thread."""
+    t, cpu = [0.0], [0.0]
+    clock = RealClock(0, lambda: cpu[0], {"all_reduce": "ring"}, BUILTIN,
+                      wall=lambda: t[0], stamp=lambda: t[0])
+    exchange = Exchange()
+    t[0] = cpu[0] = 1.0
+    op = clock.submit("all_reduce", 1000, (0, 1), blocking=False, work=exchange).op_id
+    t[0] = cpu[0] = 3.0
+    clock.charge()  # 2 s of compute beside the exchange
+    t[0] = 5.0
+    clock.skip()  # 2 s of bookkeeping, the exchange in flight all along: counted
+    t[0], cpu[0] = 6.0, 4.0
+    clock.charge()  # 1 s more compute
+    t[0] = 6.5
+    exchange.over.set()  # the exchange ends halfway into the next bookkeeping
+    for _ in range(1000):
+        if clock._flights[op][1] is not None:  # noted by its thread
+            break
+        time.sleep(0.01)
+    t[0] = 8.0
+    clock.skip()  # 0.5 s of it counted, 1.5 s left out
+    assert clock.now == pytest.approx(8.0 - 1.5)
+    t[0], cpu[0] = 9.0, 5.0
+    clock.wait(op)  # after 1 s more compute
+    clock.waited(op)  # asked at 9: done long ago, so no time is waited
+    stats = {**clock.stats(), "trace": clock.trace}
+    split_measured([stats])
+    assert stats["simulated_seconds"] == pytest.approx(9.0 - 1.5)
+    assert stats["transfer_seconds"] == pytest.approx(2.0 + 0.5)
+    assert stats["wait_seconds"] == 0.0
+    assert stats["compute_seconds"] == pytest.approx(cpu[0])  # 1 + 2 + 1 + 1 s of compute

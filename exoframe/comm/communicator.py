@@ -306,7 +306,8 @@ class Communicator:
             handle = Handle(self, None, work, result, finish)
             handle._complete()
             return handle if async_op else result
-        submitted = self.clock.submit(kind, nbytes, participants, root, blocking=not async_op)
+        submitted = self.clock.submit(kind, nbytes, participants, root, blocking=not async_op,
+                                      work=work)
         self.traffic.add(kind, submitted.bytes_sent, submitted.bytes_received)
         handle = Handle(self, submitted.op_id, work, result, finish)
         if async_op:

@@ -48,7 +48,13 @@ class Batches:
         self.batch_size = min(batch_size, self.size)
         self.generator = torch.Generator().manual_seed(seed * 1_000_003 + rank)
         self.epoch = 0
-        self._new_epoch()
+        # Drawn on first use, in the process that trains the rank: the launcher builds every
+        # rank's Batches, and an order drawn there would be held by every forked worker.
+        self.order, self.position = None, 0
+
+    def _drawn(self):
+        if self.order is None:
+            self._new_epoch()
 
     def _new_epoch(self):
         self.order = (torch.randperm(self.size, generator=self.generator) if self.shuffle
@@ -77,6 +83,7 @@ class Batches:
         read again up to where it was (load_state_dict)."""
         state = {"samples": self.samples, "read": self.read}
         if self.stream is None:
+            self._drawn()
             state.update(epoch=self.epoch, order=self.order, position=self.position,
                          generator=self.generator.get_state())
         return state
@@ -105,6 +112,7 @@ class Batches:
             self.read += 1
             return default_collate(items)
         self.read += 1
+        self._drawn()
         left = self.size - self.position
         if left <= 0 or (self.drop_last and left < self.batch_size):
             self.epoch += 1

@@ -139,9 +139,10 @@ class RankClock:
 
     # -- operations --------------------------------------------------------------------------
     def submit(self, kind: str, nbytes: int, participants: tuple, root: int = 0,
-               blocking: bool = True) -> Submitted:
+               blocking: bool = True, work=None) -> Submitted:
         """Tell the simulator this rank starts an operation now; if blocking, wait for it.
-        participants: the group's ranks (send/recv: (src, dst)); root: index in it."""
+        participants: the group's ranks (send/recv: (src, dst)); root: index in it. work:
+        the real exchange, which only RealClock watches."""
         self.charge()
         key = operation_key(self._sequence, kind, participants)
         sent, received = self.plans.bytes_moved(kind, participants, root, self.rank, nbytes)
@@ -282,7 +283,7 @@ class SoloClock:
     def __init__(self):
         self._next_id = 0
 
-    def submit(self, kind, nbytes, participants, root=0, blocking=True) -> Submitted:
+    def submit(self, kind, nbytes, participants, root=0, blocking=True, work=None) -> Submitted:
         if len(participants) > 1:
             raise ValueError("a Communicator without a clock is for world size 1; ranks of a "
                              "run get theirs from the engine")

@@ -277,6 +277,65 @@ def plan_for(function, kind: str, n: int, root: int = 0, topology: Sites | None 
     return _cached_plan(function, kind, n, root, topology)
 
 
+def _repeated(fraction: float, times: int) -> float:
+    """`fraction` added `times` times in turn: the float a plan's flows sum to."""
+    total = 0.0
+    for _ in range(times):
+        total += fraction
+    return total
+
+
+def _tree_sends(v: int, n: int, reduce: bool) -> int:
+    """Binomial rounds: how often relative participant v sends (broadcast) or receives
+    (the reduce towards 0)."""
+    count, mask = 0, 1
+    while mask < n:
+        if (v % (2 * mask) == 0 if reduce else v < mask) and v + mask < n:
+            count += 1
+        mask <<= 1
+    return count
+
+
+def closed_form(function, kind: str, n: int, root: int, i: int) -> tuple[float, float] | None:
+    """(sent, received): the fractions of the payload participant i moves under a built-in
+    algorithm, equal to its plan's (a ring among 1024 is 2M flows; this is a few sums);
+    None where there is no closed form here (the plan counts them)."""
+    if kind in ("send", "recv"):
+        return (1.0, 0.0) if i == 0 else (0.0, 1.0)
+    if n == 1:
+        return (0.0, 0.0) if function in BUILTIN.values() else None
+    if function is ring or function is direct:
+        if kind in ("all_gather", "reduce_scatter"):
+            share = _repeated(1 / n, n - 1)
+            return share, share
+        if kind == "all_reduce":
+            share = _repeated(1 / n, 2 * (n - 1))
+            return share, share
+        if kind == "broadcast" and function is ring:
+            hop = (i - root) % n
+            return float(hop < n - 1), float(hop > 0)
+        if kind == "broadcast":
+            return (float(n - 1), 0.0) if i == root else (0.0, 1.0)
+        return None
+    if function is tree and kind in ("broadcast", "all_reduce"):
+        if kind == "broadcast":
+            v = (i - root) % n
+            return float(_tree_sends(v, n, False)), float(v > 0)
+        children = _tree_sends(i, n, True)
+        return float(i > 0) + _tree_sends(i, n, False), float(children + (i > 0))
+    if function is ps:
+        server = root if kind == "broadcast" else 0
+        push, pull = {"all_reduce": (1.0, 1.0), "reduce_scatter": (1.0, 1 / n),
+                      "all_gather": (1 / n, (n - 1) / n), "broadcast": (0.0, 1.0)}.get(
+                          kind, (None, None))
+        if push is None:
+            return None
+        if i == server:
+            return _repeated(pull, n - 1), _repeated(push, n - 1) if push else 0.0
+        return push, pull
+    return None
+
+
 class Plans:
     """The plan of every operation under a network's choice of algorithm per collective."""
 
@@ -309,10 +368,17 @@ class Plans:
 
     def bytes_moved(self, kind: str, participants: tuple, root: int, rank: int,
                     nbytes: float) -> tuple[int, int]:
-        """(sent, received): the bytes `rank` moves in the operation, by its plan."""
-        compiled = self.of(kind, len(participants), root, participants).compiled
+        """(sent, received): the bytes `rank` moves in the operation, by its plan (from
+        the closed form where the algorithm has one, without building the plan)."""
         index = participants.index(rank)
-        return round(compiled.sent[index] * nbytes), round(compiled.received[index] * nbytes)
+        fractions = None
+        if kind not in self.aware:
+            fractions = closed_form(self.functions.get(kind), kind, len(participants), root,
+                                    index)
+        if fractions is None:
+            compiled = self.of(kind, len(participants), root, participants).compiled
+            fractions = compiled.sent[index], compiled.received[index]
+        return round(fractions[0] * nbytes), round(fractions[1] * nbytes)
 
     def sites(self, participants: Iterable[int]) -> Sites:
         """The Sites of a group of ranks (memoized per group)."""

@@ -14,9 +14,17 @@ Compute is then the rank's wall-clock time outside those waits. A rank deschedul
 busy machine, or slowed by another process, takes longer to compute in wall time than in
 CPU time: that time counts as compute (and its peers' wait), never as transfer. The CPU
 time is kept as `compute_cpu_seconds`.
+
+The engine's bookkeeping between steps (records, evaluation snapshots, checkpoints) is left
+out of a rank's time, as the simulated clock leaves it out, except while an exchange the
+rank started without waiting (an overlapped one, e.g. streaming DiLoCo's) is in flight:
+the network moves its bytes meanwhile, so leaving that time out would make the transfer
+look faster than the link. That time counts as transfer (an exchange's `hidden` seconds).
+A thread per overlapped exchange notes when it really ends.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 from .collectives import Plans
@@ -31,21 +39,26 @@ class RealClock:
     for real: is_done() asks the exchange itself."""
 
     def __init__(self, rank: int, timer, topology_algorithms: dict, algorithms: dict,
-                 topology: Topology | None = None):
+                 topology: Topology | None = None, wall=time.perf_counter, stamp=time.time):
+        """timer: the rank's compute time (CPU, or a GPU timer); wall: its wall clock;
+        stamp: the trace's clock, shared by every rank."""
         self.rank = rank
         self.plans = Plans(topology_algorithms, algorithms, topology)
-        self._wall = time.perf_counter
+        self._wall, self._stamp = wall, stamp
         self._timer = timer
         self._started = self._charged_at = self._wall()
+        self._charged_stamp = self._stamp()
         self._mark = timer()
         self._left_out = 0.0  # bookkeeping wall time, not the run's
         self.compute_seconds = 0.0  # CPU (or GPU timer) time between exchanges
         self.down = False
-        # Step ends, and per exchange ["x", key, arrived, waiting from, ended] (time.time()).
+        # Step ends, and per exchange ["x", key, arrived, waiting from, ended, hidden]
+        # (time.time(); hidden: bookkeeping seconds counted while it was in flight).
         self.trace: list = []
         self._next_id = 0
         self._sequence: dict = {}
         self._open: dict[int, list] = {}  # op_id -> its trace entry, until waited
+        self._flights: dict[int, list] = {}  # overlapped op_id -> [started, really ended]
 
     @property
     def now(self) -> float:
@@ -66,12 +79,28 @@ class RealClock:
         """Count the compute since the last mark."""
         now = self._timer()
         self.compute_seconds += now - self._mark
-        self._mark, self._charged_at = now, self._wall()
+        self._mark, self._charged_at, self._charged_stamp = now, self._wall(), self._stamp()
 
     def skip(self):
-        """Leave out what was done since the last charge (bookkeeping)."""
-        self._left_out += self._wall() - self._charged_at
-        self._mark, self._charged_at = self._timer(), self._wall()
+        """Leave out what was done since the last charge (bookkeeping), except the time an
+        overlapped exchange was in flight (see the module's docstring)."""
+        hidden = self._in_flight_between(self._charged_stamp, self._stamp())
+        self._left_out += max(0.0, self._wall() - self._charged_at - hidden)
+        if hidden:
+            self._open[min(self._flights)][5] += hidden
+        self._mark, self._charged_at, self._charged_stamp = (self._timer(), self._wall(),
+                                                             self._stamp())
+
+    def _in_flight_between(self, start: float, end: float) -> float:
+        """Seconds of [start, end] during which an overlapped exchange was in flight."""
+        spans = sorted((max(start, began), min(end, ended if ended is not None else end))
+                       for began, ended in self._flights.values())
+        covered, reach = 0.0, start
+        for began, ended in spans:
+            began = max(began, reach)
+            if ended > began:
+                covered, reach = covered + ended - began, ended
+        return covered
 
     def add_compute(self, seconds: float):
         pass
@@ -80,28 +109,38 @@ class RealClock:
         self.trace.append(["s", step])
 
     def submit(self, kind: str, nbytes: int, participants: tuple, root: int = 0,
-               blocking: bool = True) -> Submitted:
+               blocking: bool = True, work=None) -> Submitted:
         self.charge()
         op_id, self._next_id = self._next_id, self._next_id + 1
-        arrived = time.time()
+        arrived = self._stamp()
         entry = ["x", list(operation_key(self._sequence, kind, tuple(participants))),
-                 arrived, arrived if blocking else None, None]
+                 arrived, arrived if blocking else None, None, 0.0]
         self._open[op_id] = entry
         self.trace.append(entry)
+        if not blocking and work is not None:
+            self._flights[op_id] = flight = [arrived, None]
+            threading.Thread(target=self._note_end, args=(flight, work), daemon=True).start()
         return Submitted(op_id, *self.plans.bytes_moved(kind, participants, root, self.rank,
                                                         nbytes))
+
+    def _note_end(self, flight: list, work):
+        try:
+            work.wait()
+        finally:  # (a failed exchange raises again where the rank waits for it)
+            flight[1] = self._stamp()
 
     def wait(self, op_id: int):
         entry = self._open.get(op_id)
         if entry is not None and entry[3] is None:
-            entry[3] = time.time()
+            entry[3] = self._stamp()
 
     def waited(self, op_id: int | None = None):
         """A real exchange was waited for: that time is not compute (a GPU timer counts it)."""
         self._mark = self._timer()
+        self._flights.pop(op_id, None)
         entry = self._open.pop(op_id, None)
         if entry is not None:
-            ended = time.time()
+            ended = self._stamp()
             entry[3] = ended if entry[3] is None else entry[3]  # done when first asked
             entry[4] = ended
 
@@ -126,10 +165,10 @@ def split_measured(results: list[dict]) -> None:
         for entry in result["trace"]:
             if entry[0] != "x" or entry[4] is None:
                 continue
-            _, key, _, waiting, ended = entry
+            _, key, _, waiting, ended, hidden = entry
             last = last_arrival[_key(key)]
             wait += max(0.0, min(ended, last) - waiting)
-            transfer += max(0.0, ended - max(waiting, last))
+            transfer += max(0.0, ended - max(waiting, last)) + hidden
         wall = result["simulated_seconds"]
         result["compute_cpu_seconds"] = result["compute_seconds"]
         result.update(transfer_seconds=transfer, wait_seconds=wait, comm_seconds=transfer,

@@ -1,9 +1,10 @@
 """Token streams from files, cut into training windows.
 
-- a nanoGPT token file (`.bin`: uint16 or uint32 tokens, nothing else), read through a
-  read-only np.memmap opened once in the launcher: the forked ranks and packed nodes share
-  its mapping (the operating system's page cache), and no node copies the file;
-- a text file, byte-level (its bytes, mapped the same way) or character-level (its
+- a nanoGPT token file (`.bin`: uint16 or uint32 tokens, nothing else), opened once in the
+  launcher as a read-only np.memmap (its length and dtype) whose windows each rank reads
+  with pread: the ranks share the operating system's page cache, and no node copies or
+  maps the file;
+- a text file, byte-level (its bytes, read the same way) or character-level (its
   characters, numbered in sorted order, encoded once in the launcher and shared copy-on-write);
 - a dataset saved with Hugging Face `datasets`' save_to_disk (its `input_ids` lists, or a
   text column encoded as above): the `hf` extra, imported only when used.
@@ -36,6 +37,7 @@ class TokenWindows(Dataset):
         self.start = start
         self.stop = len(tokens) if stop is None else stop
         self.offsets = np.arange(block_size + 1)
+        self.file = FileWindows(tokens, block_size + 1) if isinstance(tokens, np.memmap) else None
 
     def __len__(self):
         return max(0, (self.stop - self.start - 1) // self.block_size)
@@ -49,8 +51,34 @@ class TokenWindows(Dataset):
 
     def __getitems__(self, indices):
         starts = self.start + np.asarray(indices, dtype=np.int64) * self.block_size
-        windows = torch.from_numpy(self.tokens[starts[:, None] + self.offsets].astype(np.int64))
-        return [(row,) for row in windows]
+        if self.file is not None:
+            windows = self.file.read(starts)
+        else:
+            windows = self.tokens[starts[:, None] + self.offsets]
+        return [(row,) for row in torch.from_numpy(windows.astype(np.int64))]
+
+
+class FileWindows:
+    """Windows of a token file read with pread, not through its mapping: a mapped page read
+    by a rank stays in that process's resident memory (and the kernel's read-ahead maps
+    whole neighbourhoods), so 64 nodes reading random windows of a 1 GB file would come to
+    hold most of it. Each process opens the file once, on its first read (ranks are forked)."""
+
+    def __init__(self, tokens: np.memmap, length: int):
+        self.path, self.offset = tokens.filename, tokens.offset
+        self.dtype, self.length = tokens.dtype, length
+        self.fd, self.pid = None, None
+
+    def read(self, starts: np.ndarray) -> np.ndarray:
+        if self.pid != os.getpid():
+            self.fd, self.pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        width = self.dtype.itemsize
+        return np.stack([np.frombuffer(os.pread(self.fd, self.length * width,
+                                                self.offset + int(start) * width), self.dtype)
+                         for start in starts])
+
+    def __getstate__(self):
+        return {**self.__dict__, "fd": None, "pid": None}
 
 
 def load_tokens(path: str, what: str, dtype: str, tokenizer: str, column=None,
