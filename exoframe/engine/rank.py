@@ -103,18 +103,18 @@ def train(rank: int, job: Job, batches: Batches, conn, packed: PackedNode | None
     is evaluated and the rank asks the launcher whether to stop (see engine/target.py)."""
     device, exchange, model = join(rank, job, conn, packed)
     seed_rank(job.seed, rank)
-    node = Node(rank, job, model, device, exchange, batches, conn, packed)
-    first = node.resume()
+    me = Rank(rank, job, model, device, exchange, batches, conn, packed)
+    first = me.resume()
     model.train()
-    node.clock.skip()
+    me.clock.skip()
     for step in range(first, job.steps + 1):
-        down = node.train_step(step)
-        stop = node.report(step, down)
-        node.checkpoint(step)
-        node.clock.skip()
+        trained = me.train_step(step)
+        stop = me.report(step, trained)
+        me.checkpoint(step)
+        me.clock.skip()
         if stop:
             break
-    node.finish()
+    me.finish()
 
 
 def join(rank: int, job: Job, conn, packed: PackedNode | None):
@@ -140,7 +140,16 @@ def seed_rank(seed: int, rank: int):
     numpy.random.seed(seed % 2**32)
 
 
-class Node:
+@dataclass
+class Trained:
+    """What a step's compute gave: the loss and gradient norm (None on a down node)."""
+    lr: float
+    loss: float | None = None
+    grad_norm: float | None = None
+    down: bool = False  # a simulated failure: the node computed nothing
+
+
+class Rank:
     """One rank's pieces (clock, communicator, strategy, precision, checkpoints) and the
     phases of its steps: train, report to the launcher, checkpoint, finish."""
 
@@ -177,43 +186,44 @@ class Node:
         state = rank_state.load(job.resume_from.rank_file(self.rank), self.device)
         return rank_state.restore(state, *self.pieces) + 1
 
-    def train_step(self, step: int) -> bool:
-        """Compute and the strategy's step; whether the node is down (a simulated failure)."""
+    def train_step(self, step: int) -> Trained:
+        """Compute, then the strategy's step."""
         job, clock, strategy, precision = self.job, self.clock, self.strategy, self.precision
         # A failed node computes nothing; it still steps, so its collectives stay matched.
         down = self.faults is not None and self.faults.at_step_start(step, clock)
         clock.start_step()
-        self.lr = set_lr(strategy, lr_at(step, job.optimizer.lr, job.schedule, job.steps,
-                                         job.warmup_steps, job.min_lr_ratio))
-        self.loss = self.grad_norm = None
+        trained = Trained(set_lr(strategy, lr_at(step, job.optimizer.lr, job.schedule,
+                                                 job.steps, job.warmup_steps,
+                                                 job.min_lr_ratio)), down=down)
         if not down:
-            self.loss = forward_backward(self.model, self.batches, job.accumulate, precision,
-                                         self.device, step).item()
-            check_finite(self.loss, step, self.rank, job.on_nonfinite)
-            self.grad_norm = precision.unscale_and_clip(strategy.optimizer,
-                                                        self.model.parameters(),
-                                                        job.clip_grad_norm)
+            trained.loss = forward_backward(self.model, self.batches, job.accumulate,
+                                            precision, self.device, step).item()
+            check_finite(trained.loss, step, self.rank, job.on_nonfinite)
+            trained.grad_norm = precision.unscale_and_clip(strategy.optimizer,
+                                                           self.model.parameters(),
+                                                           job.clip_grad_norm)
         strategy.step_num = step
         strategy.step()
-        if job.strategy_cls.remote_calls and not down:
+        if job.strategy_cls.remote_calls and not trained.down:
             self.comm.remote.serve()
-        if not down:  # a down rank unscaled nothing
+        if not trained.down:  # a down rank unscaled nothing
             precision.update()
         clock.charge()
         clock.end_step(step)
-        return down
+        return trained
 
-    def record(self, step: int, end: StepEnd, down: bool) -> dict:
+    def record(self, end: StepEnd, trained: Trained) -> dict:
         """The step's row as this rank saw it."""
-        record = {"loss": self.loss, "lr": self.lr, "bytes_sent": self.comm.traffic.bytes_sent,
-                  "sim_time": end.t, **self.precision.metrics(), **self.strategy.metrics()}
+        record = {"loss": trained.loss, "lr": trained.lr,
+                  "bytes_sent": self.comm.traffic.bytes_sent, "sim_time": end.t,
+                  **self.precision.metrics(), **self.strategy.metrics()}
         if self.job.clip_grad_norm is not None:
-            record["grad_norm"] = self.grad_norm  # before clipping
+            record["grad_norm"] = trained.grad_norm  # before clipping
         if self.faults is not None:
-            record["nodes_down"] = int(down)
+            record["nodes_down"] = int(trained.down)
         return record
 
-    def report(self, step: int, down: bool) -> bool:
+    def report(self, step: int, trained: Trained) -> bool:
         """Send the step's end, record and (at evaluation steps) model state to the launcher;
         whether the launcher says to stop after it. (Bookkeeping, as what follows up to the
         next step: the clock.skip() after it leaves its time out.)"""
@@ -221,7 +231,7 @@ class Node:
         end = StepEnd(self.clock.now, step)
         synced = (checksum(self.model) if self.check_replicas and strategy.synced_at == step
                   else None)
-        record = self.record(step, end, down)
+        record = self.record(end, trained)
         evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
         state = snapshot(strategy, rank) if evaluate else None
         conn.send(StepDone(rank, step, end, record, state, synced))
