@@ -7,6 +7,6 @@ import sys
 if sys.path and sys.path[0] in ("", os.getcwd()):
     del sys.path[0]
 
-from .cli import main  # noqa: E402
+from .cli import entry  # noqa: E402
 
-main()
+entry()
