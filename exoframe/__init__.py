@@ -23,6 +23,8 @@ __all__ = ["Trainer", "RunResult", "Strategy", "OptimizerSpec", "Workload", "hoo
 
 
 def __getattr__(name: str):
+    if name == "strategies":  # exoframe.strategies.DiLoCo(H=100), after `import exoframe`
+        return importlib.import_module(".strategies", __name__)
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name], __name__), name)
         globals()[name] = value

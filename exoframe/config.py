@@ -5,11 +5,12 @@ import dataclasses
 import math
 import os
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import yaml
 
 from .errors import ExoframeError, did_you_mean, shorten
+from .fields import Sweep, option
 from .optimizer_values import check_optimizer_values
 from .sim.inputs import build_dataclass, load_yaml, read_text, safe_load
 from .sinks import parse_sink
@@ -26,63 +27,110 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 @dataclass
 class RunConfig:
-    """One training run. `None` means "the workload's default"."""
+    """One training run. `None` means "the workload's default". Each field is also a YAML key,
+    an `exoframe run` flag and a Trainer.fit keyword, made from its option() (fields.py)."""
 
-    workload: str = "gpt"
-    workload_params: dict = field(default_factory=dict)
-    strategy: str = "ddp"
-    strategy_params: dict = field(default_factory=dict)
-    nodes: int = 2
-    # Nodes sharing a worker process (engine/packing.py); unset: a process per node up to 4
-    # per core and 32 in all, else one worker per core.
-    nodes_per_process: typing.Optional[int] = None
-    steps: int = 300
-    batch_size: typing.Optional[int] = None
-    optimizer: str = "adamw"  # any torch.optim class by name, or a plugin's (exoframe optimizers)
-    optimizer_params: dict = field(default_factory=dict)  # its keyword arguments (-o KEY=VALUE)
-    lr: typing.Optional[float] = None
-    weight_decay: float = 0.0
-    momentum: float = 0.0
-    seed: int = 0
-    # The training loop (engine/loop.py): learning-rate schedule, clipping, micro-batches, precision.
-    schedule: str = "constant"  # constant | linear | cosine | wsd, after warmup_steps
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0  # where linear, cosine and wsd decay to, as a fraction of lr
-    clip_grad_norm: typing.Optional[float] = None  # clip the local gradients' total norm
-    accumulate: int = 1  # micro-batches of batch_size per step
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a loss scaler)
-    device: str = "cpu"  # auto | cpu | cuda | cuda:N | mps
-    # Data: epochs replaces steps when given; shuffle each epoch; drop the last short batch.
-    epochs: typing.Optional[int] = None
-    shuffle: bool = True
-    drop_last: bool = True
-    # How the training set is split over the nodes (exoframe/partition.py), seeded by seed:
-    # iid | dirichlet:ALPHA | shards:K | quantity:ALPHA
-    partition: str = "iid"
-    # Stop at the first step whose simulated end passes this ("2h", "90min", seconds).
-    time_budget: typing.Optional[typing.Union[float, str]] = None
-    eval_every: typing.Optional[int] = None
-    eval_batches: int = 8
-    # Validate every step and stop once the held model's validation loss is at most this.
-    target_loss: typing.Optional[float] = None
-    threads: int = 1
-    out: str = "runs"
-    net: str = "ideal"  # a preset name (exoframe nets) or a YAML file
-    compute: str = "measured"  # measured | fixed:<time per step> | flops:<device>[:<efficiency>]
-    stragglers: str = ""  # e.g. "3:4" (rank 3 is 4x slower), "lognormal:0.3", both: "3:4,lognormal:0.3"
-    # Simulated node failures (exoframe/sim/faults.py): "1@90s:60s" (node 1 fails at 90 s,
-    # down 60 s), "rate:4:5min" (4 per hour over the cluster, each down 5 min), comma-separated.
-    faults: typing.Union[str, list] = ""
-    # Metrics sinks (exoframe plugins), each "name" or "name:key=value,..." or {name: {key: value}}
-    sinks: list = field(default_factory=lambda: ["jsonl"])
-    # Real seconds without a message from any rank before the watchdog stops the run and
-    # names the stuck or stopped process.
-    hang_timeout: float = 300.0
-    # Under torchrun: real seconds to reach the rendezvous and for every rank to join.
-    connect_timeout: float = 60.0
-    on_nonfinite: str = "stop"  # a NaN or infinite training loss: "stop" the run or "continue"
-    # Save every rank's state every N steps into the run folder (exoframe resume continues it).
-    checkpoint_every: typing.Optional[int] = None
+    workload: str = option("gpt", help="Built-in workload name or package.module:function.")
+    workload_params: dict = option(
+        default_factory=dict, flag="--workload-param", short="-w", metavar="KEY=VALUE",
+        help="Workload parameter, repeatable (e.g. -w n_layer=4).")
+    strategy: str = option("ddp", help="Strategy name (see `exoframe strategies`).", sweep=Sweep(
+        "Strategies, comma-separated.", default="the config's strategy, else ddp,diloco"))
+    strategy_params: dict = option(
+        default_factory=dict, flag="--param", short="-p", metavar="KEY=VALUE",
+        help="Strategy parameter, repeatable (e.g. -p H=50).",
+        sweep_metavar="[STRATEGY.]KEY=VALUE", sweep_help=(
+            "Strategy parameter, repeatable; unscoped keys go to every swept strategy that has "
+            "them (e.g. -p diloco.H=50), as do the config's strategy_params, which these "
+            "override."))
+    nodes: int = option(2, help="Number of simulated nodes.")
+    nodes_per_process: typing.Optional[int] = option(
+        None, help="Nodes sharing a worker process, stepping in turn and exchanging in memory "
+        "(CPU only; engine/packing.py).",
+        unset="a process per node up to 4 per core and 32 in all, else a worker per core")
+    steps: int = option(300, help="Training steps per rank.")
+    batch_size: typing.Optional[int] = option(None, help="Per-rank batch size.",
+                                              unset="workload's")
+    optimizer: str = option("adamw", help="Local (inner) optimizer: any torch.optim class by "
+                            "name (adamw, sgd, rmsprop, ...) or a plugin's (see `exoframe "
+                            "optimizers`).")
+    optimizer_params: dict = option(
+        default_factory=dict, flag="--optimizer-param", short="-o", metavar="KEY=VALUE",
+        help="Optimizer keyword argument, repeatable (e.g. -o betas=[0.9,0.95]).")
+    lr: typing.Optional[float] = option(None, help="Local optimizer learning rate.",
+                                        unset="workload's")
+    weight_decay: float = option(0.0, help="Local optimizer weight decay.")
+    momentum: float = option(0.0, help="Momentum, for sgd.")
+    seed: int = option(0, help="Seed for model init, data order, partition and strategy masks.",
+                       sweep=Sweep("Seeds, comma-separated.", flag="--seeds",
+                                   default="the config's seed, else 0"))
+    # The training loop (engine/loop.py).
+    schedule: str = option("constant", choices=SCHEDULES,
+                           help="Learning-rate schedule after --warmup-steps.")
+    warmup_steps: int = option(0, help="Linear warm-up steps.")
+    min_lr_ratio: float = option(0.0, help="Where linear, cosine and wsd decay to, as a "
+                                 "fraction of lr.")
+    clip_grad_norm: typing.Optional[float] = option(
+        None, unset="off", help="Clip each rank's local gradient norm before the strategy's "
+        "step.")
+    accumulate: int = option(1, help="Micro-batches of --batch-size per step.")
+    precision: str = option("fp32", choices=PRECISIONS,
+                            help="Autocast precision (fp16 with a loss scaler).")
+    device: str = option("cpu", help="auto, cpu, cuda (ranks round-robin over the GPUs), "
+                         "cuda:N or mps.")
+    epochs: typing.Optional[int] = option(None, help="Passes over each rank's shard; replaces "
+                                          "--steps.")
+    shuffle: bool = option(True, help="Reshuffle every epoch.")
+    drop_last: bool = option(True, flag="--drop-last/--keep-last",
+                             help="Drop each epoch's last short batch.")
+    partition: str = option(
+        "iid", help="How the training set is split over the nodes, seeded: iid, dirichlet:ALPHA "
+        "(label skew), shards:K (K label shards per node) or quantity:ALPHA (power-law sizes).")
+    time_budget: typing.Optional[typing.Union[float, str]] = option(
+        None, help="Stop at the first step whose simulated end reaches this time (2h, 90min, "
+        "600s; a number: seconds).")
+    eval_every: typing.Optional[int] = option(None, unset="steps/10",
+                                              help="Validate the held model every N steps.")
+    eval_batches: int = option(8, help="Validation batches per rank.")
+    target_loss: typing.Optional[float] = option(
+        None, help="Validate every step, report the simulated time to reach this validation "
+        "loss of the held model, and stop there.")
+    threads: int = option(1, help="CPU threads per rank.")
+    out: str = option("runs", help="Parent folder of run folders.", api_default=None,
+                      sweep_help="Parent folder of sweep folders.",
+                      sweep_default="the config's out, else sweeps")
+    net: str = option("ideal", help="Network: a preset (see `exoframe nets`), a YAML file, or "
+                      "real (no simulator: measured wall-clock and compute time).", sweep=Sweep(
+                          "Networks, comma-separated (presets or YAML files); with --bandwidth, "
+                          "the one base network of the grid.",
+                          default="the config's net, else wan-100mbps"))
+    compute: str = option("measured", help="Compute model: measured, fixed:<time per step> "
+                          "(fixed:250ms) or flops:<device>[:<efficiency>] (flops:h100).")
+    stragglers: str = option("", help="Slow ranks, comma-separated: RANK:FACTOR (3:4), "
+                             "lognormal:SIGMA, exponential:MEAN, bernoulli:P:FACTOR.")
+    faults: typing.Union[str, list] = option(
+        "", help="Simulated node failures, comma-separated: NODE@TIME:DOWN (1@90s:60s: node 1 "
+        "fails at 90 s simulated, back 60 s later) or rate:PER_HOUR:DOWN (rate:4:5min: 4 "
+        "failures an hour over the cluster).", sweep=Sweep(
+            "Simulated failures, repeatable: each is a point of the sweep (see `exoframe run "
+            "--help`; 'none' for a run without).", repeat=True, metavar="SPEC",
+            default="the config's faults"))
+    sinks: list = option(
+        default_factory=lambda: ["jsonl"], flag="--sink", metavar="NAME[:KEY=VALUE,...]",
+        help="Metrics sink, repeatable: jsonl, csv or a plugin's (see `exoframe sinks`), with "
+        "its options after a colon (tensorboard:logdir=tb); in YAML a list of those or of "
+        "{name: {key: value}}.")
+    hang_timeout: float = option(300.0, help="Real seconds without progress from any rank "
+                                 "before the watchdog stops the run and names the stuck process.")
+    connect_timeout: float = option(
+        60.0, help="Under torchrun: real seconds to reach the rendezvous and for every rank to "
+        "join.", sweep_help="Real seconds for the Ray cluster at --ray-address to answer.")
+    on_nonfinite: str = option("stop", choices=ON_NONFINITE, help="A NaN or infinite "
+                               "training loss stops the run (naming step and rank), or "
+                               "training continues.")
+    checkpoint_every: typing.Optional[int] = option(
+        None, unset="off", help="Save every rank's state every N steps into the run folder; "
+        "`exoframe resume RUN_DIR` goes on from the latest.")
 
     def validate(self):
         for f in dataclasses.fields(self):
@@ -199,20 +247,27 @@ def parse_assignments(pairs, flag: str) -> dict:
     return out
 
 
-def resolve_config(config_file=None, overrides: dict | None = None) -> RunConfig:
-    """Defaults < YAML file < overrides (flags). Strategy and workload params merge key by key."""
+def resolve_config(config_file=None, overrides: dict | None = None,
+                   where: str = "flags") -> RunConfig:
+    """Defaults < YAML file < overrides (flags, or Trainer.fit's keywords: `where` names them
+    in errors). Both are checked field by field; dict fields (strategy, workload and optimizer
+    params) merge key by key."""
     values: dict = {}
-    where = "config"
+    source = "config"
     if config_file:
         values = load_yaml(config_file)
-        where = str(config_file)
-    values = _optimizer_mapping(values, where)
-    config = build_dataclass(RunConfig, values, where)
+        source = str(config_file)
+    values = _optimizer_mapping(values, source)
+    config = build_dataclass(RunConfig, values, source)
+    # Types checked here; a float that is not finite is left to validate(), which names it.
+    typed = {k: v for k, v in (overrides or {}).items()
+             if not (isinstance(v, float) and not math.isfinite(v))}
+    checked = build_dataclass(RunConfig, typed, where)
     for key, value in (overrides or {}).items():
-        if key in ("strategy_params", "workload_params", "optimizer_params"):
-            merged = dict(getattr(config, key))
-            merged.update(value)
-            value = merged
+        if key in typed:
+            value = getattr(checked, key)
+        if isinstance(value, dict):
+            value = {**getattr(config, key), **value}
         config = dataclasses.replace(config, **{key: value})
     return config.validate()
 

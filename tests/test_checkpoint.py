@@ -232,8 +232,8 @@ def test_a_checkpoint_resumes_only_the_run_that_made_it(tmp_path, change, expect
         check_resumable(later, checkpoint, tmp_path)
     same = job_from_config(resolve_config(None, {**base, "steps": 12}))
     if "schedule" not in change:  # a constant schedule may train on
-        check_resumable(same, checkpoint, tmp_path)
-        assert same.resume_from is checkpoint
+        assert check_resumable(same, checkpoint, tmp_path).resume_from is checkpoint
+        assert same.resume_from is None  # (a Job is frozen: resuming is a new one)
 
 
 @pytest.mark.parametrize("change, expected", [

@@ -2,6 +2,7 @@
 unchanged by the network, staleness seen by asynchronous handles, failures reported."""
 import math
 import textwrap
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -92,8 +93,8 @@ def test_an_async_handle_completes_when_the_network_says_not_when_the_bytes_land
     n, c = 2, 0.05
     config = RunConfig(workload_params=dict(SMALL_GPT), nodes=n, steps=30, net=str(net),
                        compute="fixed:50ms", eval_every=1000).validate()
-    job = job_from_config(config)
-    job.strategy_cls, job.strategy_params = Poller, Poller.Params()
+    job = dataclasses.replace(job_from_config(config), strategy_cls=Poller,
+                              strategy_params=Poller.Params())
     result = execute(job)
     # Started at c (after step 1's compute), done T later; the check at step s happens at
     # s * c (each step's compute is charged when it starts), so s = ceil(1 + T / c) = 18.
@@ -129,8 +130,8 @@ class Orphan(exoframe.Strategy):
 def test_a_simulated_deadlock_stops_the_run_with_who_waits_for_what():
     config = RunConfig(workload_params=dict(SMALL_GPT), nodes=2, steps=3,
                        compute="fixed:1ms").validate()
-    job = job_from_config(config)
-    job.strategy_cls, job.strategy_params = Orphan, Orphan.Params()
+    job = dataclasses.replace(job_from_config(config), strategy_cls=Orphan,
+                              strategy_params=Orphan.Params())
     with pytest.raises(RankFailed, match="deadlock: rank 0 waits for the transfer 1 -> 0, "
                                          "which rank.s. 1 never started"):
         execute(job)

@@ -4,6 +4,7 @@ import json
 import os
 import random
 import time
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -140,8 +141,8 @@ class FailsOnRankTwo(exoframe.Strategy):
 def test_a_failing_node_stops_the_run_naming_its_rank():
     config = RunConfig(workload="mlp", nodes=6, steps=5, compute="fixed:1ms",
                        nodes_per_process=3).validate()
-    job = job_from_config(config)
-    job.strategy_cls, job.strategy_params = FailsOnRankTwo, FailsOnRankTwo.Params()
+    job = dataclasses.replace(job_from_config(config), strategy_cls=FailsOnRankTwo,
+                              strategy_params=FailsOnRankTwo.Params())
     with pytest.raises(RankFailed, match="rank 2: RuntimeError: rank two broke") as failed:
         execute(job)
     assert "FailsOnRankTwo" in failed.value.details or "rank two broke" in failed.value.details

@@ -2,6 +2,7 @@
 outputs, and its bad inputs."""
 import json
 import math
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -123,8 +124,8 @@ def test_bad_sweep_and_replay_input_is_one_clear_line(tmp_path, capsys):
 
     config = RunConfig(workload_params=dict(SMALL_GPT), nodes=2, steps=3,
                        compute="fixed:10ms").validate()
-    job = job_from_config(config)
-    job.strategy_cls, job.strategy_params, job.strategy_name = Impatient, Impatient.Params(), "impatient"
+    job = dataclasses.replace(job_from_config(config), strategy_cls=Impatient,
+                              strategy_params=Impatient.Params(), strategy_name="impatient")
     result = execute(job, out=str(tmp_path / "runs"))
     assert "is timing-dependent" in bad(capsys, "replay", result.run_dir, "--net", "wan-1gbps")
 

@@ -1,8 +1,9 @@
 """The `exoframe` command line: the group, and the one error boundary (main).
 
-The group is group.py; the commands live beside it, one module per family: run.py (`run`), sweep.py (`sweep`,
-`replay`, `report`), listings.py (what is installed, `new-plugin`); options.py holds the
-flags and checks they share. Plugins add commands through the same hook (exoframe.commands).
+The group is group.py; the commands live beside it, one module per family: run.py (`run`),
+sweep.py (`sweep`, `replay`, `report`), listings.py (what is installed, `new-plugin`);
+config_flags.py makes the flags of RunConfig's fields, options.py holds the other flags and
+checks they share. Plugins add commands through the same hook (exoframe.commands).
 """
 from __future__ import annotations
 

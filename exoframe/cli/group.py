@@ -6,6 +6,7 @@ import os
 import click
 
 from ..errors import ExoframeError
+from .options import debug_option
 
 
 class PluginGroup(click.Group):
@@ -42,6 +43,6 @@ class PluginGroup(click.Group):
 @click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--strict-plugins", is_flag=True,
               help="A plugin that fails to load is an error (also: EXOFRAME_STRICT_PLUGINS=1).")
-@click.option("--debug", is_flag=True, help="Show full tracebacks of errors.")
+@debug_option("Show full tracebacks of errors.")
 def cli(strict_plugins, debug):
     """Simulate distributed training of PyTorch models on one machine."""

@@ -9,6 +9,15 @@ import click
 from ..errors import ExoframeError
 
 
+def config_file_option(help_text: str):
+    return click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                        help=help_text)
+
+
+def debug_option(help_text: str = "Show full tracebacks."):
+    return click.option("--debug", is_flag=True, help=help_text)
+
+
 def progress_options(command):
     command = click.option(
         "--progress-every", type=click.FloatRange(min=0), default=30.0, show_default=True,
@@ -39,23 +48,6 @@ def check_out_folder(folder, flag: str):
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ExoframeError(f"{flag} {folder}: {existing} is not writable; give a folder you "
                             "can write to.")
-
-
-def sink_items(text: str) -> list[str]:
-    """One --sink: "csv,jsonl" names two sinks; in "csv,tensorboard:logdir=tb,flush_secs=5"
-    the options after the colon are the last sink's."""
-    names, colon, options = text.partition(":")
-    items = split_names(names, "--sink")
-    if colon:
-        items[-1] += colon + options
-    return items
-
-
-def split_names(text, flag):
-    names = [n.strip() for n in (text or "").split(",") if n.strip()]
-    if not names:
-        raise ExoframeError(f"{flag}: give at least one name (comma-separated).")
-    return names
 
 
 def projection_from_flags(project_params, step_time, payload_bits, bucket_mb):

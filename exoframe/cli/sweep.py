@@ -7,58 +7,35 @@ import click
 
 from ..config import parse_assignments, resolve_config
 from ..errors import ExoframeError
+from ..fields import long_flag
 from .group import cli
-from .options import (split_names, progress_mode, progress_options, projection_from_flags,
-                      projection_options, check_out_folder)
+from .config_flags import FIELDS, field_option, sweep_options, sweep_values
+from .options import (check_out_folder, config_file_option, progress_mode, progress_options,
+                      projection_from_flags, projection_options)
+
+plots_option = click.option("--plots/--no-plots", default=True,
+                            help="Write PNG plots (needs matplotlib).")
 
 
 @cli.command()
-@click.option("--config", "config_file", type=click.Path(dir_okay=False),
-              help="YAML file of RunConfig fields for every run (`exoframe run --config` takes "
-                   "the same): its strategy, net, seed, out and every other field are the "
-                   "sweep's defaults; flags override them.")
-@click.option("--strategy", "strategies",
-              help="Strategies, comma-separated. [the config's strategy, else ddp,diloco]")
-@click.option("--net", "nets",
-              help="Networks, comma-separated (presets or YAML files); with --bandwidth, the "
-                   "one base network of the grid. [the config's net, else wan-100mbps]")
+@config_file_option(
+    "YAML file of RunConfig fields for every run (`exoframe run --config` takes the same): its "
+    "strategy, net, seed, out and every other field are the sweep's defaults; flags override "
+    "them.")
+@sweep_options
 @click.option("--bandwidth", help="A grid LOW..HIGH (e.g. 10mbit..10gbit) of --points "
               "log-spaced bandwidths applied to the base network: its inter-site links if it "
               "has sites, else every node's NIC.")
 @click.option("--points", type=int, default=8, help="Points in the --bandwidth grid. [8]")
-@click.option("--seeds", help="Seeds, comma-separated. [the config's seed, else 0]")
-@click.option("--nodes", type=int, help="Nodes per run. [2]")
-@click.option("--nodes-per-process", type=int, help="Nodes sharing a worker process. [auto]")
-@click.option("--steps", type=int, help="Training steps per run. [300]")
-@click.option("--workload", help="Workload. [gpt]")
-@click.option("--partition", help="How the training set is split over the nodes (see "
-              "`exoframe run --help`). [iid]")
-@click.option("--compute", help="Compute model (see `exoframe run --help`). [measured]")
-@click.option("--stragglers", help="Slow ranks (see `exoframe run --help`).")
-@click.option("--faults", "faults", multiple=True, metavar="SPEC",
-              help="Simulated failures, repeatable: each is a point of the sweep (see "
-              "`exoframe run --help`; 'none' for a run without). [the config's faults]")
-@click.option("-p", "--param", "params", multiple=True, metavar="[STRATEGY.]KEY=VALUE",
-              help="Strategy parameter, repeatable; unscoped keys go to every swept strategy "
-                   "that has them (e.g. -p diloco.H=50), as do the config's strategy_params, "
-                   "which these override.")
-@click.option("-w", "--workload-param", "workload_params", multiple=True, metavar="KEY=VALUE")
-@click.option("--target-loss", type=float, help="Also report the simulated time to reach this "
-              "validation loss of the held model: each run validates every step and stops "
-              "there.")
 @projection_options
-@click.option("--out", help="Parent folder of sweep folders. [the config's out, else sweeps]")
-@click.option("--plots/--no-plots", default=True, help="Write PNG plots (needs matplotlib).")
+@plots_option
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
               help="Where the training runs happen: here, one after another, or as Ray tasks "
                    "(pip install 'exoframe[ray]'; a local Ray unless --ray-address or "
                    "RAY_ADDRESS names a cluster). [local]")
 @click.option("--ray-address", help="The Ray cluster for --executor ray, e.g. ray://HOST:10001.")
-@click.option("--connect-timeout", type=float, help="Real seconds for the Ray cluster at "
-              "--ray-address to answer. [60]")
 @progress_options
-def sweep(config_file, strategies, nets, bandwidth, points, seeds, faults, params,
-          workload_params, target_loss, project_params, step_time, payload_bits, bucket_mb, out,
+def sweep(config_file, bandwidth, points, project_params, step_time, payload_bits, bucket_mb,
           plots, executor, ray_address, progress, progress_every, **flags):
     """Strategies × networks: simulated wall-clock, compute utilization and bytes, as a
     table, sweep.csv, sweep.json and plots.
@@ -71,30 +48,28 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, faults, param
     from ..engine.sweep import config_axes, parse_grid, sweep as run_sweep
     from ..report.sweep import compute_warning, table
 
-    overrides = {k: v for k, v in flags.items() if v is not None}
-    if workload_params:
-        overrides["workload_params"] = parse_assignments(workload_params, "--workload-param")
-    base = resolve_config(config_file, overrides)
-    defaults = config_axes(base, set(load_yaml(config_file)) if config_file else set())
-    strategy_names = split_names(strategies, "--strategy") if strategies is not None \
-        else defaults["strategies"]
-    net_list = split_names(nets, "--net") if nets is not None else defaults["nets"]
-    try:
-        seed_list = [int(s) for s in split_names(seeds, "--seeds")] if seeds is not None \
-            else defaults["seeds"]
-    except ValueError:
-        raise ExoframeError(f"--seeds: expected integers like 0,1,2; got '{seeds}'.") from None
+    # -p is scoped by strategy in a sweep ([STRATEGY.]KEY=VALUE): engine/sweep.py places it.
+    params = flags.pop("strategy_params")
+    given, axes = sweep_values(flags)
+    base = resolve_config(config_file, given)
+    defaults = config_axes(base, set(given) | (set(load_yaml(config_file)) if config_file
+                                               else set()))
+    strategy_names = axes.pop("strategy", defaults["strategies"])
+    net_list = axes.pop("net", defaults["nets"])
+    seed_list = axes.pop("seed", defaults["seeds"])
+    faults = axes.pop("faults", None)
     grid = parse_grid(bandwidth, points) if bandwidth else None
-    check_out_folder(out or defaults["out"], "--out")
+    check_out_folder(defaults["out"], long_flag(FIELDS["out"]))
     projection = projection_from_flags(project_params, step_time, payload_bits, bucket_mb)
     if plots:
         from ..report.plots import require_matplotlib
 
         require_matplotlib()  # fail now, not after the training, when matplotlib is missing
-    folder, rows = run_sweep(base, strategy_names, net_list, seed_list, out or defaults["out"],
-                             parse_assignments(params, "--param"), target_loss, projection,
-                             plots, progress_mode(progress, progress_every), grid,
-                             progress_every, list(faults) or None, executor, ray_address)
+    folder, rows = run_sweep(base, strategy_names, net_list, seed_list, defaults["out"],
+                             parse_assignments(params, long_flag(FIELDS["strategy_params"])),
+                             None, projection, plots, progress_mode(progress, progress_every),
+                             grid, progress_every, faults, executor, ray_address,
+                             axes=axes)
     click.echo(table(rows))
     click.echo(f"  sweep folder: {folder}")
     warning = compute_warning(rows)
@@ -104,7 +79,7 @@ def sweep(config_file, strategies, nets, bandwidth, points, seeds, faults, param
 
 @cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--net", required=True, help="Network to replay through (preset or YAML file).")
+@field_option("net", required=True, help="Network to replay through (preset or YAML file).")
 @projection_options
 def replay(run_dir, net, project_params, step_time, payload_bits, bucket_mb):
     """Replay a run's trace through another network (no training); saved in RUN_DIR/replays."""
@@ -125,17 +100,17 @@ def replay(run_dir, net, project_params, step_time, payload_bits, bucket_mb):
 
 @cli.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option("--out", help="Folder for sweep.csv, sweep.json and plots. [none: table only]")
-@click.option("--target-loss", type=float, help="Also report the simulated time to reach this "
-              "validation loss of the held model.")
-@click.option("--plots/--no-plots", default=True, help="Write PNG plots (needs matplotlib).")
+@field_option("out", help="Folder for sweep.csv, sweep.json and plots. [none: table only]")
+@field_option("target_loss", help="Also report the simulated time to reach this validation "
+              "loss of the held model.")
+@plots_option
 def report(run_dirs, out, target_loss, plots):
     """Rebuild the table (and with --out the CSV, JSON and plots) from run folders (a
     sweep folder stands for the runs in it)."""
     from ..report.sweep import collect_rows, table, write_outputs
 
     if out:
-        check_out_folder(out, "--out")
+        check_out_folder(out, long_flag(FIELDS["out"]))
     folders = []
     for d in map(Path, run_dirs):
         folders += sorted(p for p in (d / "runs").iterdir() if p.is_dir()) \

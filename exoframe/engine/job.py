@@ -30,8 +30,12 @@ from .placement import Placement, place
 from .target import LAG
 
 
-@dataclass
+@dataclass(frozen=True)
 class Job:
+    """The RunConfig and what was resolved from it. Frozen: what is learnt later (the FLOP
+    count of a step, the run folder, the checkpoint resumed from) makes a new Job
+    (dataclasses.replace)."""
+
     model: torch.nn.Module
     dataset: DatasetFactory
     strategy_cls: type
@@ -311,11 +315,10 @@ def epoch_steps(config: RunConfig, dataset: DatasetFactory, batch_size: int) -> 
     return max(1, math.ceil(config.epochs * per_epoch / config.accumulate))
 
 
-def job_from_config(config: RunConfig, pm: PluginManager | None = None,
-                    sim: SimSetup | None = None) -> Job:
-    """sim: the config's network already resolved (a sweep resolves each network once)."""
+def job_from_config(config: RunConfig, pm: PluginManager | None = None) -> Job:
+    """The Job of a validated config, with a network setup of its own."""
     pm = pm or get_plugin_manager()
-    sim = sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)
+    sim = resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)
     workload = load_workload(config.workload, config.workload_params, pm)
     torch.manual_seed(config.seed)
     model = _user_code(workload.build_model, f"workload '{config.workload}': building the model",

@@ -13,6 +13,7 @@ serves the other ranks, which join it over TCP (cluster.py, run_cluster_rank).
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import shutil
@@ -90,11 +91,12 @@ def preload():
     import torch._dynamo  # noqa: F401
 
 
-def prepare(job: Job, rank: int | None = None) -> tuple[dict, list | None]:
-    """Everything a run checks and counts before its ranks start: each rank's batches
-    (rank -> Batches) and validation shard. Under torchrun the process of `rank` does it
-    for its own rank: its batches (and rank 0's, which the checks read), no validation
-    shards (the evaluator runs beside rank 0)."""
+def prepare(job: Job, rank: int | None = None) -> tuple[Job, dict, list | None]:
+    """Everything a run checks and counts before its ranks start: the job with its compute
+    model complete (a FLOP count, the GPU), each rank's batches (rank -> Batches) and
+    validation shard. Under torchrun the process of `rank` does it for its own rank: its
+    batches (and rank 0's, which the checks read), no validation shards (the evaluator runs
+    beside rank 0)."""
     if job.device.startswith("cuda") and torch.cuda.is_initialized():
         raise ExoframeError(
             "device: CUDA is already initialized in this process (a model or tensor was put on "
@@ -112,14 +114,22 @@ def prepare(job: Job, rank: int | None = None) -> tuple[dict, list | None]:
                             "from the validation loss. Give validation data or drop target_loss.")
     warn_about_measured_compute(job)
     first_batch = check_model(job, batches[0])
-    if job.sim.compute.needs_flops:
-        if job.sim.compute.peak is None:  # flops:auto
-            gpu = devices.gpu_model() if job.device.startswith("cuda") else None
-            job.sim.compute = job.sim.compute.with_device(device_from_name(gpu))
-        flops = count_step_flops(job.model, first_batch) * job.accumulate
-        job.sim.compute = job.sim.compute.with_flops(flops)
+    job = with_step_flops(job, first_batch)
     preload()
-    return batches, val_shards
+    return job, batches, val_shards
+
+
+def with_step_flops(job: Job, first_batch) -> Job:
+    """The job with its compute model's device (flops:auto) and FLOP count per step, where
+    the model is `flops`."""
+    compute = job.sim.compute
+    if not compute.needs_flops:
+        return job
+    if compute.peak is None:  # flops:auto
+        gpu = devices.gpu_model() if job.device.startswith("cuda") else None
+        compute = compute.with_device(device_from_name(gpu))
+    compute = compute.with_flops(count_step_flops(job.model, first_batch) * job.accumulate)
+    return dataclasses.replace(job, sim=dataclasses.replace(job.sim, compute=compute))
 
 
 def bind_to_loopback():
@@ -135,9 +145,12 @@ def launch(job: Job, on_row=None, config: dict | None = None,
     """Run `job` on job.nodes forked ranks. `on_row(row)` is called for each finished step.
     With `cluster` (rank 0's process under torchrun, engine/cluster.py), launch rank 0 and
     serve the ranks of the other processes, which must have been started with the same
-    `config`. prepared: what prepare(job) returned, if the caller checked the job already."""
+    `config`. prepared: the batches and validation shards prepare() returned with `job`, if
+    the caller prepared it already."""
     start = time.perf_counter()
-    batches, val_shards = prepared if prepared is not None else prepare(job)
+    if prepared is None:
+        job, *prepared = prepare(job)
+    batches, val_shards = prepared
     if cluster is None or cluster.is_loopback():
         bind_to_loopback()
     rendezvous = tempfile.mkdtemp(prefix="exoframe-rendezvous-")  # mode 0700: ours alone
@@ -150,7 +163,7 @@ def launch(job: Job, on_row=None, config: dict | None = None,
 def run_cluster_rank(job: Job, cluster: ClusterEnv, config: dict):
     """A rank that torchrun started on a process other than rank 0's: prepare as rank 0
     does, join rank 0's launcher, train, exit (the process ends here)."""
-    batches, _ = prepare(job, cluster.rank)
+    job, batches, _ = prepare(job, cluster.rank)
     if cluster.is_loopback():
         bind_to_loopback()
     conn = join(cluster, job.connect_timeout, config, job.device)

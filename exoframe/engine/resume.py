@@ -11,6 +11,7 @@ config is the one it was made with. The folder's records (config.yaml, metrics, 
 replaced only once the resume has finished its first step (engine/run.py)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ..config import config_to_dict, resolve_config
@@ -42,7 +43,7 @@ def resume_job(job, config_record: dict, run_dir, **execute_options) -> RunResul
     with RunLock.take(run_dir):
         checkpoint = latest_checkpoint(run_dir)
         checkpoint.verify()
-        check_resumable(job, checkpoint, run_dir, config_record)
+        job = check_resumable(job, checkpoint, run_dir, config_record)
         return execute(job, config_record=config_record, resume_dir=run_dir,
                        **execute_options)
 
@@ -62,7 +63,7 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
 
 
 def check_resumable(job, checkpoint, run_dir, config: dict | None = None):
-    """Set `job` to resume from `checkpoint`, once they agree. config: the resume's config
+    """`job`, to resume from `checkpoint`, once they agree. config: the resume's config
     as logged, compared field by field with the one the checkpoint was made with."""
     if job.steps <= checkpoint.step:
         raise ExoframeError(f"{run_dir}: its checkpoint is at step {checkpoint.step} and the "
@@ -95,4 +96,4 @@ def check_resumable(job, checkpoint, run_dir, config: dict | None = None):
             f"{made['steps']} steps; training on to {now['steps']} would change the rate of "
             "the steps to come (a schedule is set by the run's length). Extend runs with a "
             "constant schedule, or start a longer run.")
-    job.resume_from = checkpoint
+    return dataclasses.replace(job, resume_from=checkpoint)

@@ -7,6 +7,7 @@ killed outright leaves a summary."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
     if job.checkpoint_every is not None and out is None and resume_dir is None:
         raise ExoframeError("checkpoint_every: checkpoints are saved in the run folder; "
                             "give a folder for runs (out).")
-    prepared = prepare(job)  # the model and data, checked before any folder is made
+    job, *prepared = prepare(job)  # the model and data, checked before any folder is made
     if resume_dir is not None:  # (its lock is the caller's)
         folder, held = RunFolder(Path(resume_dir)), contextlib.nullcontext()
     else:
@@ -64,7 +65,7 @@ def _execute(job, folder, config_record, progress, progress_every, on_row, clust
              prepared) -> RunResult:
     resuming = job.resume_from is not None
     if job.checkpoint_every is not None:
-        job.run_dir = str(folder.path)
+        job = dataclasses.replace(job, run_dir=str(folder.path))
     if folder and config_record is not None and not resuming:
         folder.write_config(config_record)
     try:

@@ -12,6 +12,7 @@ from a bandwidth grid), sweep.csv, sweep.json and the plots. The runs happen her
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from pathlib import Path
 
@@ -144,6 +145,11 @@ def check_points(points: list, pm):
                 checked.add(net)
 
 
+def _combinations(axes: dict) -> list[dict]:
+    """{"a": [1, 2], "b": [3]} -> [{"a": 1, "b": 3}, {"a": 2, "b": 3}]; {} -> [{}]."""
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
 def config_axes(config: RunConfig, given: set) -> dict:
     """What a sweep takes from a config file where no flag says otherwise: the file's
     strategy, net and out when it gives them (else the sweep's defaults), and its seed."""
@@ -173,13 +179,14 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
           projection: Projection | None = None, plots: bool = True, progress="off",
           grid: list[float] | None = None, progress_every: float = 30.0,
           faults: list[str] | None = None, executor: str = "local",
-          address: str | None = None) -> tuple[Path, list[dict]]:
+          address: str | None = None, axes: dict | None = None) -> tuple[Path, list[dict]]:
     """Returns the sweep folder and its rows (see exoframe.report.sweep). Every run is `base`
     with the strategy, seed, network and faults swept; its strategy parameters are base's
     that the strategy has plus `assignments` (-p values, see strategy_params). With `grid`
     (bandwidths in bytes/s), `nets` is the one base network the grid is applied to. faults:
     fault specs ("" or "none": no failures; None: base's). executor: where the training runs
-    happen, "local" or "ray" (address: a Ray cluster's; see executors.py)."""
+    happen, "local" or "ray" (address: a Ray cluster's; see executors.py). axes: {field: its
+    values} for any other RunConfig field swept: every combination is a point of its own."""
     faults = [base.faults] if faults is None else ["" if f == "none" else f for f in faults]
     check_executor(executor, address, base.connect_timeout)
     if REAL in nets:
@@ -211,14 +218,14 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
                 raise ExoframeError(f"sweep: '{strategy}' is timing-dependent (or the runs have "
                                     "faults); a projection replays traces, so it cannot "
                                     "project it. Leave it out of the sweep.")
-            for seed in seeds:
+            for seed, others in itertools.product(seeds, _combinations(axes or {})):
                 trained = run_nets if timing_dependent else run_nets[:1]
                 replayed = ([] if timing_dependent else run_nets[1:] if projection is None
                             else run_nets)
                 configs = tuple(dataclasses.replace(
                     base, strategy=strategy, seed=seed, net=net, out=str(runs_dir),
-                    strategy_params=params[strategy], target_loss=target_loss, faults=spec)
-                    for net in trained)
+                    strategy_params=params[strategy], target_loss=target_loss, faults=spec,
+                    **others) for net in trained)
                 points.append(SweepPoint(configs, tuple(replayed), projection))
         return points
 

@@ -14,7 +14,7 @@ from .topology import Sites, Topology
 REAL = "real"
 
 
-@dataclass
+@dataclass(frozen=True)
 class SimSetup:
     net: str  # preset name or file stem
     topology: Topology

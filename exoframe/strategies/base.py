@@ -40,9 +40,10 @@ from ..comm import Communicator, flatten, flatten_bytes, unflatten_bytes_into, u
 from ..errors import ExoframeError, shorten
 from ..sim.inputs import build_dataclass
 from .optimizers import OptimizerSpec, optimizer_tensors
+from .spec import StrategyType
 
 
-class Strategy:
+class Strategy(metaclass=StrategyType):
     """Base class of every strategy. Subclasses set `Params` and implement `step()`."""
 
     #: True when the strategy's numerics depend on simulated timing (async methods).

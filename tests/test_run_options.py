@@ -1,0 +1,213 @@
+"""A run option is declared once, as a RunConfig field: every field is a YAML key, a `run`
+flag, a `sweep` flag and a Trainer.fit keyword, and they all give the same config."""
+import ast
+import dataclasses
+import inspect
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+import exoframe
+from exoframe import testing
+from exoframe.cli.config_flags import overrides, sweep_values
+from exoframe.cli.run import run
+from exoframe.cli.sweep import sweep
+from exoframe.config import RunConfig, resolve_config
+from exoframe.engine.fit_keywords import ALIASES, REFUSED, fit_config
+from exoframe.errors import ExoframeError
+from exoframe.fields import api_default, field_default, option_of, value_type
+
+FIELDS = dataclasses.fields(RunConfig)
+HINTS = typing.get_type_hints(RunConfig)
+# Text fields that validate() reads: a valid value other than the default.
+VALID_TEXT = {"workload": "mlp", "strategy": "diloco", "optimizer": "sgd", "device": "auto",
+              "partition": "dirichlet:0.5", "time_budget": "2h", "net": "wan-1gbps",
+              "compute": "fixed:10ms", "stragglers": "1:2", "faults": "1@1s:1s"}
+
+
+def sample(f):
+    """(a value of field f other than its default, the argv giving it as a `run` flag)."""
+    opt, kind, default = option_of(f), value_type(f, HINTS), field_default(f)
+    option = next(p for p in run.params if p.name == f.name)
+    if kind is bool:
+        return not default, [(option.secondary_opts if default else option.opts)[0]]
+    if opt.choices:
+        value = opt.choices[-1]
+    elif kind is int:
+        value = default + 1 if isinstance(default, int) else 3
+    elif kind is float:
+        value = 0.5
+    elif kind is dict:
+        return {"k": 1}, [option.opts[0], "k=1"]
+    elif kind is list:
+        return ["csv"], [option.opts[0], "csv"]
+    else:
+        value = VALID_TEXT.get(f.name, f"not-{default}")
+    return value, [option.opts[0], str(value)]
+
+
+def field_values(command, argv) -> dict:
+    """What `command` parses from argv for RunConfig's fields (the command's other
+    arguments left out), without running it."""
+    params = command.make_context(command.name, list(argv)).params
+    return {f.name: params[f.name] for f in FIELDS}
+
+
+@pytest.mark.parametrize("f", FIELDS, ids=lambda f: f.name)
+def test_every_field_is_a_yaml_key_a_run_flag_a_sweep_flag_and_a_fit_keyword(f, tmp_path):
+    value, argv = sample(f)
+    assert value != field_default(f)
+    expected = resolve_config(None, {f.name: value})
+    assert getattr(expected, f.name) == value
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({f.name: value}))
+    assert resolve_config(path) == expected
+
+    flags = field_values(run, argv)
+    assert resolve_config(None, overrides(flags)) == expected
+
+    axis = option_of(f).sweep
+    if axis is None:  # the same flag, for every run of the sweep
+        flags = field_values(sweep, argv)
+        flags.pop("strategy_params")  # (a sweep scopes -p by strategy: engine/sweep.py)
+        given, axes = sweep_values(flags)
+        if f.name != "strategy_params":
+            assert resolve_config(None, given) == expected
+    else:  # several values, each a run of its own
+        flag = axis.flag or argv[0]
+        argv = [flag, "none", flag, str(value)] if axis.repeat else [flag, f"{value},{value}"]
+        given, axes = sweep_values(field_values(sweep, argv))
+        assert given == {} and axes[f.name][-1] == value and len(axes[f.name]) == 2
+
+    if f.name in REFUSED:  # the Trainer's own model and data are its workload
+        with pytest.raises(ExoframeError, match=f"Trainer.fit: {f.name}: a Trainer trains"):
+            fit_config("ddp", {f.name: value}, batch_size=None)
+        return
+    strategy = value if f.name == "strategy" else "ddp"
+    options = {} if f.name == "strategy" else {f.name: value}
+    config, cls, out = fit_config(strategy, options, batch_size=None)
+    assert (config, cls) == (expected, None)
+    assert out == (value if f.name == "out" else None)
+
+
+def test_fit_defaults_are_the_fields_defaults():
+    signature = inspect.signature(exoframe.Trainer.fit).parameters
+    for f in FIELDS:
+        if f.name not in REFUSED:
+            assert signature[f.name].default == api_default(f)
+    assert api_default(next(f for f in FIELDS if f.name == "out")) is None  # no run folder
+    config, _, out = fit_config("ddp", {}, batch_size=None)
+    assert config == RunConfig().validate() and out is None
+
+
+def test_exo_gym_keywords_are_taken_or_refused_in_one_line():
+    import torch
+
+    taken = {"num_nodes": 3, "num_epochs": 2, "val_interval": 5, "checkpoint_interval": 4,
+             "inner_optim": "sgd", "device": "auto"}
+    ours = {ALIASES.get(k, k): v for k, v in taken.items()}
+    assert fit_config("ddp", taken, 8) == fit_config("ddp", ours, 8)
+    assert fit_config("ddp", {"max_steps": 7}, 8)[0].steps == 7
+    assert fit_config("ddp", {"inner_optim": torch.optim.SGD}, 8)[0].optimizer == "sgd"
+    for key, spelling in [("autocast", "precision="), ("minibatch_size", "accumulate="),
+                          ("val_size", "eval_batches="), ("devices", "device="),
+                          ("save_dir", "out=")]:
+        with pytest.raises(ExoframeError) as refused:
+            fit_config("ddp", {key: 1}, 8)
+        assert spelling in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(ExoframeError, match="num_epochs and max_steps: .* give one"):
+        fit_config("ddp", {"num_epochs": 1, "max_steps": 3}, 8)
+    with pytest.raises(ExoframeError, match="both give steps"):
+        fit_config("ddp", {"max_steps": 3, "steps": 3}, 8)
+    with pytest.raises(ExoframeError, match="unknown argument 'max_stepz'. Did you mean "
+                                            "'max_steps'"):
+        exoframe.Trainer(testing.tiny_model(), testing.tiny_data()).fit(max_stepz=3)
+
+
+def test_a_strategy_called_with_its_parameters_trains_exactly_as_its_name():
+    from exoframe.strategies import DiLoCo, StreamingDiLoCo
+
+    run = dict(num_nodes=2, steps=6, net="wan-100mbps", compute="fixed:10ms", eval_every=3,
+               optimizer="sgd", lr=0.1)
+    results = [exoframe.Trainer(testing.tiny_model(), testing.tiny_data(), batch_size=8)
+               .fit(strategy=strategy, **params, **run)
+               for strategy, params in [("diloco", {"strategy_params": {"H": 2}}),
+                                        (DiLoCo(H=2), {}),
+                                        (DiLoCo, {"strategy_params": {"H": 2}})]]
+    named = results[0]
+    assert named.summary["bytes_sent_per_node"] > 0  # three outer syncs went over the network
+    for other in results[1:]:
+        assert other.metrics == named.metrics  # losses and simulated times, bit for bit
+        assert other.summary["simulated_seconds"] == named.summary["simulated_seconds"]
+        assert other.summary["strategy"] == "diloco"
+        assert testing.max_difference(other, named) == 0
+    # A registered class runs under its registered name; parameters are checked at once.
+    assert fit_config(StreamingDiLoCo(H=4), {}, 8)[0].strategy == "streaming-diloco"
+    with pytest.raises(ExoframeError, match="unknown parameter 'Hx'. Did you mean 'H'"):
+        DiLoCo(Hx=2)
+    with pytest.raises(ExoframeError, match="carries its parameters"):
+        fit_config(DiLoCo(H=2), {"strategy_params": {"H": 3}}, 8)
+
+
+def test_a_swept_fields_values_are_checked_as_the_field():
+    with pytest.raises(ExoframeError, match="--seeds: field 'seed' must be int"):
+        sweep_values(field_values(sweep, ["--seeds", "0,x"]))
+
+
+def declared_flags(path: Path) -> set[str]:
+    """The flags a module declares: click.option's, and RunConfig's in option()/Sweep()."""
+    flags = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "attr", getattr(node.func, "id", None))
+        texts = []
+        if name == "option" and getattr(node.func, "value", None) is not None:  # click.option
+            texts = [a.value for a in node.args if isinstance(a, ast.Constant)]
+        elif name in ("option", "Sweep"):  # a field's metadata
+            texts = [k.value.value for k in node.keywords
+                     if k.arg in ("flag", "short") and isinstance(k.value, ast.Constant)]
+        flags |= {t for text in texts if isinstance(text, str) and text.startswith("-")
+                  for t in text.split("/")}
+    return flags
+
+
+def test_no_flag_is_declared_in_more_than_one_file():
+    files = sorted((REPO / "exoframe").rglob("*.py"))
+    where = {}
+    for path in files:
+        for flag in declared_flags(path):
+            where.setdefault(flag, set()).add(path.relative_to(REPO).as_posix())
+    for f in FIELDS:  # a field's flag made from its name is declared by config.py
+        for option in (p for p in run.params if p.name == f.name):
+            for flag in option.opts + option.secondary_opts:
+                where.setdefault(flag, set()).add("exoframe/config.py")
+    assert {"-p", "--param", "--config", "--debug", "--seeds"} <= set(where)
+    twice = {flag: sorted(files) for flag, files in where.items() if len(files) > 1}
+    assert not twice, f"flags declared in more than one file: {twice}"
+
+
+def test_a_job_is_frozen_and_what_is_learnt_later_makes_a_new_one():
+    """The FLOP count of a step is counted once the model and a batch exist (launcher's
+    prepare): it is a new Job, and each run resolves its own network setup."""
+    from exoframe.engine import job_from_config
+    from exoframe.engine.flops import count_step_flops
+    from exoframe.engine.launcher import prepare
+
+    config = resolve_config(None, {"workload": "mlp", "compute": "flops:cpu", "steps": 2})
+    job, other = job_from_config(config), job_from_config(config)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.steps = 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.sim.compute = None
+    assert job.sim is not other.sim  # one network setup per run
+    prepared, batches, _ = prepare(job)
+    compute = prepared.sim.compute
+    assert prepared is not job and job.sim.compute.needs_flops and not compute.needs_flops
+    flops = count_step_flops(job.model, batches[0].first())
+    assert compute.step_seconds == flops / (compute.peak * compute.efficiency)
+    assert other.sim.compute.needs_flops
