@@ -11,6 +11,7 @@ import yaml
 
 from .errors import ExoframeError, did_you_mean, shorten
 from .fields import Sweep, option
+from .optimizer_values import check_optimizer_values
 from .sim.inputs import build_dataclass, load_yaml, read_text, safe_load
 from .sinks import parse_sink
 
@@ -224,17 +225,6 @@ def check_device(device: str):
         raise ExoframeError(f"device: unknown device '{shorten(device)}'."
                             f"{did_you_mean(kind, ['auto', 'cpu', 'cuda', 'mps'])} Use auto, "
                             "cpu, cuda, cuda:N or mps.")
-
-
-def check_optimizer_values(lr=None, weight_decay=0.0, momentum=0.0):
-    """The local optimizer's numbers, checked before any rank builds it (torch would only
-    complain inside the ranks, after the fork)."""
-    if lr is not None and not (math.isfinite(lr) and lr > 0):
-        raise ExoframeError(f"lr must be a positive finite number, got {lr}.")
-    if not (math.isfinite(weight_decay) and weight_decay >= 0):
-        raise ExoframeError(f"weight_decay must be a finite number >= 0, got {weight_decay}.")
-    if not (math.isfinite(momentum) and 0 <= momentum < 1):
-        raise ExoframeError(f"momentum must be in [0, 1), got {momentum}.")
 
 
 def parse_scalar(text: str, what: str = "value"):

@@ -25,7 +25,8 @@ from .engine.trainer import Trainer
 from .plugins import get_plugin_manager
 from .sim import Simulator, resolve_sim
 from .sim.protocol import Op
-from .strategies.base import OptimizerSpec, Strategy
+from .strategies.base import Strategy
+from .strategies.optimizers import OptimizerSpec
 
 
 class TinyRegression(torch.nn.Module):

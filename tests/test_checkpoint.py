@@ -18,7 +18,7 @@ from exoframe.errors import ExoframeError
 from exoframe.sim import Simulator, Topology
 from exoframe.sim.collectives import BUILTIN
 from exoframe.sim.feed import Feed
-from exoframe.sim.protocol import Op
+from exoframe.sim.protocol import Op, StepEnd
 
 from conftest import HANG_GUARD, HANGING_WORKLOAD, metric_lines, only_run, wait_for
 
@@ -155,12 +155,12 @@ def test_a_resumed_simulator_drops_the_answers_its_ranks_had_before_the_checkpoi
     live = Feed(Simulator(topology, BUILTIN))
     live.message(0, Op(0.0, 0, ("p", 0, 2, 0), "send", 1e7, (0, 2), 0, True))
     live.message(2, Op(0.0, 0, ("p", 0, 2, 0), "recv", 1e7, (0, 2), 0, True))
-    live.step_end(1, 0.001)
+    live.message(1, StepEnd(0.001))
     assert live.advance() == []  # rank 1 could still send something earlier
     transfer = rank_1_in_step_2(live)
     assert [(r, a.end) for r, a in transfer] == [(0, transfer_end), (2, transfer_end)]
     for rank in (0, 2):
-        live.step_end(rank, transfer_end)
+        live.message(rank, StepEnd(transfer_end))
     # The checkpoint of step 1: each rank's inputs up to its end of step 1.
     cut = [live.log[0][:], live.log[1][:1], live.log[2][:]]
     expected = ranks_0_and_2_in_step_2(live)

@@ -23,7 +23,7 @@ from conftest import one_line_error
 from exoframe import testing
 from exoframe.engine.messages import Hello, Rendezvous, StepDone
 from exoframe.sim.protocol import (Listen, Mail, Op, Post, Probe, Probed, Quorum, Quorumed,
-                                   Wait, Waited)
+                                   StepEnd, Wait, Waited)
 from exoframe.errors import ExoframeError
 from exoframe.sim.transport import Listener, TransportError, connect, in_process
 from exoframe.strategies.ddp import DDP
@@ -37,7 +37,7 @@ MESSAGES = [
     Mail(4.0, 0.5, 0.5, ((1, 0, 128.0),), (b"\x00payload",)),
     Hello(1, 4, "host-b", "0.1.0", {"steps": 5, "net": "wan-100mbps"}, "cpu"),
     Rendezvous(None, 360.0, "gloo", ("127.0.0.1", 29500, "exoframe/run/0/")),
-    StepDone(2, 7, {"loss": 1.25, "sim_time": 3.5}, None),
+    StepDone(2, 7, StepEnd(3.5, 7), {"loss": 1.25, "sim_time": 3.5}, None),
 ]
 
 

@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from exoframe.sim.network import Environment, FlowNetwork
+from exoframe.sim.events import Environment
+from exoframe.sim.network import FlowNetwork
 from exoframe.sim.topology import LinkSpec, Topology
 
 INF = math.inf

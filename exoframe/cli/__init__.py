@@ -1,8 +1,9 @@
 """The `exoframe` command line: the group, and the one error boundary (main).
 
-The commands live beside it, one module per family: run.py (`run`), sweep.py (`sweep`,
-`replay`, `report`), listings.py (what is installed, `new-plugin`); config_flags.py makes
-the flags of RunConfig's fields, options.py holds the other flags and checks they share. Plugins add commands through the same hook (exoframe.commands).
+The group is group.py; the commands live beside it, one module per family: run.py (`run`),
+sweep.py (`sweep`, `replay`, `report`), listings.py (what is installed, `new-plugin`);
+config_flags.py makes the flags of RunConfig's fields, options.py holds the other flags and
+checks they share. Plugins add commands through the same hook (exoframe.commands).
 """
 from __future__ import annotations
 
@@ -15,20 +16,10 @@ import traceback
 
 import click
 
-from ..commands import PluginGroup
 from ..errors import ExoframeError, shorten
-from .options import debug_option
+from .group import cli
 
 MAX_MESSAGE = 1000  # characters of an error line; values inside are cut at 200 already
-
-
-@click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--strict-plugins", is_flag=True,
-              help="A plugin that fails to load is an error (also: EXOFRAME_STRICT_PLUGINS=1).")
-@debug_option("Show full tracebacks of errors.")
-def cli(strict_plugins, debug):
-    """Simulate distributed training of PyTorch models on one machine."""
-
 
 
 def main(argv=None):

@@ -5,9 +5,8 @@ import importlib.metadata
 
 import click
 
-from ..commands import format_plugins
 from ..errors import ExoframeError
-from . import cli
+from .group import cli
 
 
 # Listings of what is installed: `exoframe KIND` prints a registry, one line per item.
@@ -105,3 +104,24 @@ def _print_registry(registry):
     for e in entries:
         aliases = f" (alias: {', '.join(e.aliases)})" if e.aliases else ""
         click.echo(f"{e.name:<{width}}  {e.description}{aliases}  [{e.source}]")
+
+
+def format_plugins(infos) -> str:
+    """`exoframe plugins`: one line per plugin, then what each implemented hook registered."""
+    from ..plugins import KINDS
+
+    kind_of_hook = {hook: kind for kind, hook in KINDS.items()}
+    infos = list(infos)
+    name_width = max((len(i.name) for i in infos), default=4)
+    source_width = max((len(f"{i.source} {i.version}") for i in infos), default=4)
+    lines = []
+    for info in infos:
+        status = f"failed: {info.error}" if info.status == "failed" else info.status
+        if info.warning:
+            status += f" (warning: {info.warning})"
+        lines.append(f"{info.name:<{name_width}}  {info.source + ' ' + info.version:<{source_width}}"
+                     f"  {status}")
+        for hook in info.hooks:
+            kind = kind_of_hook.get(hook, hook)
+            lines.append(f"    {kind}: {', '.join(info.items.get(kind, [])) or '(none)'}")
+    return "\n".join(lines)

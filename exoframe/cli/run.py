@@ -5,7 +5,7 @@ import click
 
 from ..config import config_to_dict, resolve_config
 from ..fields import long_flag
-from . import cli
+from .group import cli
 from .config_flags import FIELDS, field_option, overrides, run_options
 from .options import (check_out_folder, config_file_option, debug_option, progress_mode,
                       progress_options)

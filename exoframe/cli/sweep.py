@@ -8,7 +8,7 @@ import click
 from ..config import EXECUTORS, parse_assignments, resolve_config
 from ..errors import ExoframeError
 from ..fields import long_flag
-from . import cli
+from .group import cli
 from .config_flags import FIELDS, field_option, sweep_options, sweep_values
 from .options import (check_out_folder, config_file_option, progress_mode, progress_options,
                       projection_from_flags, projection_options)

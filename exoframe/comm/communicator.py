@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import ExoframeError
-from ..sim.clock import SoloClock
-from .exchange import TorchExchange
+from ..sim.clock import Clock, SoloClock
+from .exchange import Exchange, TorchExchange
 from .flat import flatten_bytes, unflatten_bytes_into
 from .remote import RemoteCalls
 from .traffic import TrafficStats
@@ -57,8 +57,8 @@ class Handle:
 
 
 class Communicator:
-    def __init__(self, rank: int, world_size: int, clock=None, group=None, p2p_group=None,
-                 faults=None, exchange=None):
+    def __init__(self, rank: int, world_size: int, clock: Clock | None = None, group=None,
+                 p2p_group=None, faults=None, exchange: Exchange | None = None):
         """clock: the rank's exoframe.sim.clock.RankClock (the engine makes it); without
         one, a Communicator serves a single process (world size 1). p2p_group: the group for
         send and recv when it is not `group` (gloo beside NCCL, see engine/rank.py).
@@ -67,8 +67,9 @@ class Communicator:
         `group` and `p2p_group`)."""
         self.rank = rank
         self.world_size = world_size
-        self.clock = clock if clock is not None else SoloClock()
-        self.exchange = exchange if exchange is not None else TorchExchange(group, p2p_group)
+        self.clock: Clock = clock if clock is not None else SoloClock()
+        self.exchange: Exchange = exchange if exchange is not None else TorchExchange(group,
+                                                                                      p2p_group)
         self.ranks = self.exchange.ranks(world_size)
         self.traffic = TrafficStats()
         self.faults = faults

@@ -1,8 +1,11 @@
 """The real exchanges behind the Communicator's operations: through torch.distributed
 (`TorchExchange`, a process per node) or in memory among nodes packed into worker processes
-(`comm/memory.py`). Both start an operation and return its work, whose `wait()` gives the
-result in place; `op` is sum, max or min (the Communicator divides a mean itself)."""
+(`comm/memory.py`). Both are Exchanges: they start an operation and return its Work, whose
+`wait()` gives the result in place; `op` is sum, max or min (the Communicator divides a
+mean itself)."""
 from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -12,6 +15,37 @@ _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_i
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+@runtime_checkable
+class Work(Protocol):
+    """A started exchange (torch.distributed's Work, comm.memory.MemoryWork)."""
+
+    def wait(self): ...
+
+    def is_completed(self) -> bool: ...
+
+
+@runtime_checkable
+class Exchange(Protocol):
+    """What moves a rank's tensors for the Communicator: each operation is started at once
+    and returns its Work."""
+
+    def ranks(self, world_size: int) -> tuple: ...
+
+    def exchanges_host_memory(self, world_size: int, p2p: bool = False) -> bool: ...
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> Work: ...
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> Work: ...
+
+    def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> Work: ...
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> Work: ...
+
+    def send(self, tensor: torch.Tensor, dst: int) -> Work: ...
+
+    def recv(self, tensor: torch.Tensor, src: int) -> Work: ...
 
 
 class TorchExchange:

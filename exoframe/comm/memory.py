@@ -195,7 +195,7 @@ def _has_result(gather: Gather) -> bool:
 
 
 class MemoryExchange:
-    """One node's exchanges (comm/exchange.py's interface) through its process's Pack."""
+    """One node's exchanges (an Exchange, comm/exchange.py) through its process's Pack."""
 
     def __init__(self, rank: int, pack: Pack):
         self.rank, self.pack = rank, pack

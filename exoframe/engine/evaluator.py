@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import devices
 from .data import eval_batches, examples_in
 from .loop import to_device
 from .messages import EvaluatorStop, Validated
@@ -43,7 +42,7 @@ def evaluate(job: Job, val_shards, conn):
     A held model equal to the one validated before (DiLoCo's between outer steps) is not
     validated again. On a GPU run the evaluator validates on rank 0's device."""
     torch.set_num_threads(job.threads)
-    device = devices.for_rank(job.device, 0)
+    device = job.placement.device_of(0)
     job.model.to(device)
 
     def validated(state):

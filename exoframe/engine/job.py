@@ -22,14 +22,11 @@ from ..plugins import PluginManager, get_plugin_manager
 from ..sim import SimSetup, resolve_sim
 from ..sim.faults import FaultSpec, parse_faults
 from ..sinks import sink_spec
-from ..strategies.base import OptimizerSpec, Strategy
+from ..strategies.base import Strategy
+from ..strategies.optimizers import OptimizerSpec
 from ..workloads.base import DatasetFactory, Shards, Workload, call_with_params
 from . import devices
-from .packing import max_workers, nodes_per_process
-
-# A process per node (on a GPU, under --net real): more than this many per core only
-# thrashes (on 2 cores and 24 GiB, 128 ranks ran and 256 ran out of memory).
-PROCESSES_PER_CORE = 64
+from .placement import Placement, place
 from .target import LAG
 
 
@@ -49,9 +46,7 @@ class Job:
     steps: int
     batch_size: int
     sim: SimSetup
-    # Nodes per worker process, exchanging in memory (engine/packing.py); None: a process
-    # per node, exchanging through torch.distributed.
-    nodes_per_process: Optional[int] = None
+    placement: Placement  # each node's device, the backend, the processes (engine/placement.py)
     seed: int = 0
     eval_every: int = 50
     eval_batches: int = 8
@@ -70,7 +65,6 @@ class Job:
     clip_grad_norm: Optional[float] = None
     accumulate: int = 1
     precision: str = "fp32"
-    device: str = "cpu"  # resolved: cpu, mps, cuda or cuda:N (engine/devices.py)
     shuffle: bool = True
     drop_last: bool = True
     time_budget: Optional[float] = None  # simulated seconds; stop at the step that passes it
@@ -85,6 +79,10 @@ class Job:
     # How the training set was split (exoframe/partition.py): each node's size and label
     # histogram, for summary.json; None for a workload that makes each rank's data itself.
     partition: Optional[dict] = None
+
+    @property
+    def device(self) -> str:
+        return self.placement.device
 
     def asks_to_stop(self, step: int) -> bool:
         """Whether a rank asks the launcher, at the end of `step`, whether to stop there."""
@@ -218,7 +216,8 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         optimizer=OptimizerSpec(optimizer.name, config.lr or workload.lr, config.weight_decay,
                                 config.momentum, dict(config.optimizer_params), optimizer.obj),
         nodes=config.nodes, steps=steps, batch_size=batch_size,
-        nodes_per_process=resolve_packing(config, sim, device), sim=sim, seed=config.seed,
+        placement=place(config.nodes, config.nodes_per_process, device, sim.real, config.device),
+        sim=sim, seed=config.seed,
         target_loss=config.target_loss,
         # A target is judged at every step, so the time to reach it is resolved to one step.
         eval_every=1 if config.target_loss is not None else
@@ -228,48 +227,12 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         on_nonfinite=config.on_nonfinite,
         schedule=config.schedule, warmup_steps=config.warmup_steps,
         min_lr_ratio=config.min_lr_ratio, clip_grad_norm=config.clip_grad_norm,
-        accumulate=config.accumulate, precision=config.precision,
-        device=device, shuffle=config.shuffle,
+        accumulate=config.accumulate, precision=config.precision, shuffle=config.shuffle,
         drop_last=config.drop_last,
         time_budget=None if config.time_budget is None else budget_seconds(config.time_budget),
         metrics=workload.metrics, tokens_per_sample=workload.tokens_per_sample,
         best_loss=workload.best_loss, sinks=names.sinks,
         checkpoint_every=config.checkpoint_every, faults=names.faults)
-
-
-def resolve_packing(config: RunConfig, sim: SimSetup, device: str) -> Optional[int]:
-    """Packed nodes run on the CPU under the simulator, launched here (not by torchrun).
-    device: config.device, resolved."""
-    per_process = nodes_per_process(config.nodes, config.nodes_per_process)
-    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # (engine/cluster.py)
-    if config.nodes_per_process is None:
-        if per_process > 1 and device == "cpu" and not sim.real and not torchrun:
-            return per_process
-        cores = os.cpu_count() or 1
-        if not torchrun and config.nodes > PROCESSES_PER_CORE * cores:
-            why = "--net real" if sim.real else f"--device {config.device}"
-            raise ExoframeError(
-                f"nodes: {config.nodes} nodes are a process each with {why} (nodes share "
-                f"processes on the CPU only, under the simulator), and this machine runs at "
-                f"most {PROCESSES_PER_CORE} per CPU core ({cores} here): give at most "
-                f"{PROCESSES_PER_CORE * cores}.")
-        return None
-    workers = max_workers()
-    if math.ceil(config.nodes / per_process) > workers:
-        raise ExoframeError(f"nodes_per_process: {config.nodes} nodes at {per_process} per "
-                            f"process make more than {workers} workers, each with a pipe "
-                            "to every other; give at least "
-                            f"{math.ceil(config.nodes / workers)}, or leave it unset.")
-    if device != "cpu":
-        raise ExoframeError("nodes_per_process: nodes share a process on the CPU only; drop "
-                            "it (a process per node on the GPU) or use --device cpu.")
-    if sim.real:
-        raise ExoframeError("nodes_per_process: packed nodes run in turn, so the real network's "
-                            "wall-clock would mix them; drop it with --net real.")
-    if torchrun:
-        raise ExoframeError("nodes_per_process: under torchrun each process is one rank; "
-                            "drop it.")
-    return per_process
 
 
 def check_real_network(config: RunConfig, strategy_cls: type, strategy_name: str):

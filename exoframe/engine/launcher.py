@@ -35,11 +35,10 @@ from .cluster import ClusterEnv, Service, join
 from .loop import check_loss
 from .messages import EvaluatorStop, Rendezvous
 from .model_state import ModelState
-from .monitor import EVALUATOR, Channel, Monitor, RankFailed  # noqa: F401 - RankFailed: API
-from .packing import (NodeLink, Outbox, Sender, closing, packed, raise_open_files_limit,
-                      run_nodes)
-from .processes import (RunInterrupted, catch_stop_signals, child_entry, interrupted,
-                        restore_signals, stack_file, stop_all)
+from .monitor import EVALUATOR, Channel, Monitor
+from .packing import NodeLink, Outbox, Sender, closing, raise_open_files_limit, run_nodes
+from .processes import (RankFailed, RunInterrupted, catch_stop_signals,  # noqa: F401 - API
+                        child_entry, interrupted, restore_signals, stack_file, stop_all)
 from .rank import train
 
 
@@ -174,9 +173,9 @@ def run_cluster_rank(job: Job, cluster: ClusterEnv, config: dict):
 
 def packed_children(job: Job, batches: dict, context, folder: str):
     """The workers of packed nodes (engine/packing.py): (first rank, run_nodes, its
-    arguments) each, their ranks, and the ends of the pipes between every pair of workers."""
+    arguments) each, and the ends of the pipes between every pair of workers."""
     raise_open_files_limit()
-    groups = packed(job.nodes, job.nodes_per_process)
+    groups = job.placement.groups
     home = [i for i, group in enumerate(groups) for _ in group]
     pairs = {(a, b): context.Pipe() for a in range(len(groups)) for b in range(a + 1, len(groups))}
     ends = [end for pair in pairs.values() for end in pair]
@@ -187,9 +186,36 @@ def packed_children(job: Job, batches: dict, context, folder: str):
         mine = set(map(id, peers.values()))
         others = [end for end in ends if id(end) not in mine]
         children.append((group[0], closing(others, run_nodes),
-                         (group, job, {r: batches[r] for r in group}, home, i, peers,
+                         (list(group), job, {r: batches[r] for r in group}, home, i, peers,
                           stack_file(folder, group[0]))))
-    return children, groups, ends
+    return children, ends
+
+
+def rank_children(job: Job, batches: dict, context, folder: str, cluster: ClusterEnv | None):
+    """The processes this launcher forks for the ranks, one per placement group (under
+    torchrun rank 0's alone): (first rank, target, arguments) each, and the pipes between
+    packed workers."""
+    if job.placement.packed:
+        return packed_children(job, batches, context, folder)
+    groups = job.placement.groups[:1] if cluster is not None else job.placement.groups
+    return [(rank, train, (rank, job, batches[rank])) for (rank,) in groups], []
+
+
+def rank_ends(job: Job, conns: list, processes: list, remote: dict, sender):
+    """Each rank's connection and process (None: on another machine), and the pipes the
+    monitor reads (Channel each), from the forked workers' conns and processes (one per
+    placement group) and, under torchrun, the other ranks' connections (`remote`)."""
+    groups = job.placement.groups
+    if job.placement.packed:  # a NodeLink per rank into its worker's outbox
+        outboxes = [Outbox(conn, sender.sender_for(conn)) for conn in conns]
+        channels = [Channel(conn, group, outbox)
+                    for conn, group, outbox in zip(conns, groups, outboxes)]
+        links = [NodeLink(outbox, rank) for outbox, group in zip(outboxes, groups)
+                 for rank in group]
+        return links, [p for p, group in zip(processes, groups) for _ in group], channels
+    rank_conns = [*conns, *(remote[r] for r in range(len(conns), job.nodes))]
+    rank_processes = [*processes, *[None] * (job.nodes - len(processes))]
+    return rank_conns, rank_processes, [Channel(conn, (r,)) for r, conn in enumerate(rank_conns)]
 
 
 def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) -> LaunchResult:
@@ -198,12 +224,7 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
     watchdog = job.hang_timeout
     store_path = os.path.join(folder, "store")
     context = mp.get_context("fork")
-    local = [0] if cluster is not None else list(range(job.nodes))
-    if job.nodes_per_process is None:
-        children = [(rank, train, (rank, job, batches[rank])) for rank in local]
-        groups, peer_pipes = [[rank] for rank in local], []
-    else:
-        children, groups, peer_pipes = packed_children(job, batches, context, folder)
+    children, peer_pipes = rank_children(job, batches, context, folder, cluster)
     children.append((EVALUATOR, closing(peer_pipes, evaluate), (job, val_shards)))
     pipes = [context.Pipe() for _ in children]
     processes = [context.Process(target=child_entry,
@@ -211,22 +232,15 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
                                  daemon=True, name=f"exoframe-{who}")
                  for (who, target, args), (_, child) in zip(children, pipes)]
     conns = [parent for parent, _ in pipes]
-    channels = sender = None
-    if job.nodes_per_process is not None:  # a NodeLink per rank into its worker's outbox
-        sender = Sender()  # (a worker that stops reading cannot block the monitor)
+    sender = None
+    if job.placement.packed:  # (a worker that stops reading cannot block the monitor)
+        sender = Sender()
         sender.start()
-        outboxes = [Outbox(conn, sender.sender_for(conn)) for conn in conns[:-1]]
-        channels = [*(Channel(conn, tuple(group), outbox)
-                      for conn, group, outbox in zip(conns, groups, outboxes)),
-                    Channel(conns[-1], (job.nodes,))]
-        conns = [*(NodeLink(outbox, rank) for outbox, group in zip(outboxes, groups)
-                   for rank in group), conns[-1]]
-        processes = [*(p for p, group in zip(processes, groups) for _ in group), processes[-1]]
     remote = {}
     monitor = service = None
     previous = catch_stop_signals()
     try:
-        for p in dict.fromkeys(processes):
+        for p in processes:
             p.start()
         for _, child in pipes:
             child.close()
@@ -235,18 +249,19 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
         if cluster is not None:  # (after the forks: no child holds the listening socket)
             service = Service(cluster, job.connect_timeout, config or {}, job.device)
             remote = service.accept_ranks()  # every rank's connection, in rank order
-            conns = [conns[0], *(remote[r] for r in range(1, job.nodes)), conns[-1]]
-            processes = [processes[0], *[None] * (job.nodes - 1), processes[-1]]
-        monitor = Monitor(job, conns, processes, on_row, watchdog, folder,
+        rank_conns, rank_processes, channels = rank_ends(job, conns[:-1], processes[:-1],
+                                                         remote, sender)
+        monitor = Monitor(job, [*rank_conns, conns[-1]], [*rank_processes, processes[-1]],
+                          on_row, watchdog, folder,
                           hosts=service.hosts if service is not None else None,
-                          channels=channels, config=config)
+                          channels=[*channels, Channel(conns[-1], (job.nodes,))],
+                          config=config)
         # gloo's own timeout outlasts the watchdog, which sees every rank and names the
         # right one; a rank timing out sees only that its peer is late.
-        backend = devices.backend(job.device, cluster.local_world_size if cluster else job.nodes)
-        meet = Rendezvous(None if service else store_path, watchdog + 60, backend,
-                          cluster.store_address if cluster else None)
-        if job.nodes_per_process is None:
-            for conn in conns[:job.nodes]:
+        meet = Rendezvous(None if service else store_path, watchdog + 60,
+                          job.placement.backend, cluster.store_address if cluster else None)
+        if not job.placement.packed:
+            for conn in rank_conns:
                 conn.send(meet)
         try:
             monitor.run()
@@ -269,7 +284,7 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
         raise error from None
     finally:
         restore_signals(previous)
-        stop_all([p for p in dict.fromkeys(processes) if p is not None])
+        stop_all(processes)
         if sender is not None:
             sender.close(timeout=5)
         if service is not None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..sim.protocol import StepEnd
+
 
 @dataclass(frozen=True)
 class Rendezvous:
@@ -58,6 +60,7 @@ class SimRequest:
 class StepDone:
     rank: int
     step: int
+    end: StepEnd  # for the simulator: the rank sends nothing earlier than end.t from now on
     record: dict  # loss, lr, bytes_sent, sim_time, the strategy's metrics
     state: Optional[Any]  # its ModelState (engine/model_state.py) at evaluation steps
     checksum: Optional[int] = None  # its parameters' after a synchronization (replicas.py)

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import math
 import multiprocessing.connection
-import os
 import queue
 import random
 import resource
@@ -43,47 +41,10 @@ from .. import distributed
 from ..comm.memory import Contribution, MemoryExchange, Pack
 from .messages import Bundle, NodeMessage, StepDone
 
-# A process per node up to this many nodes per core, and this many in all (forked ranks
-# start in well under a second each and train in parallel; a gloo group is a full mesh);
-# above it, nodes are packed, a worker per core.
-PROCESS_PER_NODE_PER_CORE = 4
-PROCESS_PER_NODE_UP_TO = 32
-# Workers talk over a pipe per pair: this many at most, and as many as the open-file limit
-# allows (the launcher holds both ends of every pipe until the fork).
-MAX_WORKERS = 64
-
-
-def open_files_limit() -> int:
-    """The most files this process may open, once raised to the hard limit (launch does)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return soft if hard == resource.RLIM_INFINITY or hard < soft else hard
-
-
 def raise_open_files_limit():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def max_workers() -> int:
-    """W workers' W(W-1)/2 pipes are W(W-1) descriptors in the launcher, with room left."""
-    return max(1, min(MAX_WORKERS, int(max(0, open_files_limit() - 256) ** 0.5)))
-
-
-def nodes_per_process(nodes: int, asked: int | None, cores: int | None = None) -> int:
-    """asked: the user's --nodes-per-process (None: chosen from the node count and cores)."""
-    if asked is not None:
-        return min(asked, nodes)
-    cores = cores or os.cpu_count() or 1
-    if nodes <= min(PROCESS_PER_NODE_PER_CORE * cores, PROCESS_PER_NODE_UP_TO):
-        return 1
-    return math.ceil(nodes / min(cores, max_workers()))
-
-
-def packed(nodes: int, per_process: int) -> list[list[int]]:
-    """The ranks of each worker process: consecutive, per_process each (the last fewer)."""
-    return [list(range(start, min(start + per_process, nodes)))
-            for start in range(0, nodes, per_process)]
 
 
 class Outbox:

@@ -37,6 +37,15 @@ def child_name(who) -> str:
     return who if isinstance(who, str) else f"rank {who}"
 
 
+class RankFailed(ExoframeError):
+    """A child process failed; `who` is its rank, or "evaluator", or "simulator"."""
+
+    def __init__(self, who, message: str, details: str, user_error: bool, host: str = ""):
+        """host: the machine of a rank on another one (torchrun)."""
+        super().__init__(f"{child_name(who)}{f' on {host}' if host else ''}: {message}")
+        self.who, self.details, self.user_error = who, details, user_error
+
+
 def stack_file(folder: str, who) -> str:
     """Where child `who` writes its Python stack when the watchdog asks (SIGUSR1)."""
     return os.path.join(folder, f"stack-{who}")

@@ -16,11 +16,12 @@ import torch.distributed as dist
 
 from .. import distributed
 from ..comm import Communicator
-from ..comm.exchange import TorchExchange
+from ..comm.exchange import Exchange, TorchExchange
 from ..comm.faults import RankFaults
 from ..errors import ExoframeError
-from ..sim.clock import RankClock
+from ..sim.clock import RankClock, StepClock
 from ..sim.measured import RealClock
+from ..sim.protocol import StepEnd
 from ..sim.compute import ComputeClock
 from . import devices, rank_state
 from .data import Batches
@@ -68,11 +69,12 @@ def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
 class PackedNode:
     """A node that shares its worker process with others (engine/packing.py): how it
     exchanges tensors, and its own CPU time."""
-    exchange: object  # comm.memory.MemoryExchange
+    exchange: Exchange  # comm.memory.MemoryExchange
     timer: Callable[[], float]
 
 
-def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device, timer=None):
+def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device,
+               timer=None) -> StepClock:
     """timer: the compute timer (default: the thread's CPU time, or a GPU timer)."""
     sim = job.sim
     if timer is None:
@@ -99,102 +101,171 @@ def train(rank: int, job: Job, batches: Batches, conn, packed: PackedNode | None
     record; the launcher averages them and an evaluator process validates the average, so
     no rank waits for another outside the simulated network. With a target loss, every step
     is evaluated and the rank asks the launcher whether to stop (see engine/target.py)."""
-    if packed is None:
-        torch.set_num_threads(job.threads)
-        rendezvous = conn.recv()
-        device = devices.for_rank(job.device, rank)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)  # NCCL's communicator and the default CUDA stream
-        exchange = TorchExchange(p2p_group=join_group(rank, job.nodes, rendezvous, device))
-        model = job.model.to(device)
-    else:
-        device, exchange, model = torch.device("cpu"), packed.exchange, copy.deepcopy(job.model)
-    # Per-rank randomness (dropout, a user's draws), the same in every run of this seed
-    # (a forked process's Python generator is reseeded from the OS at the fork).
-    seed = job.seed * 1_000_003 + rank
+    device, exchange, model = join(rank, job, conn, packed)
+    seed_rank(job.seed, rank)
+    me = Rank(rank, job, model, device, exchange, batches, conn, packed)
+    first = me.resume()
+    model.train()
+    me.clock.skip()
+    for step in range(first, job.steps + 1):
+        trained = me.train_step(step)
+        stop = me.report(step, trained)
+        me.checkpoint(step)
+        me.clock.skip()
+        if stop:
+            break
+    me.finish()
+
+
+def join(rank: int, job: Job, conn, packed: PackedNode | None):
+    """(device, exchange, model) of the rank: a process of its own joins the process group
+    on its device (the Placement's); a packed node exchanges in memory, on the CPU."""
+    if packed is not None:
+        return job.placement.device_of(rank), packed.exchange, copy.deepcopy(job.model)
+    torch.set_num_threads(job.threads)
+    rendezvous = conn.recv()
+    device = job.placement.device_of(rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL's communicator and the default CUDA stream
+    exchange = TorchExchange(p2p_group=join_group(rank, job.nodes, rendezvous, device))
+    return device, exchange, job.model.to(device)
+
+
+def seed_rank(seed: int, rank: int):
+    """Per-rank randomness (dropout, a user's draws), the same in every run of this seed
+    (a forked process's Python generator is reseeded from the OS at the fork)."""
+    seed = seed * 1_000_003 + rank
     torch.manual_seed(seed)
     random.seed(seed)
     numpy.random.seed(seed % 2**32)
-    port = PipeSimPort(conn, rank)
-    clock = make_clock(rank, job, port, device, packed.timer if packed else None)
-    faults = RankFaults(rank, job.faults.plan(job.nodes, job.seed), job.strategy_name,
-                        job.strategy_cls.survives_failures) if job.faults.active else None
-    comm = Communicator(rank, job.nodes, clock, faults=faults, exchange=exchange)
-    comm.remote.declared = job.strategy_cls.remote_calls
-    distributed.bind(comm)
-    strategy = job.strategy_cls(model, comm, job.optimizer, job.strategy_params, seed=job.seed,
-                                total_steps=job.steps)
-    precision = Precision(job.precision, device)
-    pieces = (model, strategy, batches, clock, comm, precision)
-    first = 1
-    if job.resume_from is not None:
-        first = rank_state.restore(rank_state.load(job.resume_from.rank_file(rank), device),
-                                   *pieces) + 1
-    checkpoints = rank_state.RankCheckpoints(job.checkpoint_every, job.run_dir, rank)
 
-    # Under simulated failures a rank that is down misses synchronizations: no check.
-    check_replicas = (job.strategy_cls.replicas_equal_after_sync and job.nodes > 1
-                      and not job.faults.active)
-    model.train()
-    clock.skip()
-    for step in range(first, job.steps + 1):
+
+@dataclass
+class Trained:
+    """What a step's compute gave: the loss and gradient norm (None on a down node)."""
+    lr: float
+    loss: float | None = None
+    grad_norm: float | None = None
+    down: bool = False  # a simulated failure: the node computed nothing
+
+
+class Rank:
+    """One rank's pieces (clock, communicator, strategy, precision, checkpoints) and the
+    phases of its steps: train, report to the launcher, checkpoint, finish."""
+
+    def __init__(self, rank: int, job: Job, model, device: torch.device, exchange: Exchange,
+                 batches: Batches, conn, packed: PackedNode | None):
+        self.rank, self.job, self.model, self.device = rank, job, model, device
+        self.batches, self.conn = batches, conn
+        self.port = PipeSimPort(conn, rank)
+        self.clock = make_clock(rank, job, self.port, device, packed.timer if packed else None)
+        self.faults = RankFaults(rank, job.faults.plan(job.nodes, job.seed), job.strategy_name,
+                                 job.strategy_cls.survives_failures) if job.faults.active else None
+        self.comm = Communicator(rank, job.nodes, self.clock, faults=self.faults,
+                                 exchange=exchange)
+        self.comm.remote.declared = job.strategy_cls.remote_calls
+        distributed.bind(self.comm)
+        self.strategy = job.strategy_cls(model, self.comm, job.optimizer, job.strategy_params,
+                                         seed=job.seed, total_steps=job.steps)
+        self.precision = Precision(job.precision, device)
+        self.checkpoints = rank_state.RankCheckpoints(job.checkpoint_every, job.run_dir, rank)
+        # Under simulated failures a rank that is down misses synchronizations: no check.
+        self.check_replicas = (job.strategy_cls.replicas_equal_after_sync and job.nodes > 1
+                               and not job.faults.active)
+
+    @property
+    def pieces(self) -> tuple:
+        """What a checkpoint of the rank holds (engine/rank_state.py)."""
+        return (self.model, self.strategy, self.batches, self.clock, self.comm, self.precision)
+
+    def resume(self) -> int:
+        """The first step to train: 1, or the one after a resumed run's checkpoint."""
+        job = self.job
+        if job.resume_from is None:
+            return 1
+        state = rank_state.load(job.resume_from.rank_file(self.rank), self.device)
+        return rank_state.restore(state, *self.pieces) + 1
+
+    def train_step(self, step: int) -> Trained:
+        """Compute, then the strategy's step."""
+        job, clock, strategy, precision = self.job, self.clock, self.strategy, self.precision
         # A failed node computes nothing; it still steps, so its collectives stay matched.
-        down = faults is not None and faults.at_step_start(step, clock)
+        down = self.faults is not None and self.faults.at_step_start(step, clock)
         clock.start_step()
-        lr = set_lr(strategy, lr_at(step, job.optimizer.lr, job.schedule, job.steps,
-                                    job.warmup_steps, job.min_lr_ratio))
-        loss = grad_norm = None
+        trained = Trained(set_lr(strategy, lr_at(step, job.optimizer.lr, job.schedule,
+                                                 job.steps, job.warmup_steps,
+                                                 job.min_lr_ratio)), down=down)
         if not down:
-            loss = forward_backward(model, batches, job.accumulate, precision, device,
-                                    step).item()
-            check_finite(loss, step, rank, job.on_nonfinite)
-            grad_norm = precision.unscale_and_clip(strategy.optimizer, model.parameters(),
-                                                   job.clip_grad_norm)
+            trained.loss = forward_backward(self.model, self.batches, job.accumulate,
+                                            precision, self.device, step).item()
+            check_finite(trained.loss, step, self.rank, job.on_nonfinite)
+            trained.grad_norm = precision.unscale_and_clip(strategy.optimizer,
+                                                           self.model.parameters(),
+                                                           job.clip_grad_norm)
         strategy.step_num = step
         strategy.step()
-        if job.strategy_cls.remote_calls and not down:
-            comm.remote.serve()
-        if not down:  # a down rank unscaled nothing
+        if job.strategy_cls.remote_calls and not trained.down:
+            self.comm.remote.serve()
+        if not trained.down:  # a down rank unscaled nothing
             precision.update()
         clock.charge()
         clock.end_step(step)
-        # (bookkeeping, as what follows: the clock.skip() below leaves its time out)
-        synced = checksum(model) if check_replicas and strategy.synced_at == step else None
-        record = {"loss": loss, "lr": lr, "bytes_sent": comm.traffic.bytes_sent,
-                  "sim_time": clock.now, **precision.metrics(), **strategy.metrics()}
-        if job.clip_grad_norm is not None:
-            record["grad_norm"] = grad_norm  # before clipping
-        if faults is not None:
-            record["nodes_down"] = int(down)
+        return trained
+
+    def record(self, end: StepEnd, trained: Trained) -> dict:
+        """The step's row as this rank saw it."""
+        record = {"loss": trained.loss, "lr": trained.lr,
+                  "bytes_sent": self.comm.traffic.bytes_sent, "sim_time": end.t,
+                  **self.precision.metrics(), **self.strategy.metrics()}
+        if self.job.clip_grad_norm is not None:
+            record["grad_norm"] = trained.grad_norm  # before clipping
+        if self.faults is not None:
+            record["nodes_down"] = int(trained.down)
+        return record
+
+    def report(self, step: int, trained: Trained) -> bool:
+        """Send the step's end, record and (at evaluation steps) model state to the launcher;
+        whether the launcher says to stop after it. (Bookkeeping, as what follows up to the
+        next step: the clock.skip() after it leaves its time out.)"""
+        job, rank, conn, strategy = self.job, self.rank, self.conn, self.strategy
+        end = StepEnd(self.clock.now, step)
+        synced = (checksum(self.model) if self.check_replicas and strategy.synced_at == step
+                  else None)
+        record = self.record(end, trained)
         evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
         state = snapshot(strategy, rank) if evaluate else None
-        conn.send(StepDone(rank, step, record, state, synced))
-        stop = job.asks_to_stop(step) and stop_after(port, rank, step)
+        conn.send(StepDone(rank, step, end, record, state, synced))
+        stop = job.asks_to_stop(step) and stop_after(self.port, rank, step)
         if stop and state is None:  # the final model and its validation need this step's
             conn.send(StepState(rank, step, snapshot(strategy, rank)))
-        for wanted in port.checkpoint_requests():  # the run was asked to stop
-            if not checkpoints.request(wanted, step):
-                conn.send(CheckpointLate(rank, step))
-        if checkpoints.save_now(step, comm):
-            rank_state.save(checkpoints.folder.rank_file(step, rank),
-                            rank_state.capture(step, *pieces))
-            conn.send(Checkpointed(rank, step))
-        clock.skip()
-        if stop:
-            break
+        return stop
 
-    strategy.finish()
-    comm.wait_all()
-    stats = clock.stats()  # training ends here; what follows only serves the others
-    if job.strategy_cls.remote_calls:
-        comm.remote.barrier()  # serve what peers still ask until every rank is here
-    conn.send(RankDone(rank, {
-        "traffic": comm.traffic.as_dict(),
-        "bytes_sent": comm.traffic.bytes_sent,
-        "bytes_received": comm.traffic.bytes_received,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "samples": batches.samples,
-        **stats,
-        "failures": faults.records if faults is not None else [],
-        "trace": clock.trace,
-    }))
+    def checkpoint(self, step: int):
+        """Save at `step` where the run checkpoints then, or where a stop signal asked for it."""
+        for wanted in self.port.checkpoint_requests():  # the run was asked to stop
+            if not self.checkpoints.request(wanted, step):
+                self.conn.send(CheckpointLate(self.rank, step))
+        if self.checkpoints.save_now(step, self.comm):
+            rank_state.save(self.checkpoints.folder.rank_file(step, self.rank),
+                            rank_state.capture(step, *self.pieces))
+            self.conn.send(Checkpointed(self.rank, step))
+
+    def finish(self):
+        """End training, serve peers' remote calls until every rank is done, and send what
+        the rank did (RankDone)."""
+        comm, clock, faults = self.comm, self.clock, self.faults
+        self.strategy.finish()
+        comm.wait_all()
+        stats = clock.stats()  # training ends here; what follows only serves the others
+        if self.job.strategy_cls.remote_calls:
+            comm.remote.barrier()  # serve what peers still ask until every rank is here
+        self.conn.send(RankDone(self.rank, {
+            "traffic": comm.traffic.as_dict(),
+            "bytes_sent": comm.traffic.bytes_sent,
+            "bytes_received": comm.traffic.bytes_received,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "samples": self.batches.samples,
+            **stats,
+            "failures": faults.records if faults is not None else [],
+            "trace": clock.trace,
+        }))

@@ -23,7 +23,7 @@ def describe_stall(monitor, seconds: float) -> tuple[str, list[int]]:
     """One line: the processes that made no progress first, then what the others wait for;
     and the indices (in monitor.processes) of the local running ones that made no progress."""
     sim, nodes = monitor.sim, monitor.job.nodes
-    waiting_verdict = monitor.verdicts.waiting if monitor.verdicts is not None else {}
+    waiting_verdict = monitor.verdicts.waiting
     stopped, idle, waits, stuck = [], [], [], []
     for i, who in enumerate(monitor.who):
         name = child_name(who)

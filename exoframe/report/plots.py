@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import ExoframeError
 from .plot_style import (common, file_name, line_styles, readable_log_axis, seeds_note,
                          smoothed, smoothing_label, smoothing_window, time_label, title)
-from .sweep import by_setup, setup_label
+from .setups import by_setup, setup_label
 
 
 def require_matplotlib():

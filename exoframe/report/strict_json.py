@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import math
 
+from ..errors import ExoframeError
+from ..sim.inputs import read_text
+
 
 def finite(value):
     """`value` with every non-finite float (nested in dicts, lists, tuples) replaced by None."""
@@ -26,9 +29,6 @@ def dumps(value, **kwargs) -> str:
 
 def load(path, what: str = "file"):
     """A JSON file's contents, or one line naming the file when it is unreadable or corrupt."""
-    from ..config import read_text
-    from ..errors import ExoframeError
-
     try:
         return json.loads(read_text(path, what))
     except json.JSONDecodeError as e:
@@ -38,9 +38,6 @@ def load(path, what: str = "file"):
 
 def load_lines(path, what: str = "file") -> list:
     """A JSON-lines file: one object per line, each checked."""
-    from ..config import read_text
-    from ..errors import ExoframeError
-
     rows = []
     for number, line in enumerate(read_text(path, what).splitlines(), 1):
         try:

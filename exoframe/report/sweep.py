@@ -9,12 +9,12 @@ summarized as a mean and a standard deviation per metric.
 from __future__ import annotations
 
 import csv
-import math
 import statistics
 from pathlib import Path
 
 from ..errors import ExoframeError
 from . import strict_json
+from .setups import by_setup, row_order, setup_label
 from .summary import LOW_UTILIZATION, format_bytes, format_seconds
 
 COLUMNS = ["strategy", "seed", "net", "bottleneck_bandwidth", "faults", "projection",
@@ -101,16 +101,6 @@ def time_to_target(row: dict, target: float | None) -> float | None:
     return None
 
 
-def by_setup(rows: list[dict]) -> dict:
-    """Rows grouped by (strategy, net, faults, projection), in table order: the seeds of
-    one setup."""
-    groups = {}
-    for row in sorted(rows, key=_order):
-        key = (row["strategy"], row["net"], row.get("faults", "none"), row["projection"])
-        groups.setdefault(key, []).append(row)
-    return dict(sorted(groups.items(), key=lambda item: _order({**item[1][0], "seed": 0})))
-
-
 def summarize(rows: list[dict]) -> list[dict]:
     """One row per (strategy, net, faults, projection): `seeds` (how many rows it has), and each
     metric's mean and sample standard deviation over the rows where it is known (the std
@@ -164,7 +154,7 @@ def table(rows: list[dict]) -> str:
             "-" if r["final_val_loss"] is None or r["projection"]
             else f"{r['final_val_loss']:.4f}",
             *(_failure_cell(r) if failures else [])]
-            for r in sorted(rows, key=_order)]
+            for r in sorted(rows, key=row_order)]
         column = TO_TARGET
     if targeted:
         target = _one(rows, "target_loss")
@@ -179,7 +169,7 @@ def table(rows: list[dict]) -> str:
 def validated_notes(rows: list[dict]) -> list[str]:
     """What each strategy's validation loss (and time to target) is of."""
     models = {}
-    for r in sorted(rows, key=_order):
+    for r in sorted(rows, key=row_order):
         if r.get("validated_model"):
             models.setdefault(r["strategy"], r["validated_model"])
     if not models:
@@ -229,13 +219,6 @@ def _summary_line(s: dict) -> list[str]:
             "-" if s["projection"] else cell("final_val_loss", lambda x: f"{x:.4f}")]
 
 
-def setup_label(row: dict) -> str:
-    """The network, then its simulated failures and the projection, where there are any."""
-    faults = row.get("faults", "none")
-    return (row["net"] + (f" (faults {faults})" if faults != "none" else "")
-            + (f" [{row['projection']}]" if row["projection"] else ""))
-
-
 def _duration(s: float) -> str:
     """format_seconds, and below a second in ms or µs (a spread is often that small)."""
     if s >= 1:
@@ -257,7 +240,7 @@ def write_outputs(rows: list[dict], folder, plots: bool = True,
     the loss plots; by default the one the rows were collected with."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    rows = sorted(rows, key=_order)
+    rows = sorted(rows, key=row_order)
     with open(folder / "sweep.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
         writer.writeheader()
@@ -276,17 +259,3 @@ def write_outputs(rows: list[dict], folder, plots: bool = True,
 
         written += plot_sweep(rows, folder, target_loss)
     return written
-
-
-def _order(row):
-    bandwidth = row["bottleneck_bandwidth"]
-    return (row["strategy"], row.get("seed") or 0,
-            -(bandwidth if bandwidth is not None else math.inf), row["net"],
-            _failure_rate(row.get("faults", "none")))
-
-
-def _failure_rate(faults: str) -> tuple:
-    """Fault settings in order: none, then by their random rate (a term rate:F:D), then by
-    name."""
-    rate = next((float(t.split(":")[1]) for t in faults.split(",") if t.startswith("rate:")), 0.0)
-    return (faults != "none", rate, faults)

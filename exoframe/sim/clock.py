@@ -8,6 +8,7 @@ compute, exposed communication (`comm`), `idle` (waiting for peers to join) and 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from .inputs import ExoframeError
 from .collectives import Plans
@@ -25,6 +26,46 @@ class Submitted:
     op_id: int
     bytes_sent: int
     bytes_received: int
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """What a Communicator asks of its rank's clock: when an operation is submitted, waited
+    for and done. RankClock (simulated), measured.RealClock (--net real) and SoloClock (one
+    process) are Clocks."""
+
+    now: float  # the rank's time: simulated, or the wall-clock time it trained
+
+    def submit(self, kind: str, nbytes: int, participants: tuple, root: int = 0,
+               blocking: bool = True) -> Submitted: ...
+
+    def wait(self, op_id: int) -> None: ...
+
+    def waited(self, op_id: int | None = None) -> None: ...
+
+    def is_done(self, op_id: int, work=None) -> bool: ...
+
+    def add_compute(self, seconds: float) -> None: ...
+
+    def skip(self) -> None: ...
+
+
+@runtime_checkable
+class StepClock(Clock, Protocol):
+    """A training rank's clock (RankClock, RealClock): what the rank's loop and the fault
+    plan (comm/faults.py) ask of it besides."""
+
+    compute_seconds: float
+    down: bool  # a failed node: nothing it computes is charged
+    trace: list  # what the rank did, for the run's trace.json
+
+    def start_step(self) -> None: ...
+
+    def charge(self) -> None: ...
+
+    def end_step(self, step: int) -> None: ...
+
+    def stats(self) -> dict: ...
 
 
 def operation_key(sequence: dict, kind: str, participants: tuple) -> tuple:

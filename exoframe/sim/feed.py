@@ -44,9 +44,6 @@ class Feed:
         self.queue[rank].append((message, False))
         self._pump(rank)
 
-    def step_end(self, rank: int, t: float):
-        self.message(rank, StepEnd(t))
-
     def rank_done(self, rank: int):
         """The rank sends nothing more (after its inputs still queued)."""
         self.queue[rank].append((Done(), False))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .inputs import build_dataclass, load_yaml
 from .inputs import ExoframeError, did_you_mean, shorten
+from .site_ranks import assign_ranks, check_listed_ranks
 from .collectives import BUILTIN
 from .tcp import parse_protocol
 from .topology import DEFAULT_ALGORITHMS, LinkSpec, Topology
@@ -105,7 +106,7 @@ class NetConfig(NetKeys):
             self._endpoint(site)
             self._nic_trace(site)
         self._links()
-        self._explicit_ranks()
+        check_listed_ranks(self.sites, self._error)
         self._algorithms(algorithms)
         parse_protocol(self.protocol, self.where)
         return self
@@ -126,8 +127,8 @@ class NetConfig(NetKeys):
         names = list(self.sites)
         endpoints = [self._endpoint(site) for site in names]
         links = self._links()
-        self._explicit_ranks()
-        site_of = self._assign_ranks(n)
+        check_listed_ranks(self.sites, self._error)
+        site_of = assign_ranks(self.sites, n, self._error)
         for a, b in combinations(sorted(set(site_of)), 2):
             if (a, b) not in links:
                 raise self._error("links", f"no link between sites '{names[a]}' and "
@@ -294,46 +295,6 @@ class NetConfig(NetKeys):
         if rows and rows[0][0].lower() in ("time", "t", "seconds"):
             rows = rows[1:]
         return [[_number_or_text(cell) for cell in row] for row in rows], f"{path} ({name})"
-
-    def _explicit_ranks(self) -> None:
-        """Check the ranks sites list: non-negative integers, each in one site once."""
-        owner: dict[int, str] = {}
-        for site, config in self.sites.items():
-            path = f"sites.{site}.ranks"
-            for rank in config.ranks or []:
-                if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
-                    raise self._error(path, f"ranks are integers from 0, got {rank!r}.")
-                if rank in owner:
-                    also = "" if owner[rank] == site else f" (also under sites.{owner[rank]}.ranks)"
-                    raise self._error(path, f"rank {rank} is listed twice{also}; list each "
-                                            f"rank in one site.")
-                owner[rank] = site
-
-    def _assign_ranks(self, n: int) -> list[int]:
-        """site_of[rank]: listed ranks go to their site; the others are split into contiguous,
-        as-equal-as-possible blocks over the sites that list none (earlier sites get the extra
-        one)."""
-        names = list(self.sites)
-        site_of = [-1] * n
-        for index, site in enumerate(names):
-            for rank in self.sites[site].ranks or []:
-                if rank >= n:
-                    raise self._error(f"sites.{site}.ranks", f"rank {rank} is out of range: this "
-                                                             f"run has {n} ranks (0 to {n - 1}).")
-                site_of[rank] = index
-        unlisted = [rank for rank in range(n) if site_of[rank] < 0]
-        open_sites = [i for i, site in enumerate(names) if self.sites[site].ranks is None]
-        if unlisted and not open_sites:
-            raise self._error("sites", f"ranks {', '.join(map(str, unlisted))} are in no site; "
-                                       f"list them under a site's ranks, or leave ranks out of "
-                                       f"a site to give it the ranks no site lists.")
-        start = 0
-        for j, index in enumerate(open_sites):
-            count = len(unlisted) // len(open_sites) + (j < len(unlisted) % len(open_sites))
-            for rank in unlisted[start:start + count]:
-                site_of[rank] = index
-            start += count
-        return site_of
 
     def _algorithms(self, algorithms: Collection[str] | None) -> dict[str, str]:
         """The collective -> algorithm mapping for Topology (over DEFAULT_ALGORITHMS)."""

@@ -25,8 +25,7 @@ import itertools
 import math
 import random
 
-import simpy
-
+from .events import Environment
 from .topology import Topology
 
 
@@ -284,10 +283,7 @@ class FlowNetwork:
     def _arm_at(self, when: float):
         if when < self._armed_at:
             self._armed_at = when
-            event = self.env.event()
-            event._ok, event._value = True, None
-            event.callbacks.append(self._wake)
-            self.env.schedule_at(event, simpy.core.NORMAL, when)
+            self.env.call_at(when, self._wake)
 
     def _wake(self, _event):
         now = self.env.now
@@ -327,14 +323,6 @@ def _connected_pieces(changed: dict) -> list[tuple[list, list]]:
         if flows:
             pieces.append((links, flows))
     return pieces
-
-
-class Environment(simpy.Environment):
-    """simpy's environment, plus scheduling at an absolute time. `now + delay` rounds, and
-    events at equal times must compare equal, or events at one instant could swap order."""
-
-    def schedule_at(self, event: simpy.Event, priority, when: float):
-        heapq.heappush(self._queue, (when, priority, next(self._eid), event))
 
 
 def _link_or_none(id: int, bandwidth: float, shared_efficiency: float = 1.0):

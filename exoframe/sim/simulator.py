@@ -27,13 +27,13 @@ import heapq
 import itertools
 import math
 
-import simpy
 
 from .collectives import Plans
 from .diagnosis import why_stuck
 from .mailbox import Mailboxes
 from .membership import join_quorum
-from .network import Environment, FlowNetwork
+from .events import URGENT, Environment
+from .network import FlowNetwork
 from .operation import Operation
 from .protocol import Listen, Op, Post, Probe, Probed, Quorum, SimulationError, Wait, Waited
 from .topology import Topology
@@ -162,10 +162,7 @@ class Simulator:
 
     def _at(self, t: float, callback):
         """Run callback at simulated time t, before any network event at t."""
-        event = self.env.event()
-        event._ok, event._value = True, None
-        event.callbacks.append(callback)
-        self.env.schedule_at(event, simpy.core.URGENT, max(t, self.env.now))
+        event = self.env.call_at(max(t, self.env.now), callback, URGENT)
         while event.callbacks is not None:
             self.env.step()
 

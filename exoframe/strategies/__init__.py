@@ -1,7 +1,8 @@
 """Built-in strategies (registered by name in exoframe/builtins.py) and torch's optimizers."""
 from ..hookspecs import hookimpl
 from .async_localsgd import AsyncLocalSGD
-from .base import OptimizerSpec, Strategy, torch_optimizers
+from .base import Strategy
+from .optimizers import OptimizerSpec, torch_optimizers
 from .ddp import DDP
 from .diloco import DiLoCo
 from .gossip import Gossip

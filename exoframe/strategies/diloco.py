@@ -18,8 +18,8 @@ from typing import ClassVar
 import torch
 
 from ..comm import flatten, unflatten_into
-from .base import (Strategy, check_fraction, check_positive, optimizer_tensors,
-                   outer_optimizer_spec)
+from .base import Strategy, check_fraction, check_positive
+from .optimizers import OptimizerSpec, optimizer_tensors, outer_optimizer_spec
 from .quantizers import OuterQuantizer, check_format, row_lengths
 
 
@@ -39,10 +39,14 @@ class OuterParams:
     error_feedback: bool = False
 
     def __post_init__(self):
-        outer_optimizer_spec(self.owner, self)  # checked here, built in setup()
+        self.outer_spec()  # checked here (in the launcher), built in each rank's setup()
         check_format(self.owner, self.quantizer)
         check_positive(self.owner, H=self.H, outer_lr=self.outer_lr)
         check_fraction(self.owner, outer_momentum=self.outer_momentum)
+
+    def outer_spec(self) -> OptimizerSpec:
+        """The outer optimizer these parameters name (strategies/optimizers.py)."""
+        return outer_optimizer_spec(self.owner, self)
 
 
 class DiLoCo(Strategy):
@@ -58,7 +62,7 @@ class DiLoCo(Strategy):
     def setup(self):
         self.global_params = torch.nn.Parameter(flatten(self.trainable_parameters()))
         p = self.params
-        self.outer_optimizer = outer_optimizer_spec("diloco", p).build([self.global_params])
+        self.outer_optimizer = p.outer_spec().build([self.global_params])
         self.quantizer = outer_quantizer(self)
         self.synced_buffers = self.float_buffers_flat()  # the buffers' mean at the last sync
         self._metrics = {}

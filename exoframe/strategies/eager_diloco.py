@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 
 from ..comm import flatten, unflatten_into
-from .base import Strategy, outer_optimizer_spec
+from .base import Strategy
 from .diloco import OuterParams, outer_quantizer
 
 
@@ -43,8 +43,7 @@ class EagerDiLoCo(Strategy):
 
     def setup(self):
         self.global_params = torch.nn.Parameter(flatten(self.trainable_parameters()))
-        self.outer_optimizer = outer_optimizer_spec("eager-diloco", self.params).build(
-            [self.global_params])
+        self.outer_optimizer = self.params.outer_spec().build([self.global_params])
         self.quantizer = outer_quantizer(self)
         self.previous_mean = torch.zeros_like(self.global_params.detach())  # Ā^{t−1}
         self.previous_local = torch.zeros_like(self.previous_mean)  # Δ_m^{t−1}, as sent

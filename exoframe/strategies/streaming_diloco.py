@@ -28,7 +28,7 @@ import torch
 
 from ..comm import flatten, unflatten_into
 from ..errors import ExoframeError
-from .base import Strategy, check_fraction, check_positive, outer_optimizer_spec
+from .base import Strategy, check_fraction, check_positive
 from .diloco import OuterParams
 from .quantizers import OuterQuantizer, row_lengths, rows_within
 
@@ -85,8 +85,7 @@ class StreamingDiLoCo(Strategy):
                                 f"{flat.numel()} values leaves some empty.")
         self.sync_offsets = [((f + 1) * p.H // p.fragments) % p.H for f in range(p.fragments)]
         self.global_fragments = [torch.nn.Parameter(flat[a:b].clone()) for a, b in self.bounds]
-        self.outer_optimizer = outer_optimizer_spec("streaming-diloco", p).build(
-            self.global_fragments)
+        self.outer_optimizer = p.outer_spec().build(self.global_fragments)
         # The floating-point buffers (BatchNorm statistics) travel with the last fragment,
         # the one synced at multiples of H, as DiLoCo's do.
         self.buffer_fragment = p.fragments - 1

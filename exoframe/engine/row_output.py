@@ -1,0 +1,70 @@
+"""The run's rows: each rank's step records in, one row per step out in step order (to
+on_row and into the run's checkpoints), with the ranks' held model sent to the evaluator at
+evaluation steps."""
+from __future__ import annotations
+
+from ..errors import ExoframeError
+from .job import Job
+from .messages import Evaluate, StepDone, StepState, Validated
+from .processes import RankFailed
+from .replicas import ReplicaCheck
+from .step_rows import StepRows
+from .target import check_within_a_year
+
+
+class RowOutput:
+    def __init__(self, job: Job, on_row, to_evaluator, commits, sim_log: list):
+        """to_evaluator(message): to the evaluator, ignoring an evaluator that died;
+        commits: the run's checkpoint commits (None: it does not checkpoint); sim_log: the
+        simulator's inputs so far, per rank (sim.feed.Feed.log), which a checkpoint keeps."""
+        self.job, self.on_row, self.to_evaluator = job, on_row, to_evaluator
+        self.commits, self.sim_log = commits, sim_log
+        self.rows = StepRows(job.nodes, job.strategy_cls.held_model_from)
+        self.replicas = ReplicaCheck(job.nodes, job.strategy_name)
+        resumed = job.resume_from  # a Checkpoint: its rows kept
+        self.emitted = list(resumed.rows) if resumed else []  # every row, in step order
+        self.rows.next_step = len(self.emitted) + 1
+        self.final_state = None  # the latest step's held model: the last step's at the end
+
+    def add(self, message: StepDone):
+        """(the held model of the step once every rank has reported it, else None; the
+        step's row once every rank has reported it, else None)."""
+        try:
+            self.replicas.add(message.rank, message.step, message.checksum)
+        except ExoframeError as e:
+            raise RankFailed("divergence check", str(e), "", True) from None
+        averaged = self.rows.add(message.rank, message.step, message.record, message.state)
+        row = self.rows.rows.get(message.step)
+        if row is not None:  # every rank finished `step`
+            check_within_a_year(self.job.steps, self.job.time_budget, message.step,
+                                row["sim_time"])
+        return averaged, row
+
+    def add_state(self, message: StepState):
+        self.validate(message.step,
+                      self.rows.add_state(message.rank, message.step, message.state))
+
+    def add_val(self, message: Validated):
+        self.rows.add_val(message.step, message.loss, message.metrics, message.replicas_loss)
+
+    def validate(self, step: int, averaged):
+        if averaged is not None:
+            self.to_evaluator(Evaluate(step, averaged))
+            self.final_state = averaged  # steps complete in order
+
+    def emit(self, unvalidated=False):
+        for row in self.rows.ready(unvalidated):
+            self.emitted.append(row)
+            if self.on_row is not None:
+                self.on_row(row)
+        if self.commits is not None and not unvalidated:
+            self.commits.commit_ready(len(self.emitted), self.emitted, self.sim_log)
+
+    def flush(self) -> list:
+        """The run stops: emit the rows every rank finished, validated or not; return every
+        row emitted."""
+        try:
+            self.emit(unvalidated=True)
+        except Exception:
+            pass  # a failing sink must not hide the failure that stopped the run
+        return self.emitted
