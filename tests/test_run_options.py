@@ -211,3 +211,21 @@ def test_a_job_is_frozen_and_what_is_learnt_later_makes_a_new_one():
     flops = count_step_flops(job.model, batches[0].first())
     assert compute.step_seconds == flops / (compute.peak * compute.efficiency)
     assert other.sim.compute.needs_flops
+
+
+def test_a_job_reads_every_config_field_it_does_not_resolve_from_the_config():
+    """A new RunConfig field reaches the ranks with no edit to the Job: a field the Job does
+    not resolve (steps from epochs, the device, the sinks...) is the config's own value."""
+    from exoframe.engine import job_from_config
+
+    config = resolve_config(None, {"workload": "mlp", "seed": 7, "accumulate": 2,
+                                   "schedule": "cosine", "epochs": 1})
+    job = job_from_config(config)
+    resolved = {f.name for f in dataclasses.fields(job)} | {"device"}
+    for f in dataclasses.fields(RunConfig):
+        if f.name not in resolved:
+            assert getattr(job, f.name) is getattr(config, f.name), f.name
+    assert (job.seed, job.accumulate, job.schedule) == (7, 2, "cosine")
+    assert job.steps != config.steps  # resolved from epochs: the Job's own
+    with pytest.raises(AttributeError):
+        job.no_such_field

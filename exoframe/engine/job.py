@@ -1,6 +1,7 @@
 """A Job: everything the ranks need, resolved and validated in the launcher before any fork."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -29,56 +30,48 @@ from . import devices
 from .placement import Placement, place
 from .target import LAG
 
+CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig))
+
 
 @dataclass(frozen=True)
 class Job:
-    """The RunConfig and what was resolved from it. Frozen: what is learnt later (the FLOP
-    count of a step, the run folder, the checkpoint resumed from) makes a new Job
-    (dataclasses.replace)."""
+    """The RunConfig and what was resolved from it. A config field that needs no resolving
+    is read from the config (job.seed is job.config.seed), so a new RunConfig field reaches
+    every rank with no edit here. Frozen: what is learnt later (the FLOP count of a step,
+    the run folder, the checkpoint resumed from) makes a new Job (dataclasses.replace)."""
 
+    config: RunConfig
     model: torch.nn.Module
     dataset: DatasetFactory
     strategy_cls: type
     strategy_name: str
     strategy_params: object
     optimizer: OptimizerSpec
-    nodes: int
-    steps: int
-    batch_size: int
+    steps: int  # config.steps, or epochs' worth of steps
+    batch_size: int  # config.batch_size, or the workload's
     sim: SimSetup
     placement: Placement  # each node's device, the backend, the processes (engine/placement.py)
-    seed: int = 0
-    eval_every: int = 50
-    eval_batches: int = 8
-    threads: int = 1
+    eval_every: int  # 1 with a target, else config.eval_every or a tenth of the steps
     workload_name: str = "custom"
     best_loss: Optional[float] = None
     sinks: tuple = ()  # exoframe.sinks.SinkSpec: opened in the run folder (engine/run.py)
-    target_loss: Optional[float] = None  # validate every step; stop once reached
-    hang_timeout: float = 300.0  # real seconds without progress before the watchdog stops it
-    connect_timeout: float = 60.0  # under torchrun: real seconds for every rank to join
-    on_nonfinite: str = "stop"  # or "continue": what a NaN or infinite loss does
-    # The training loop (engine/loop.py)
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-    clip_grad_norm: Optional[float] = None
-    accumulate: int = 1
-    precision: str = "fp32"
-    shuffle: bool = True
-    drop_last: bool = True
     time_budget: Optional[float] = None  # simulated seconds; stop at the step that passes it
     metrics: Optional[Callable] = None  # the workload's metrics(model, batch) -> dict
     tokens_per_sample: Optional[int] = None
-    # Checkpoints (engine/checkpoint.py): every N steps into the run folder's checkpoints/;
-    # a resumed run starts from the committed checkpoint `resume_from`.
-    checkpoint_every: Optional[int] = None
     run_dir: Optional[str] = None  # set by engine/run.py: the run folder, for checkpoints
-    resume_from: Optional[object] = None  # an engine.checkpoint.Checkpoint
+    resume_from: Optional[object] = None  # an engine.checkpoint.Checkpoint, when resumed
     faults: FaultSpec = FaultSpec()  # simulated node failures (comm/faults.py)
     # How the training set was split (exoframe/partition.py): each node's size and label
     # histogram, for summary.json; None for a workload that makes each rank's data itself.
     partition: Optional[dict] = None
+
+    def __getattr__(self, name: str):
+        """The config's fields that need no resolving (called only where a Job has no
+        attribute of that name)."""
+        config = self.__dict__.get("config")
+        if config is None or name not in CONFIG_FIELDS:
+            raise AttributeError(f"'Job' object has no attribute '{name}'")
+        return getattr(config, name)
 
     @property
     def device(self) -> str:
@@ -211,28 +204,20 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
                             "peak and decay.")
     optimizer, sim, device = names.optimizer, names.sim, names.device
     return Job(
-        model=model, dataset=dataset, partition=partition, strategy_cls=strategy_cls,
-        strategy_name=strategy_name, strategy_params=strategy_params,
+        config=config, model=model, dataset=dataset, partition=partition,
+        strategy_cls=strategy_cls, strategy_name=strategy_name, strategy_params=strategy_params,
         optimizer=OptimizerSpec(optimizer.name, config.lr or workload.lr, config.weight_decay,
                                 config.momentum, dict(config.optimizer_params), optimizer.obj),
-        nodes=config.nodes, steps=steps, batch_size=batch_size,
+        steps=steps, batch_size=batch_size,
         placement=place(config.nodes, config.nodes_per_process, device, sim.real, config.device),
-        sim=sim, seed=config.seed,
-        target_loss=config.target_loss,
+        sim=sim,
         # A target is judged at every step, so the time to reach it is resolved to one step.
         eval_every=1 if config.target_loss is not None else
         config.eval_every or max(1, steps // 10),
-        eval_batches=config.eval_batches, threads=config.threads, workload_name=workload.name,
-        hang_timeout=config.hang_timeout, connect_timeout=config.connect_timeout,
-        on_nonfinite=config.on_nonfinite,
-        schedule=config.schedule, warmup_steps=config.warmup_steps,
-        min_lr_ratio=config.min_lr_ratio, clip_grad_norm=config.clip_grad_norm,
-        accumulate=config.accumulate, precision=config.precision, shuffle=config.shuffle,
-        drop_last=config.drop_last,
+        workload_name=workload.name,
         time_budget=None if config.time_budget is None else budget_seconds(config.time_budget),
         metrics=workload.metrics, tokens_per_sample=workload.tokens_per_sample,
-        best_loss=workload.best_loss, sinks=names.sinks,
-        checkpoint_every=config.checkpoint_every, faults=names.faults)
+        best_loss=workload.best_loss, sinks=names.sinks, faults=names.faults)
 
 
 def check_real_network(config: RunConfig, strategy_cls: type, strategy_name: str):
