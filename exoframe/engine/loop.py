@@ -9,6 +9,7 @@ clipping and the learning rate. engine/rank.py strings them together:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -45,8 +46,9 @@ class Precision:
         self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
 
     def autocast(self):
-        return torch.autocast(self.device_type, dtype=self.dtype or torch.float32,
-                              enabled=self.dtype is not None)
+        if self.dtype is None:  # fp32: autocast(enabled=False) would do nothing, at ~3 µs
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor):
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
@@ -84,9 +86,10 @@ def forward_backward(model, batches, accumulate: int, precision: Precision,
         with precision.autocast():
             loss = model(batch)
         check_loss(loss, step)
-        precision.backward(loss / accumulate)
-        total = total + loss.detach().float()
-    return total / accumulate
+        # (one micro-batch: no division, which by 1 changes no bit of the loss or gradients)
+        precision.backward(loss / accumulate if accumulate > 1 else loss)
+        total = total + loss.detach().float()  # (0.0 + loss: a loss of -0.0 is logged 0.0)
+    return total / accumulate if accumulate > 1 else total
 
 
 def check_loss(loss, step=None):
