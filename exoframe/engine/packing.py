@@ -210,7 +210,8 @@ class Hub:
         self.current = node
         torch.set_rng_state(node.torch_rng)
         random.setstate(node.python_rng)
-        torch.set_grad_enabled(node.grad)
+        if torch.is_grad_enabled() != node.grad:
+            torch.set_grad_enabled(node.grad)
         distributed.bind(node.bound)
         node.resumed_at = time.thread_time()
         try:
