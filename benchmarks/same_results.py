@@ -34,8 +34,8 @@ RUNS = {
 SWEEP = ["--strategy", "ddp,diloco", "--nodes", "4", "--steps", "10", "--workload", "mlp",
          "--compute", "fixed:100ms", "--net", "wan-100mbps,wan-1gbps"]
 WALL_CLOCK_FIELDS = {"elapsed_seconds", "startup_seconds", "seconds_per_step",
-                     "samples_per_second", "tokens_per_second", "peak_rss_mb_per_rank",
-                     "run_dir", "path", "created", "started", "finished"}
+                     "samples_per_second", "peak_rss_mb_per_rank",
+                     "run_dir"}
 
 
 def exoframe(*args):

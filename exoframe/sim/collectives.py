@@ -277,6 +277,7 @@ def plan_for(function, kind: str, n: int, root: int = 0, topology: Sites | None 
     return _cached_plan(function, kind, n, root, topology)
 
 
+@functools.lru_cache(maxsize=256)  # (each rank asks it at every operation)
 def _repeated(fraction: float, times: int) -> float:
     """`fraction` added `times` times in turn: the float a plan's flows sum to."""
     total = 0.0

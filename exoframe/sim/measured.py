@@ -96,6 +96,8 @@ class RealClock:
 
     def _in_flight_between(self, start: float, end: float) -> float:
         """Seconds of [start, end] during which an overlapped exchange was in flight."""
+        if not self._flights:
+            return 0.0
         spans = sorted((max(start, began), min(end, ended if ended is not None else end))
                        for began, ended in self._flights.values())
         covered, reach = 0.0, start

@@ -134,9 +134,14 @@ class Strategy(metaclass=StrategyType):
         """Called once after the last step, before the engine waits for every operation
         still in flight: answer what peers still wait for (e.g. a server's last replies)."""
 
+    def note(self, **values: float):
+        """Numbers for the row of the step being finished (e.g. an outer gradient norm),
+        which the default metrics() gives once."""
+        self.__dict__.setdefault("_noted", {}).update(values)
+
     def metrics(self) -> dict:
-        """Numbers to log for the step just finished (e.g. an outer gradient norm)."""
-        return {}
+        """Numbers to log for the step just finished: what note() was given during it."""
+        return self.__dict__.pop("_noted", None) or {}
 
     def held_weights(self) -> list[torch.Tensor]:
         """The parameters (model.parameters() order) and float buffers of the model this node

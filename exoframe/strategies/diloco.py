@@ -65,7 +65,6 @@ class DiLoCo(Strategy):
         self.outer_optimizer = p.outer_spec().build([self.global_params])
         self.quantizer = outer_quantizer(self)
         self.synced_buffers = self.float_buffers_flat()  # the buffers' mean at the last sync
-        self._metrics = {}
 
     def held_weights(self):
         return self.weights_with(self.global_params.detach(), self.synced_buffers)
@@ -83,7 +82,7 @@ class DiLoCo(Strategy):
         params = self.trainable_parameters()
         # The buffers ride along and take their plain mean (no outer optimizer for statistics).
         outer_grad = self.all_reduce_outer_gradient(self.global_params.detach() - flatten(params))
-        self._metrics = {"outer_grad_norm": outer_grad.norm().item()}
+        self.note(outer_grad_norm=outer_grad.norm().item())
         self.global_params.grad = outer_grad
         self.outer_optimizer.step()
         self.outer_optimizer.zero_grad()
@@ -102,10 +101,6 @@ class DiLoCo(Strategy):
     def recovery_tensors(self):
         return [*super().recovery_tensors(), self.global_params.detach(),
                 *optimizer_tensors(self.outer_optimizer)]
-
-    def metrics(self):
-        metrics, self._metrics = self._metrics, {}
-        return metrics
 
     def extra_state(self):
         return {"global_params": self.global_params.detach().clone(),

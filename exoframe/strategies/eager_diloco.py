@@ -48,7 +48,6 @@ class EagerDiLoCo(Strategy):
         self.previous_mean = torch.zeros_like(self.global_params.detach())  # Ā^{t−1}
         self.previous_local = torch.zeros_like(self.previous_mean)  # Δ_m^{t−1}, as sent
         self.pending = None  # (handle, joined tensor) of the all-reduce in flight
-        self._metrics = {}
 
     def held_weights(self):
         return self.weights_with(self.global_params.detach(), self.float_buffers_flat())
@@ -78,7 +77,7 @@ class EagerDiLoCo(Strategy):
         self.outer_optimizer.step()
         self.outer_optimizer.zero_grad()
         unflatten_into(self.global_params.detach(), params)
-        self._metrics = {"outer_grad_norm": eager.norm().item()}
+        self.note(outer_grad_norm=eager.norm().item())
 
     def collect(self):
         handle, joined = self.pending
@@ -91,10 +90,6 @@ class EagerDiLoCo(Strategy):
         if params.H == 1:
             return "with H=1 an outer all-reduce is in flight at every step end; take H >= 2"
         return None
-
-    def metrics(self):
-        metrics, self._metrics = self._metrics, {}
-        return metrics
 
     def extra_state(self):
         return {"global_params": self.global_params.detach().clone(),

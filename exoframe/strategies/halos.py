@@ -114,7 +114,6 @@ class HALoS(Strategy):
             self.global_model = self.start.clone()
             self.global_optimizer = DelayedNesterov(self.global_model, p.global_lr,
                                                     p.global_beta, p.global_buffer)
-        self._metrics = {}
 
     def step(self):
         self.optimizer.step()
@@ -151,13 +150,10 @@ class HALoS(Strategy):
         self.region_model.lerp_(global_model, self.params.alpha)
         self.merged = self.region_model.clone()
         self.merged_version = self.version
-        self._metrics = {"region_version": float(self.version)}
+        self.note(region_version=float(self.version))
 
     # -- the global parameter server -----------------------------------------------------------
     def take_region_update(self, update: torch.Tensor) -> torch.Tensor:
         self.global_optimizer.step(self.global_model, update.to(self.global_model.device))
         return self.global_model.clone()
 
-    def metrics(self):
-        metrics, self._metrics = self._metrics, {}
-        return metrics

@@ -55,7 +55,6 @@ class SparseLoCo(Strategy):
         self.global_params = flatten(self.trainable_parameters()).detach().clone()
         self.residual = torch.zeros_like(self.global_params)
         self.index_bits = max(1, math.ceil(math.log2(self.params.chunk)))
-        self._metrics = {}
 
     def held_weights(self):
         return self.weights_with(self.global_params, self.float_buffers_flat())
@@ -84,7 +83,7 @@ class SparseLoCo(Strategy):
         unflatten_into(self.global_params, params)
         if self.float_buffers():  # their mean, in a second (full-precision) all-reduce
             self.all_reduce_with_buffers(self.global_params.new_zeros(0))
-        self._metrics = {"outer_grad_norm": mean.norm().item()}
+        self.note(outer_grad_norm=mean.norm().item())
 
     def top_k_per_chunk(self, values: torch.Tensor) -> torch.Tensor:
         """Indices of the `topk` largest |values| in each chunk of `chunk` values."""
@@ -94,10 +93,6 @@ class SparseLoCo(Strategy):
             k = min(self.params.topk, part.numel())
             picked.append(torch.topk(part, k, sorted=True).indices + start)
         return torch.cat(picked)
-
-    def metrics(self):
-        metrics, self._metrics = self._metrics, {}
-        return metrics
 
     def extra_state(self):
         return {"global_params": self.global_params.clone(), "residual": self.residual.clone()}

@@ -93,7 +93,6 @@ class StreamingDiLoCo(Strategy):
         self.quantizer = OuterQuantizer(p.format, p.error_feedback, self.rows)
         self.in_flight = {}  # fragment -> (handle, outer gradient, step at which to apply)
         self.synced_buffers = self.float_buffers_flat()  # their mean at the last buffer sync
-        self._metrics = {}
 
     def step(self):
         self.optimizer.step()
@@ -135,7 +134,7 @@ class StreamingDiLoCo(Strategy):
         a, b = self.bounds[f]
         flat[a:b] = torch.lerp(fragment.detach(), flat[a:b], self.params.alpha)
         unflatten_into(flat, params)
-        self._metrics[f"outer_grad_norm_{f}"] = outer_grad.norm().item()
+        self.note(**{f"outer_grad_norm_{f}": outer_grad.norm().item()})
 
     def held_weights(self):
         return self.weights_with(torch.cat([g.detach() for g in self.global_fragments]),
@@ -150,10 +149,6 @@ class StreamingDiLoCo(Strategy):
             return (f"with tau={params.tau} some fragment is always in flight (its syncs are "
                     f"at most {max(gaps)} steps apart); take tau below {max(gaps)}")
         return None
-
-    def metrics(self):
-        metrics, self._metrics = self._metrics, {}
-        return metrics
 
     def extra_state(self):
         return {"global_fragments": [g.detach().clone() for g in self.global_fragments],
