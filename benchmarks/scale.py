@@ -69,6 +69,7 @@ def exoframe_run(nodes: int, steps: int, strategy: str, per_process: int | None)
     [path] = glob.glob(f"{out}/*/summary.json")
     said = json.loads(Path(path).read_text())
     return {"startup": said["startup_seconds"], "peak_gb": memory.peak / 1e9,
+            "elapsed": said["elapsed_seconds"],
             "per_step": (said["elapsed_seconds"] - said["startup_seconds"]) / (steps - 1)}
 
 

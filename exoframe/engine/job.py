@@ -65,13 +65,11 @@ class Job:
     # histogram, for summary.json; None for a workload that makes each rank's data itself.
     partition: Optional[dict] = None
 
-    def __getattr__(self, name: str):
-        """The config's fields that need no resolving (called only where a Job has no
-        attribute of that name)."""
-        config = self.__dict__.get("config")
-        if config is None or name not in CONFIG_FIELDS:
-            raise AttributeError(f"'Job' object has no attribute '{name}'")
-        return getattr(config, name)
+    def __post_init__(self):
+        """The config's fields that need no resolving become the Job's attributes, read at
+        the speed of its own fields (a rank reads several every step)."""
+        for name in CONFIG_FIELDS - JOB_FIELDS:
+            self.__dict__[name] = getattr(self.config, name)
 
     @property
     def device(self) -> str:
@@ -82,6 +80,9 @@ class Job:
         if step >= self.steps:
             return False
         return self.time_budget is not None or (self.target_loss is not None and step > LAG)
+
+
+JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job))
 
 
 def resolve_strategy(strategy, params: dict | None, pm: PluginManager):

@@ -76,20 +76,29 @@ class Precision:
 
 
 def forward_backward(model, batches, accumulate: int, precision: Precision,
-                     device: torch.device, step: int) -> torch.Tensor:
+                     device: torch.device, step: int) -> float:
     """Forward and backward over `accumulate` micro-batches, each loss divided by
     `accumulate`: the gradient is that of the mean loss over all of them. Returns the mean
-    loss (detached)."""
+    loss as a float32 value (a loss of -0.0 is logged 0.0)."""
+    if accumulate == 1:  # no division by 1, no tensor sum: the same bits in fewer ops
+        loss = forward(model, batches, precision, device, step)
+        precision.backward(loss)
+        return loss.detach().float().item() + 0.0
     total = 0.0
     for _ in range(accumulate):
-        batch = to_device(next(batches), device)
-        with precision.autocast():
-            loss = model(batch)
-        check_loss(loss, step)
-        # (one micro-batch: no division, which by 1 changes no bit of the loss or gradients)
-        precision.backward(loss / accumulate if accumulate > 1 else loss)
-        total = total + loss.detach().float()  # (0.0 + loss: a loss of -0.0 is logged 0.0)
-    return total / accumulate if accumulate > 1 else total
+        loss = forward(model, batches, precision, device, step)
+        precision.backward(loss / accumulate)
+        total = total + loss.detach().float()
+    return (total / accumulate).item()
+
+
+def forward(model, batches, precision: Precision, device: torch.device, step: int):
+    """The loss of the next micro-batch, checked to be a scalar tensor."""
+    batch = to_device(next(batches), device)
+    with precision.autocast():
+        loss = model(batch)
+    check_loss(loss, step)
+    return loss
 
 
 def check_loss(loss, step=None):

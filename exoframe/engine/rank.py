@@ -197,7 +197,7 @@ class Rank:
                                                  job.min_lr_ratio)), down=down)
         if not down:
             trained.loss = forward_backward(self.model, self.batches, job.accumulate,
-                                            precision, self.device, step).item()
+                                            precision, self.device, step)
             check_finite(trained.loss, step, self.rank, job.on_nonfinite)
             trained.grad_norm = precision.unscale_and_clip(strategy.optimizer,
                                                            self.model.parameters(),

@@ -9,7 +9,8 @@ calls travel as Posts (one-sided messages); a rank gets its mail when it Listens
 with Mail (or Waited, when the operation it also waits for completes first). StepEnd and Done
 tell the simulator how far a rank has come. Ranks send these through a transport
 (transport.py): live ranks over their pipe or TCP connection (engine/monitor.py), replayed
-ranks in process (sim/replay.py).
+ranks in process (sim/replay.py). (Without __slots__: a slotted dataclass pickles at
+twice the cost, and a rank sends a StepEnd every step.)
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class SimulationError(Exception):
     rank that does not exist."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Op:
     t: float
     op_id: int  # the rank's own numbering of its operations
@@ -33,19 +34,19 @@ class Op:
     blocking: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Wait:
     t: float
     op_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Probe:
     t: float
     op_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Quorum:
     """At the start of a synchronization, every rank (down or not) says whether it is up."""
     t: float
@@ -53,7 +54,7 @@ class Quorum:
     down_until: float | None  # None: the rank is up; else when it is back from its failure
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Post:
     """A one-sided message (a remote call or its result) to `dst`: it leaves at `t` and,
     once delivered, waits in dst's mailbox until dst listens."""
@@ -63,7 +64,7 @@ class Post:
     nbytes: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Listen:
     """Wait for mail; with `op_id`, also for that operation (answered like Wait if it
     completes first). Not `block`: only ask for the mail delivered by `t`."""
@@ -72,38 +73,38 @@ class Listen:
     block: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StepEnd:
     """The rank ended a training step at `t`: it sends nothing earlier from now on."""
     t: float
     step: int | None = None  # which one (the simulator needs only `t`)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Done:
     """The rank sends nothing more."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Waited:
     end: float
     idle: float
     comm: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Probed:
     done: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Quorumed:
     end: float  # when the last live member joined (a rank that joined later: its own time)
     live: tuple  # the ranks whose contributions count in this synchronization
     joining: tuple  # ranks back from a failure: they take a live rank's state after it
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Mail:
     """The messages delivered to a listening rank: it waited from its Listen's t to `end`,
     `comm` of it while the message that ended the wait was in flight, the rest `idle`.
