@@ -90,7 +90,9 @@ def plain_diloco():
 
 
 def plain_one_step():
-    """The plain counterpart of figure 2 (its own process: --plain-one-step): torch only."""
+    """The plain counterpart of figure 2 (its own process: --plain-one-step): torch only.
+    The mlp workload's data and model are written out here, not imported from exoframe
+    (workloads/mlp.py), so that the plain script pays no exoframe import."""
     import torch
     import torch.nn.functional as F
 

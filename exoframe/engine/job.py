@@ -68,7 +68,7 @@ class Job:
     def __post_init__(self):
         """The config's fields that need no resolving become the Job's attributes, read at
         the speed of its own fields (a rank reads several every step)."""
-        for name in CONFIG_FIELDS - JOB_FIELDS:
+        for name in COPIED_FIELDS:
             self.__dict__[name] = getattr(self.config, name)
 
     @property
@@ -82,7 +82,8 @@ class Job:
         return self.time_budget is not None or (self.target_loss is not None and step > LAG)
 
 
-JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(Job))
+# The config fields a Job does not resolve: copied from its config when it is made.
+COPIED_FIELDS = CONFIG_FIELDS - frozenset(f.name for f in dataclasses.fields(Job))
 
 
 def resolve_strategy(strategy, params: dict | None, pm: PluginManager):
