@@ -1,4 +1,8 @@
-"""Every Communicator operation, sync and async, across real rank processes."""
+"""Every Communicator operation, sync and async, across real rank processes, and the
+process group they meet in."""
+import multiprocessing as mp
+import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -6,6 +10,8 @@ import torch.nn as nn
 from torch.utils.data import TensorDataset
 
 import exoframe
+from exoframe.engine.messages import Rendezvous
+from exoframe.engine.rank import join_group
 
 N, K = 3, 6  # ranks, elements per rank's chunk
 
@@ -87,3 +93,60 @@ def test_every_operation_moves_real_data_and_counts_ring_bytes():
     assert traffic["broadcast"] == {"calls": 2, "bytes_sent": 0, "bytes_received": 2 * K * 4}
     assert traffic["send"] == {"calls": 4, "bytes_sent": 16, "bytes_received": 0}
     assert traffic["recv"] == {"calls": 4, "bytes_sent": 0, "bytes_received": 16}
+
+
+class SlowStore(torch.distributed.Store):
+    """A store whose reads return late: the rank holding it connects to its peers late."""
+
+    def __init__(self, inner, delay):
+        super().__init__()
+        self.inner, self.delay = inner, delay
+
+    def get(self, key):
+        value = self.inner.get(key)
+        time.sleep(self.delay)
+        return value
+
+    def set(self, key, value):
+        self.inner.set(key, value)
+
+    def add(self, key, amount):
+        return self.inner.add(key, amount)
+
+    def wait(self, keys, *timeout):
+        self.inner.wait(keys, *timeout)
+
+    def check(self, keys):
+        return self.inner.check(keys)
+
+
+def join_then_leave(rank, folder, delay, conn):
+    """Rank 1 leaves as soon as it has joined; rank 0, late to connect, says if it joined."""
+    if rank == 0:
+        real = torch.distributed.FileStore
+        torch.distributed.FileStore = lambda *args: SlowStore(real(*args), delay)
+    try:
+        join_group(rank, 2, Rendezvous(f"{folder}/store", 60.0, "gloo"))
+        conn.send("joined")
+    except RuntimeError as error:
+        conn.send(str(error))
+    finally:
+        os._exit(0)
+
+
+def test_a_rank_late_to_connect_joins_a_peer_that_leaves_at_once(tmp_path):
+    """A peer with nothing to exchange (a 1-step local-SGD run) finishes and exits as soon as
+    it has joined: the rank still connecting must not read its closed socket."""
+    fork = mp.get_context("fork")
+    for attempt, delay in enumerate([0.01, 0.05, 0.1] * 10):
+        folder = tmp_path / str(attempt)
+        folder.mkdir()
+        pipes = [fork.Pipe(duplex=False) for _ in range(2)]
+        procs = [fork.Process(target=join_then_leave, args=(r, folder, delay, pipes[r][1]))
+                 for r in range(2)]
+        for proc in procs:
+            proc.start()
+        said = [pipes[r][0].recv() for r in range(2)]
+        for proc in procs:
+            proc.join()
+        assert said == ["joined", "joined"], (delay, said)

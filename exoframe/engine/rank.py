@@ -54,7 +54,12 @@ def join_group(rank: int, world_size: int, rendezvous: Rendezvous,
     eager = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timeout, **eager)
-    return dist.new_group(backend="gloo") if backend == "nccl" else None
+    p2p_group = dist.new_group(backend="gloo") if backend == "nccl" else None
+    # gloo's connect on a slow rank reads a socket its peer has already connected: a peer
+    # with nothing to exchange (a 1-step local-SGD run) may finish and exit first, and the
+    # slow rank fails with "Connection closed by peer". No rank leaves before all have met.
+    dist.barrier(group=p2p_group)
+    return p2p_group
 
 
 def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
