@@ -9,7 +9,8 @@
    and against a plain script that imports torch, makes the same data, steps 4 such MLPs
    once with AdamW and validates their average (a torch optimizer's first step imports
    torch._dynamo, about 1.3 s here: no script that trains escapes it);
-3. 64 mlp nodes in one worker (fedavg) against 64 models stepped in turn, per step: the
+3. 64 mlp nodes in one worker (fedavg) against 64 models stepped in turn and averaged every
+   H steps as fedavg does (benchmarks/scale.py's plain loop), per step: the
    marginal cost of a step, (elapsed of a 60-step run - elapsed of a 20-step run) / 40, and
    the whole run's (elapsed - start-up) / 19 of a 20-step run, which also holds the end of
    the run (the last step's 64 model states, their average, the final validation);

@@ -24,6 +24,7 @@ from exoframe.engine.data import Batches
 
 
 def nodes_of(n: int, steps: int):
+    """step(i): node i's training step. step.models: the N models."""
     job = job_from_config(RunConfig(workload="mlp", nodes=n, steps=steps))
     models = [job_from_config(RunConfig(workload="mlp", nodes=n, steps=steps, seed=r)).model
               for r in range(n)]
@@ -35,13 +36,27 @@ def nodes_of(n: int, steps: int):
         models[i](next(data[i])).backward()
         optimizers[i].step()
         optimizers[i].zero_grad()
+    step.models = models
     return step
 
 
-def plain(step, n, steps):
-    for _ in range(steps):
+def average(models):
+    """FedAvg's average as a plain script writes it: each parameter set to the models' mean."""
+    with torch.no_grad():
+        for same in zip(*(model.parameters() for model in models)):
+            mean = torch.stack(same).mean(0)
+            for p in same:
+                p.copy_(mean)
+
+
+def plain(step, n, steps, average_every: int | None = None, first: int = 1):
+    """Steps first, first + 1, ...; average_every: FedAvg's H (the models averaged after each
+    step that H divides), or None."""
+    for number in range(first, first + steps):
         for i in range(n):
             step(i)
+        if average_every and number % average_every == 0:
+            average(step.models)
 
 
 def free_threads(step, n, steps):

@@ -15,7 +15,8 @@ single process).
   before it (MemTotal - MemAvailable, sampled every 0.1 s): the whole run, launcher
   included (run it on an otherwise idle machine);
 - plain loop: N copies of the model, each with its AdamW and its own batch of the same
-  size, stepped in turn by one process with one thread: seconds per step of all N.
+  size, stepped in turn by one process with one thread, and for fedavg averaged every H
+  steps (each parameter set to the models' mean): seconds per step of all N.
 A run that fails (out of memory: the kernel kills a rank) is reported as such.
 """
 import argparse
@@ -30,6 +31,8 @@ from pathlib import Path
 
 import torch
 from node_packing import nodes_of, plain  # beside this file
+
+from exoframe.strategies.localsgd import LocalSGD
 
 
 def used_bytes() -> int:
@@ -73,13 +76,15 @@ def exoframe_run(nodes: int, steps: int, strategy: str, per_process: int | None)
             "per_step": (said["elapsed_seconds"] - said["startup_seconds"]) / (steps - 1)}
 
 
-def plain_loop(nodes: int, steps: int) -> float:
-    """Seconds per step of N mlp models trained one after another in this process."""
+def plain_loop(nodes: int, steps: int, strategy: str = "fedavg") -> float:
+    """Seconds per step of N mlp models trained one after another in this process; for
+    fedavg, averaged every H steps as the run does (other strategies: never averaged)."""
     torch.set_num_threads(1)
     step = nodes_of(nodes, steps)
+    every = LocalSGD.Params().H if strategy in ("fedavg", "localsgd") else None
     plain(step, nodes, 1)  # the first step warms up
     start = time.perf_counter()
-    plain(step, nodes, steps - 1)
+    plain(step, nodes, steps - 1, every, first=2)
     return (time.perf_counter() - start) / (steps - 1)
 
 
@@ -92,7 +97,7 @@ def main():
     options = parser.parse_args()
     for nodes in map(int, options.nodes.split(",")):
         run = exoframe_run(nodes, options.steps, options.strategy, options.nodes_per_process)
-        plain = plain_loop(nodes, options.steps)
+        plain = plain_loop(nodes, options.steps, options.strategy)
         if "failed" in run:
             print(f"N={nodes}: failed ({run['failed']}), peak memory {run['peak_gb']:.1f} GB; "
                   f"plain loop {plain * 1000:.1f} ms/step")
