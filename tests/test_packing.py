@@ -20,9 +20,10 @@ from exoframe.engine.placement import max_workers, nodes_per_process, packed, pl
 from exoframe.errors import ExoframeError
 
 
-def run(strategy, params, packing, nodes=16, steps=6, **fit):
+def run(strategy, params, packing, nodes=16, steps=6, eval_every=3, **fit):
     return testing.run(strategy, params, nodes=nodes, steps=steps, net="wan-100mbps",
-                       compute="fixed:10ms", nodes_per_process=packing, eval_every=3, **fit)
+                       compute="fixed:10ms", nodes_per_process=packing, eval_every=eval_every,
+                       **fit)
 
 
 def simulated_clocks(said: dict) -> list:
@@ -30,13 +31,16 @@ def simulated_clocks(said: dict) -> list:
     return [said["simulated_seconds"], *(r["simulated_seconds"] for r in said["per_rank"])]
 
 
-@pytest.mark.parametrize("strategy,params", [("ddp", {}), ("diloco", {"H": 2}),
-                                             ("gossip", {}), ("param-server", {"servers": 3})])
-def test_a_run_is_the_same_whatever_the_packing(strategy, params):
+@pytest.mark.parametrize("strategy,params,length", [
+    ("ddp", {}, {}), ("diloco", {"H": 2}, {}), ("gossip", {}, {}),
+    ("param-server", {"servers": 3}, {}),
+    # 11 steps without a wait: packed nodes take turns of several steps (STEPS_PER_TURN)
+    ("localsgd", {"H": 12}, {"steps": 25, "eval_every": 25})])
+def test_a_run_is_the_same_whatever_the_packing(strategy, params, length):
     """1 node per process (16 workers), 16 per process (one), and uneven (5, 5, 5, 1): the
     same metrics, weights and simulated clocks, bit for bit; and the same, up to the order
     of floating-point sums, as a process per node exchanging through gloo."""
-    runs = {packing: run(strategy, params, packing) for packing in (1, 16, 5, None)}
+    runs = {packing: run(strategy, params, packing, **length) for packing in (1, 16, 5, None)}
     alone = runs[1]
     for packing in (16, 5):
         assert runs[packing].metrics == alone.metrics
