@@ -128,15 +128,17 @@ def join_then_leave(rank, folder, delay, conn):
     try:
         join_group(rank, 2, Rendezvous(f"{folder}/store", 60.0, "gloo"))
         conn.send("joined")
-    except RuntimeError as error:
-        conn.send(str(error))
+    except Exception as error:
+        conn.send(f"{type(error).__name__}: {error}")
     finally:
         os._exit(0)
 
 
 def test_a_rank_late_to_connect_joins_a_peer_that_leaves_at_once(tmp_path):
     """A peer with nothing to exchange (a 1-step local-SGD run) finishes and exits as soon as
-    it has joined: the rank still connecting must not read its closed socket."""
+    it has joined: the rank still connecting must not read its closed socket. (Before the
+    barrier in join_group, about one attempt in eight failed so: "Connection closed by
+    peer", as in CI.)"""
     fork = mp.get_context("fork")
     for attempt, delay in enumerate([0.01, 0.05, 0.1] * 10):
         folder = tmp_path / str(attempt)
@@ -146,7 +148,7 @@ def test_a_rank_late_to_connect_joins_a_peer_that_leaves_at_once(tmp_path):
                  for r in range(2)]
         for proc in procs:
             proc.start()
-        said = [pipes[r][0].recv() for r in range(2)]
+        said = [pipes[r][0].recv() if pipes[r][0].poll(120) else "no answer" for r in range(2)]
         for proc in procs:
             proc.join()
         assert said == ["joined", "joined"], (delay, said)
