@@ -79,6 +79,8 @@ def test_killed_and_resumed_run_equals_the_run_never_stopped(cli, monkeypatch, s
 @pytest.mark.parametrize("strategy, params", [
     ("ddp", []), ("diloco", ["-p", "H=3"]),
     ("diloco", ["-p", "H=3", "--nodes-per-process", "2"]),  # nodes sharing a worker
+    # ... that take turns of several steps (no exchange, no state sent before step 12)
+    ("localsgd", ["-p", "H=100", "--eval-every", "12", "--nodes-per-process", "2"]),
 ])
 def test_a_stop_signal_checkpoints_first_and_the_resume_equals_the_run_never_stopped(
         cli, monkeypatch, strategy, params):

@@ -146,9 +146,11 @@ def test_a_rank_late_to_connect_joins_a_peer_that_leaves_at_once(tmp_path):
         pipes = [fork.Pipe(duplex=False) for _ in range(2)]
         procs = [fork.Process(target=join_then_leave, args=(r, folder, delay, pipes[r][1]))
                  for r in range(2)]
-        for proc in procs:
+        for proc, (_, end) in zip(procs, pipes):
             proc.start()
+            end.close()  # (the child's: a child that dies closes the pipe)
         said = [pipes[r][0].recv() if pipes[r][0].poll(120) else "no answer" for r in range(2)]
         for proc in procs:
-            proc.join()
+            proc.join(10)
+            proc.kill()
         assert said == ["joined", "joined"], (delay, said)

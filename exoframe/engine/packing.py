@@ -28,6 +28,7 @@ import multiprocessing.connection
 import queue
 import random
 import resource
+import select
 import signal
 import threading
 import time
@@ -42,8 +43,9 @@ from .. import distributed
 from ..comm.memory import Contribution, MemoryExchange, Pack
 from .messages import Bundle, NodeMessage, StepDone
 
-# A node that does not wait runs this many steps before the next node's turn: each turn
-# costs a switch and a swap of the node's globals (~30 µs), and its model stays in the cache.
+# A node that does not wait runs up to this many steps before the next node's turn: each
+# turn costs a switch and a swap of the node's globals (~30 µs), and its model stays in the
+# cache.
 STEPS_PER_TURN = 10
 FLUSH_SECONDS = 1.0  # what the nodes said reaches the launcher at least this often
 
@@ -94,7 +96,8 @@ class Node:
         self.inbox: deque = deque()
         self.ready = None  # while it waits: what must hold for it to go on
         self.cpu, self.resumed_at = 0.0, None
-        # Its first turn is one step: the launcher hears of every node's first step at once.
+        # Its first turn is one step (unless it waits in it): the launcher hears of every
+        # node's first step at once.
         self.steps_this_turn = STEPS_PER_TURN - 1
         # A node starts from the process's state, as a forked rank from the launcher's.
         self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
@@ -116,13 +119,7 @@ class NodeConn:
     def send(self, message):
         self.node.hub.launcher.pending.append(message)
         if isinstance(message, StepDone):
-            node = self.node
-            node.steps_this_turn += 1
-            # A node gives way after STEPS_PER_TURN steps, and at a step whose state goes to
-            # the launcher (the state must be sent before the node changes it, and the
-            # launcher holds states until every node's is in).
-            if node.steps_this_turn >= STEPS_PER_TURN or message.state is not None:
-                node.hub.block(_always, give_way=True)
+            self.node.hub.step_ended(sends_state=message.state is not None)
 
     def recv(self):
         inbox = self.node.inbox
@@ -175,6 +172,8 @@ class Hub:
         self.nodes: dict[int, Node] = {}
         self.current: Node | None = None
         self.flushed_at = time.monotonic()
+        self.launcher_poll = select.poll()  # whether the launcher said something, in 0.4 µs
+        self.launcher_poll.register(conn.fileno(), select.POLLIN)
 
     def post(self, process: int, message: Contribution):
         self.peers[process].pending.append(message)
@@ -193,6 +192,21 @@ class Hub:
         finally:
             if self.current is not None:
                 self.current.cpu -= time.thread_time() - start
+
+    def step_ended(self, sends_state: bool):
+        """The current node ended a step. Its turn ends at a step whose state goes to the
+        launcher (pickled before the node changes it; the launcher holds states until every
+        node's is in), after STEPS_PER_TURN steps, once the launcher has said something (a
+        checkpoint request is for the step after the furthest reported one) or once the last
+        flush is FLUSH_SECONDS old (the watchdog hears from every worker)."""
+        node = self.current
+        node.steps_this_turn += 1
+        if sends_state or node.steps_this_turn >= STEPS_PER_TURN or self.launcher_said() \
+                or time.monotonic() - self.flushed_at > FLUSH_SECONDS:
+            self.block(_always, give_way=True)
+
+    def launcher_said(self) -> bool:
+        return bool(self.launcher_poll.poll(0))
 
     def block(self, ready, give_way: bool = False):
         """Called by a node: give way until ready() holds (give_way: even if it does)."""
@@ -223,8 +237,9 @@ class Hub:
                 node.ready = None
                 self._resume(node)
                 ran = True
-                if time.monotonic() - self.flushed_at > FLUSH_SECONDS:  # a long round
-                    self._flush()
+                if time.monotonic() - self.flushed_at > FLUSH_SECONDS or self.launcher_said():
+                    self._flush()  # within a long round
+                    self._receive(block=False)
         return ran
 
     def _resume(self, node: Node):
