@@ -19,9 +19,13 @@
     python benchmarks/engine_cost.py [--pairs 3] [--skip 3,4]
 
 Whole processes are timed, exoframe's and the plain one alternated, pairs repeated; each
-figure is the median ratio. Run it on an otherwise idle machine.
+figure is the median ratio. Run it on an otherwise idle machine. exoframe's bytecode is
+compiled first (as pip compiles an installed package's, and torch's): where
+PYTHONDONTWRITEBYTECODE is set, an editable install would otherwise compile every module
+it imports in every run (`--no-compile` measures that).
 """
 import argparse
+import compileall
 import os
 import resource
 import statistics
@@ -136,6 +140,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--skip", default="", help="figures to leave out, e.g. 3,4")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave exoframe's bytecode as it is")
     parser.add_argument("--plain-diloco", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--plain-one-step", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -144,6 +150,9 @@ def main():
     if options.plain_one_step:
         return plain_one_step()
     skip = {int(x) for x in options.skip.split(",") if x}
+    if not options.no_compile:
+        import exoframe
+        compileall.compile_dir(Path(exoframe.__file__).parent, quiet=1)
     exoframe = [sys.executable, "-m", "exoframe", "run", "--out",
                 tempfile.mkdtemp(prefix="exoframe-cost-")]
     print(f"{os.cpu_count()} CPUs; medians of {options.pairs} alternated pairs")

@@ -2,10 +2,12 @@
 registered through the same hooks as a third-party plugin's. Strategies and workloads are
 registered by name: their modules (and torch) are imported when a run uses one, not when
 `exoframe strategies` lists them."""
+import functools
+
 from .hookspecs import hookimpl
 from .plugins import lazy
 from .sim.collectives import BUILTIN
-from .sim.presets import presets
+from .sim.presets import description as preset_description, presets
 
 STRATEGIES = {
     "ddp": "exoframe.strategies.ddp:DDP",
@@ -46,8 +48,8 @@ def exoframe_register_workloads(register):
 
 @hookimpl
 def exoframe_register_networks(register):
-    for name, path, description in presets():
-        register(name, path, description=description)
+    for name, path in presets():
+        register(name, path, description=functools.partial(preset_description, path))
 
 
 @hookimpl

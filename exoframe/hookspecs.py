@@ -7,6 +7,9 @@ A plugin (built-in or third-party) implements, for example::
     @hookimpl
     def exoframe_register_strategies(register):
         register("mystrategy", MyStrategy, description="...")
+
+`description` is a string, or a function that returns one: it is called only when the
+entry is listed. Without one, the object's first docstring line is shown.
 """
 import pluggy
 

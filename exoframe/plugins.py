@@ -12,6 +12,7 @@ plugin that fails to load an error instead of a warning in `exoframe plugins`.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -19,6 +20,7 @@ import sys
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pluggy
 
@@ -87,11 +89,18 @@ def lazy(target: str) -> Lazy:
 class Entry:
     name: str
     target: object  # the registered object, or a Lazy naming it
-    description: str
+    # A string, or a function that gives it: asked only when the entry is listed
+    # (describe()), so that a run does not read every registered object's source.
+    description: str | Callable[[], str]
     source: str  # distribution that registered it
     version: str
     plugin: str  # plugin (module) name that registered it
     aliases: tuple = ()
+
+    def describe(self) -> str:
+        if callable(self.description):
+            self.description = self.description()
+        return self.description
 
     @property
     def obj(self):
@@ -218,9 +227,9 @@ class PluginManager:
     def _register_callback(self, kind, info: PluginInfo):
         def register(name, obj, description="", aliases=()):
             _check_item(kind, name, obj)
-            if not description:
-                description = (obj.first_doc_line() if isinstance(obj, Lazy)
-                               else _first_doc_line(obj))
+            if not description:  # its docstring's first line
+                description = obj.first_doc_line if isinstance(obj, Lazy) else \
+                    functools.partial(_first_doc_line, obj)
             self.registries[kind].add(
                 Entry(name=name, target=obj, description=description,
                       source=info.source, version=info.version, plugin=info.name,

@@ -1,3 +1,4 @@
+import compileall
 import os
 import subprocess
 import sys
@@ -15,6 +16,13 @@ REPO = Path(__file__).resolve().parent.parent
 # A gpt workload small enough for tests: as workload parameters, and as CLI flags.
 SMALL_GPT = dict(n_layer=1, n_embd=32, block_size=32, train_tokens=40000, val_tokens=4000)
 SMALL_GPT_FLAGS = [arg for key, value in SMALL_GPT.items() for arg in ("-w", f"{key}={value}")]
+
+
+def pytest_sessionstart(session):
+    """The suite starts hundreds of `python -m exoframe` processes. Each reads exoframe's
+    bytecode from __pycache__ (ignored by git) instead of compiling every module it imports:
+    where PYTHONDONTWRITEBYTECODE is set (CI), nothing would write it otherwise."""
+    compileall.compile_dir(REPO / "exoframe", quiet=1)
 
 
 def processes_with_marker(marker: str):

@@ -171,6 +171,6 @@ def test_listings_run_with_torch_blocked_and_say_what_the_loaded_objects_say(cli
     registry = getattr(PluginManager(), command if command != "nets" else "networks")
     assert set(listed) == {entry.name for entry in registry}
     for entry in registry:
-        assert f"  {entry.description}" in listed[entry.name]
+        assert f"  {entry.describe()}" in listed[entry.name]
         if command in ("strategies", "workloads"):  # described by their docstrings
-            assert entry.description == entry.obj.__doc__.strip().splitlines()[0]
+            assert entry.describe() == entry.obj.__doc__.strip().splitlines()[0]

@@ -18,8 +18,9 @@ SHIPPED = ["ideal", "nvlink", "dc-100gbps", "lan-10gbps", "lan-1gbps", "wan-1gbp
 
 def preset_registry() -> Registry:
     registry = Registry("networks")
-    for name, path, description in presets.presets():
-        registry.add(Entry(name=name, target=path, description=description, source="exoframe",
+    for name, path in presets.presets():
+        registry.add(Entry(name=name, target=path, description=presets.description(path),
+                           source="exoframe",
                            version="test", plugin="exoframe.builtins"))
     return registry
 
@@ -117,7 +118,7 @@ def test_every_shipped_preset_is_registered_with_its_description():
     names = [entry.name for entry in registry]
     assert set(SHIPPED) <= set(names)
     for entry in registry:
-        assert entry.description and "\n" not in entry.description
+        assert entry.describe() and "\n" not in entry.describe()
 
 
 @pytest.mark.parametrize("name", SHIPPED)

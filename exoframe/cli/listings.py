@@ -48,7 +48,7 @@ def nets():
     for e in entries:
         try:
             net = load_network(e.name, pm.networks)
-            line = e.description or net.summary()
+            line = e.describe() or net.summary()
             if parse_protocol(net.protocol, net.where) is not None:
                 line += "  (protocol: tcp)"  # headers, ACKs, shared bottlenecks, window
         except ExoframeError as error:
@@ -103,7 +103,7 @@ def _print_registry(registry):
     width = max((len(e.name) for e in entries), default=4)
     for e in entries:
         aliases = f" (alias: {', '.join(e.aliases)})" if e.aliases else ""
-        click.echo(f"{e.name:<{width}}  {e.description}{aliases}  [{e.source}]")
+        click.echo(f"{e.name:<{width}}  {e.describe()}{aliases}  [{e.source}]")
 
 
 def format_plugins(infos) -> str:

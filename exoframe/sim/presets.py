@@ -9,11 +9,12 @@ from .inputs import load_yaml
 PRESET_DIR = importlib.resources.files("exoframe.netmodels")
 
 
-def presets() -> list[tuple[str, Path, str]]:
-    """(name, path, description) of every preset file, by name."""
-    found = []
-    for file in sorted(PRESET_DIR.iterdir(), key=lambda f: f.name):
-        if file.name.endswith(".yaml"):
-            path = Path(str(file))
-            found.append((path.stem, path, str(load_yaml(path).get("description", ""))))
-    return found
+def presets() -> list[tuple[str, Path]]:
+    """(name, path) of every preset file, by name."""
+    paths = (Path(str(file)) for file in PRESET_DIR.iterdir() if file.name.endswith(".yaml"))
+    return sorted((path.stem, path) for path in paths)
+
+
+def description(path: Path) -> str:
+    """A preset file's description (read when asked: a run reads only the preset it uses)."""
+    return str(load_yaml(path).get("description", ""))

@@ -108,7 +108,7 @@ def items(updates) -> dict:
 def test_sink_is_registered_by_its_package():
     entry = PluginManager().sinks.get("wandb")
     assert entry.source == "exoframe-wandb"
-    assert "Weights & Biases" in entry.description
+    assert "Weights & Biases" in entry.describe()
 
 
 def test_loading_the_plugin_does_not_import_wandb():
