@@ -7,14 +7,18 @@
    validation), and the same for wall-clock time;
 2. a 1-step, 4-node `exoframe run --workload mlp`, wall: against `python -c "import torch"`,
    and against a plain script that imports torch, makes the same data, steps 4 such MLPs
-   once with AdamW and validates their average (a torch optimizer's first step imports
-   torch._dynamo, about 1.3 s here: no script that trains escapes it);
+   once with AdamW and validates their average (a torch optimizer imports torch._dynamo
+   when it is made and at its first step: no script that trains escapes it); and, as the
+   floor, `python -c "import torch, torch._dynamo"` against `python -c "import torch"`;
 3. 64 mlp nodes in one worker (fedavg) against 64 models stepped in turn and averaged every
-   H steps as fedavg does (benchmarks/scale.py's plain loop), per step: the
-   marginal cost of a step, (elapsed of a 60-step run - elapsed of a 20-step run) / 40, and
-   the whole run's (elapsed - start-up) / 19 of a 20-step run, which also holds the end of
-   the run (the last step's 64 model states, their average, the final validation);
-4. 1024 fedavg mlp nodes, default packing, against the plain loop, per step (whole run).
+   H steps as fedavg does (benchmarks/scale.py's plain loop), per step: the marginal cost
+   of a step, (elapsed of a 60-step run - elapsed of a 20-step run) / 40, against the plain
+   loop's steps alone; and the whole run's (elapsed - start-up) / 19 of a 20-step run,
+   which also holds the end of the run (the last step's 64 model states, their average,
+   the final validation), against a 20-step plain loop that also validates the models'
+   average at its end;
+4. 1024 fedavg mlp nodes, default packing, against the plain loop, per step (whole run, the
+   end included in both).
 
     python benchmarks/engine_cost.py [--pairs 3] [--skip 3,4]
 
@@ -169,9 +173,13 @@ def main():
                                          options.pairs, cpu=False)
         script = [sys.executable, str(Path(__file__).resolve()), "--plain-one-step"]
         against_script, _, plain = ratio_pairs(one_step, script, options.pairs, cpu=False)
+        floor, _, _ = ratio_pairs([sys.executable, "-c", "import torch, torch._dynamo"],
+                                  [sys.executable, "-c", "import torch"], options.pairs,
+                                  cpu=False)
         print(f"2. a 1-step, 4-node run: wall {wall:.2f}x `python -c \"import torch\"` "
               f"({ours[0]:.2f} s against {theirs[0]:.2f} s); {against_script:.2f}x the plain "
-              f"1-step script ({plain[0]:.2f} s)")
+              f"1-step script ({plain[0]:.2f} s); `import torch, torch._dynamo` alone "
+              f"{floor:.2f}x `import torch`")
     sys.path.insert(0, str(HERE))
     from scale import exoframe_run, plain_loop  # beside this file
     if 3 not in skip:
@@ -180,9 +188,9 @@ def main():
             short, long = (exoframe_run(64, steps, "fedavg", 64) for steps in (20, 60))
             if "failed" in short or "failed" in long:
                 raise SystemExit(f"64 nodes: {short.get('failed') or long.get('failed')}")
-            plain = plain_loop(64, 40)
-            marginal.append(((long["elapsed"] - short["elapsed"]) / 40) / plain)
-            whole.append(short["per_step"] / plain)
+            marginal.append(((long["elapsed"] - short["elapsed"]) / 40)
+                            / plain_loop(64, 40, end=False))
+            whole.append(short["per_step"] / plain_loop(64, 20))
         print(f"3. 64 fedavg nodes in one worker: a step's marginal cost "
               f"{statistics.median(marginal):.3f}x the plain loop's; a 20-step run's per step "
               f"(with the run's end) {statistics.median(whole):.3f}x")

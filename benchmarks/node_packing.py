@@ -36,7 +36,7 @@ def nodes_of(n: int, steps: int):
         models[i](next(data[i])).backward()
         optimizers[i].step()
         optimizers[i].zero_grad()
-    step.models = models
+    step.models, step.job = models, job
     return step
 
 

@@ -16,10 +16,12 @@ single process).
   included (run it on an otherwise idle machine);
 - plain loop: N copies of the model, each with its AdamW and its own batch of the same
   size, stepped in turn by one process with one thread, and for fedavg averaged every H
-  steps (each parameter set to the models' mean): seconds per step of all N.
+  steps (each parameter set to the models' mean), then the models' average validated as the
+  run's last step is: seconds per step of all N, the end's share included.
 A run that fails (out of memory: the kernel kills a rank) is reported as such.
 """
 import argparse
+import copy
 import glob
 import json
 import subprocess
@@ -32,6 +34,7 @@ from pathlib import Path
 import torch
 from node_packing import nodes_of, plain  # beside this file
 
+from exoframe.engine.data import eval_batches
 from exoframe.strategies.localsgd import LocalSGD
 
 
@@ -76,16 +79,36 @@ def exoframe_run(nodes: int, steps: int, strategy: str, per_process: int | None)
             "per_step": (said["elapsed_seconds"] - said["startup_seconds"]) / (steps - 1)}
 
 
-def plain_loop(nodes: int, steps: int, strategy: str = "fedavg") -> float:
+def plain_loop(nodes: int, steps: int, strategy: str = "fedavg", end: bool = True) -> float:
     """Seconds per step of N mlp models trained one after another in this process; for
-    fedavg, averaged every H steps as the run does (other strategies: never averaged)."""
+    fedavg, averaged every H steps as the run does (other strategies: never averaged). With
+    `end`, the run's end is in it too, as it is in the run's: the models' average validated
+    on every rank's validation shard (the run's --eval-every steps)."""
     torch.set_num_threads(1)
     step = nodes_of(nodes, steps)
     every = LocalSGD.Params().H if strategy in ("fedavg", "localsgd") else None
     plain(step, nodes, 1)  # the first step warms up
     start = time.perf_counter()
     plain(step, nodes, steps - 1, every, first=2)
+    if end:
+        validate_average(step.models, step.job, nodes)
     return (time.perf_counter() - start) / (steps - 1)
+
+
+def validate_average(models: list, job, nodes: int):
+    """The models' average, validated as the run's evaluator does: loss and the workload's
+    metrics over the first eval_batches batches of every rank's validation shard."""
+    average = copy.deepcopy(models[0])
+    with torch.no_grad():
+        for p, *replicas in zip(average.parameters(), *(m.parameters() for m in models)):
+            p.copy_(torch.stack(replicas).mean(0))
+        average.eval()
+        for r in range(nodes):
+            for batch in eval_batches(job.dataset(r, nodes, "val"), job.batch_size,
+                                      job.eval_batches):
+                average(batch).item()
+                if job.metrics:
+                    job.metrics(average, batch)
 
 
 def main():

@@ -391,3 +391,26 @@ def test_a_sink_that_fails_is_named_and_the_run_folder_still_says_what_happened(
     assert lifecycle(folder)[1]["status"] == "failed"
     assert json.loads((folder / "summary.json").read_text())["status"] == "failed"
     assert cli.leftovers() == []
+
+
+def test_registering_reads_no_description_and_a_listing_reads_each_once(monkeypatch):
+    """A run's start registers every built-in and installed item: the descriptions (a
+    docstring line read from the source, a preset file's description) are read only when
+    an entry is listed, and then once."""
+    import exoframe.builtins
+    from exoframe.plugins import Lazy
+    from exoframe.sim import presets
+
+    read = []
+    first_doc_line, preset_description = Lazy.first_doc_line, presets.description
+    monkeypatch.setattr(Lazy, "first_doc_line", lambda self: read.append(self.module) or
+                        first_doc_line(self))
+    monkeypatch.setattr(exoframe.builtins, "preset_description",
+                        lambda path: read.append(path.stem) or preset_description(path))
+    pm = PluginManager()
+    diloco, wan = pm.strategies.get("diloco"), pm.networks.get("wan-100mbps")
+    assert diloco.obj.__name__ == "DiLoCo" and read == []
+    assert diloco.describe() == diloco.obj.__doc__.strip().splitlines()[0]
+    assert wan.describe() == presets.description(wan.target) and "100" in wan.describe()
+    assert diloco.describe() and wan.describe()
+    assert read == ["exoframe.strategies.diloco", "wan-100mbps"]
