@@ -9,7 +9,8 @@
    and against a plain script that imports torch, makes the same data, steps 4 such MLPs
    once with AdamW and validates their average (a torch optimizer imports torch._dynamo
    when it is made and at its first step: no script that trains escapes it); and, as the
-   floor, `python -c "import torch, torch._dynamo"` against `python -c "import torch"`;
+   floor, `python -c "import torch, torch._dynamo"` against `python -c "import torch"`, with
+   and without the interpreter's teardown (exoframe skips it);
 3. 64 mlp nodes in one worker (fedavg) against 64 models stepped in turn and averaged every
    H steps as fedavg does (benchmarks/scale.py's plain loop), per step: the marginal cost
    of a step, (elapsed of a 60-step run - elapsed of a 20-step run) / 40, against the plain
@@ -26,7 +27,8 @@ Whole processes are timed, exoframe's and the plain one alternated, pairs repeat
 figure is the median ratio. Run it on an otherwise idle machine. exoframe's bytecode is
 compiled first (as pip compiles an installed package's, and torch's): where
 PYTHONDONTWRITEBYTECODE is set, an editable install would otherwise compile every module
-it imports in every run (`--no-compile` measures that).
+it imports in every run (`--no-compile`, with exoframe's __pycache__ folders removed first,
+measures that).
 """
 import argparse
 import compileall
@@ -173,13 +175,17 @@ def main():
                                          options.pairs, cpu=False)
         script = [sys.executable, str(Path(__file__).resolve()), "--plain-one-step"]
         against_script, _, plain = ratio_pairs(one_step, script, options.pairs, cpu=False)
+        import_torch = [sys.executable, "-c", "import torch"]
         floor, _, _ = ratio_pairs([sys.executable, "-c", "import torch, torch._dynamo"],
-                                  [sys.executable, "-c", "import torch"], options.pairs,
-                                  cpu=False)
+                                  import_torch, options.pairs, cpu=False)
+        # exoframe skips the interpreter's teardown (cli.entry): the floor without it
+        no_teardown, _, _ = ratio_pairs(
+            [sys.executable, "-c", "import os, torch, torch._dynamo; os._exit(0)"],
+            import_torch, options.pairs, cpu=False)
         print(f"2. a 1-step, 4-node run: wall {wall:.2f}x `python -c \"import torch\"` "
               f"({ours[0]:.2f} s against {theirs[0]:.2f} s); {against_script:.2f}x the plain "
               f"1-step script ({plain[0]:.2f} s); `import torch, torch._dynamo` alone "
-              f"{floor:.2f}x `import torch`")
+              f"{floor:.2f}x `import torch`, {no_teardown:.2f}x without the teardown")
     sys.path.insert(0, str(HERE))
     from scale import exoframe_run, plain_loop  # beside this file
     if 3 not in skip:

@@ -47,7 +47,7 @@ PLAIN_PARTS = ("model: forward and backward", "optimizers (inner, outer)", "data
 # A node's start-up: rank.py's phases before its first step (its model copied, its
 # generators seeded, its pieces built, a checkpoint read), and what they call.
 STARTUP = re.compile(r"init_process_group|rendezvous|prepare \(|_bootstrap|make_clock|"
-                     r"Strategy\.__init__|setup \(|join \(exoframe/engine/rank|seed_rank \(|"
+                     r"Strategy\.__init__|setup \(|join \([^)]*exoframe/engine/rank|seed_rank \(|"
                      r"Rank\.__init__|Rank\.resume")
 WAITING = re.compile(r"(^|\.)(select|poll|wait|_recv|_recv_bytes|recv_bytes|sleep|acquire|get) \(")
 IN_TRAINING = re.compile(r"exoframe/engine/(rank|packing)\.py")

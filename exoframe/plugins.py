@@ -12,7 +12,6 @@ plugin that fails to load an error instead of a warning in `exoframe plugins`.
 from __future__ import annotations
 
 import ast
-import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -89,9 +88,7 @@ def lazy(target: str) -> Lazy:
 class Entry:
     name: str
     target: object  # the registered object, or a Lazy naming it
-    # A string, or a function that gives it: asked only when the entry is listed
-    # (describe()), so that a run does not read every registered object's source.
-    description: str | Callable[[], str]
+    description: str | Callable[[], str]  # a function: called when listed (describe())
     source: str  # distribution that registered it
     version: str
     plugin: str  # plugin (module) name that registered it
@@ -99,7 +96,10 @@ class Entry:
 
     def describe(self) -> str:
         if callable(self.description):
-            self.description = self.description()
+            try:
+                self.description = str(self.description() or "")
+            except Exception as e:  # one entry's broken source: the listing goes on
+                self.description = f"(no description: {_one_line(e)})"
         return self.description
 
     @property
@@ -227,9 +227,9 @@ class PluginManager:
     def _register_callback(self, kind, info: PluginInfo):
         def register(name, obj, description="", aliases=()):
             _check_item(kind, name, obj)
-            if not description:  # its docstring's first line
+            if not description:  # its docstring's first line, read when listed
                 description = obj.first_doc_line if isinstance(obj, Lazy) else \
-                    functools.partial(_first_doc_line, obj)
+                    (lambda: _first_doc_line(obj))
             self.registries[kind].add(
                 Entry(name=name, target=obj, description=description,
                       source=info.source, version=info.version, plugin=info.name,

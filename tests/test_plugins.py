@@ -7,6 +7,8 @@ import sys
 import textwrap
 import uuid
 
+import click
+import click.testing
 import pytest
 from conftest import write_crashy_plugin, write_plugin
 
@@ -414,3 +416,25 @@ def test_registering_reads_no_description_and_a_listing_reads_each_once(monkeypa
     assert wan.describe() == presets.description(wan.target) and "100" in wan.describe()
     diloco.describe(), wan.describe()  # asked again: not read again
     assert read == ["exoframe.strategies.diloco", "wan-100mbps"]
+
+
+def test_a_description_that_cannot_be_read_is_said_in_its_entry_and_the_listing_goes_on():
+    """A strategy registered by name whose module is gone: its listing line says why it has
+    no description; the other entries are listed (the run that uses it fails, naming it)."""
+    from exoframe.cli.listings import _print_registry
+    from exoframe.plugins import lazy
+
+    class Ghost:
+        @exoframe.hookimpl
+        def exoframe_register_strategies(self, register):
+            register("ghost", lazy("exoframe_no_such_module:Ghost"))
+
+    pm = PluginManager()
+    pm.register(Ghost(), name="ghost_plugin", source="exoframe-ghost")
+    assert pm.plugins["ghost_plugin"].status == "active"
+    output = click.testing.CliRunner().invoke(
+        click.command()(lambda: _print_registry(pm.strategies))).output
+    lines = {line.split()[0]: line for line in output.splitlines()}
+    assert "(no description: ModuleNotFoundError: No module named 'exoframe_no_such_module')" \
+        in lines["ghost"]
+    assert set(lines) == {entry.name for entry in pm.strategies} and "diloco" in lines

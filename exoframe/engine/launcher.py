@@ -85,8 +85,10 @@ def warn_about_measured_compute(job: Job):
 def preload():
     """Import once, before forking, what every rank would otherwise import on its own.
 
-    torch's optimizers import torch._dynamo on their first step (about 1.3 s and 800
-    modules here); done in each of N ranks on 2 cores it would dominate start-up.
+    torch's optimizers import torch._dynamo when they are made and at each step (about
+    0.7 s and 800 modules on a fast machine); done in each of N ranks on 2 cores it would
+    dominate start-up. (The launcher has usually imported it already: building the job
+    makes an optimizer.)
     """
     import torch._dynamo  # noqa: F401
 

@@ -140,7 +140,8 @@ def seed_rank(seed: int, rank: int, device: torch.device):
     """Per-rank randomness (dropout, a user's draws), the same in every run of this seed
     (a forked process's Python generator is reseeded from the OS at the fork). A rank on
     the CPU seeds the CPU's generator alone: torch.manual_seed also queues a seed for every
-    GPU kind, a hundred times the cost, paid by each of 1024 packed nodes."""
+    GPU kind, a hundred times the cost, paid by each of 1024 packed nodes (a CPU rank that
+    draws on a GPU anyway draws from the run's seed, the same in every rank)."""
     seed = seed * 1_000_003 + rank
     if device.type == "cpu":
         torch.default_generator.manual_seed(seed)
