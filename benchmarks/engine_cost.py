@@ -32,6 +32,7 @@ measures that).
 """
 import argparse
 import compileall
+import importlib.util
 import os
 import resource
 import statistics
@@ -157,8 +158,8 @@ def main():
         return plain_one_step()
     skip = {int(x) for x in options.skip.split(",") if x}
     if not options.no_compile:
-        import exoframe
-        compileall.compile_dir(Path(exoframe.__file__).parent, quiet=1)
+        compileall.compile_dir(importlib.util.find_spec("exoframe").submodule_search_locations[0],
+                               quiet=1)
     exoframe = [sys.executable, "-m", "exoframe", "run", "--out",
                 tempfile.mkdtemp(prefix="exoframe-cost-")]
     print(f"{os.cpu_count()} CPUs; medians of {options.pairs} alternated pairs")

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from node_packing import nodes_of, plain  # beside this file
 
-from exoframe.engine.data import eval_batches
+from exoframe.engine.evaluator import validate
 from exoframe.strategies.localsgd import LocalSGD
 
 
@@ -96,19 +96,13 @@ def plain_loop(nodes: int, steps: int, strategy: str = "fedavg", end: bool = Tru
 
 
 def validate_average(models: list, job, nodes: int):
-    """The models' average, validated as the run's evaluator does: loss and the workload's
-    metrics over the first eval_batches batches of every rank's validation shard."""
+    """The models' average, validated as the run's evaluator does (its validate())."""
     average = copy.deepcopy(models[0])
     with torch.no_grad():
         for p, *replicas in zip(average.parameters(), *(m.parameters() for m in models)):
             p.copy_(torch.stack(replicas).mean(0))
-        average.eval()
-        for r in range(nodes):
-            for batch in eval_batches(job.dataset(r, nodes, "val"), job.batch_size,
-                                      job.eval_batches):
-                average(batch).item()
-                if job.metrics:
-                    job.metrics(average, batch)
+    validate(average, [job.dataset(r, nodes, "val") for r in range(nodes)], job.batch_size,
+             job.eval_batches, job.metrics)
 
 
 def main():

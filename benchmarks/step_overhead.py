@@ -69,8 +69,8 @@ def profile_run(nodes: int, steps: int, rate: int, extra: list[str]) -> dict:
                str(nodes), "--nodes-per-process", str(nodes), "--steps", str(steps),
                "--eval-every", str(steps), "--compute", "fixed:10ms", "--out", str(out / "runs"),
                *extra]
-    proc = subprocess.run(["py-spy", "record", "--subprocesses", "--nonblocking", "--format", "raw", "--rate",
-                           str(rate), "--output", str(raw), "--", *command],
+    proc = subprocess.run(["py-spy", "record", "--subprocesses", "--nonblocking", "--format",
+                           "raw", "--rate", str(rate), "--output", str(raw), "--", *command],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0 or not raw.exists():
         raise SystemExit(f"py-spy record failed: {proc.stderr.strip()[-500:]}")
