@@ -8,9 +8,11 @@
 2. a 1-step, 4-node `exoframe run --workload mlp`, wall: against `python -c "import torch"`,
    and against a plain script that imports torch, makes the same data, steps 4 such MLPs
    once with AdamW and validates their average (a torch optimizer imports torch._dynamo
-   when it is made and at its first step: no script that trains escapes it); and, as the
-   floor, `python -c "import torch, torch._dynamo"` against `python -c "import torch"`, with
-   and without the interpreter's teardown (exoframe skips it);
+   when it is made and at its first step: no script that trains escapes it); and the
+   imports alone, `python -c "import torch, torch._dynamo"` without the interpreter's
+   teardown (exoframe skips it), against `python -c "import torch"`, with the cyclic garbage
+   collector on and paused (exoframe pauses it while it imports them, then freezes what
+   they made: cli/start_up.py; the freeze itself takes no time worth measuring);
 3. 64 mlp nodes in one worker (fedavg) against 64 models stepped in turn and averaged every
    H steps as fedavg does (benchmarks/scale.py's plain loop), per step: the marginal cost
    of a step, (elapsed of a 60-step run - elapsed of a 20-step run) / 40, against the plain
@@ -177,16 +179,19 @@ def main():
         script = [sys.executable, str(Path(__file__).resolve()), "--plain-one-step"]
         against_script, _, plain = ratio_pairs(one_step, script, options.pairs, cpu=False)
         import_torch = [sys.executable, "-c", "import torch"]
-        floor, _, _ = ratio_pairs([sys.executable, "-c", "import torch, torch._dynamo"],
-                                  import_torch, options.pairs, cpu=False)
-        # exoframe skips the interpreter's teardown (cli.entry): the floor without it
+        # exoframe skips the interpreter's teardown (cli.entry) and imports with the
+        # collector paused (cli/start_up.py): the imports alone, each way
         no_teardown, _, _ = ratio_pairs(
             [sys.executable, "-c", "import os, torch, torch._dynamo; os._exit(0)"],
             import_torch, options.pairs, cpu=False)
+        paused, _, _ = ratio_pairs(
+            [sys.executable, "-c", "import gc, os; gc.disable(); import torch, torch._dynamo; "
+             "os._exit(0)"], import_torch, options.pairs, cpu=False)
         print(f"2. a 1-step, 4-node run: wall {wall:.2f}x `python -c \"import torch\"` "
               f"({ours[0]:.2f} s against {theirs[0]:.2f} s); {against_script:.2f}x the plain "
-              f"1-step script ({plain[0]:.2f} s); `import torch, torch._dynamo` alone "
-              f"{floor:.2f}x `import torch`, {no_teardown:.2f}x without the teardown")
+              f"1-step script ({plain[0]:.2f} s); `import torch, torch._dynamo` alone, without "
+              f"the teardown, {no_teardown:.2f}x `import torch`, {paused:.2f}x with the "
+              "collector paused")
     sys.path.insert(0, str(HERE))
     from scale import exoframe_run, plain_loop  # beside this file
     if 3 not in skip:

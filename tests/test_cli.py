@@ -174,3 +174,80 @@ def test_listings_run_with_torch_blocked_and_say_what_the_loaded_objects_say(cli
         assert f"  {entry.describe()}" in listed[entry.name]
         if command in ("strategies", "workloads"):  # described by their docstrings
             assert entry.describe() == entry.obj.__doc__.strip().splitlines()[0]
+
+
+GC_PROBE = textwrap.dedent('''
+    import gc, json, os
+    import torch
+    import exoframe
+    from exoframe.testing import TinyRegression, tiny_data
+
+    def note(where):
+        path = f"gc-{os.getpid()}.json"
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                json.dump({"where": where, "enabled": gc.isenabled(),
+                           "frozen": gc.get_freeze_count()}, f)
+
+    class Probe(TinyRegression):
+        def forward(self, batch):
+            note("rank or evaluator")
+            return super().forward(batch)
+
+    def make():  # in the launcher, before any forward there
+        note("launcher")
+        data = tiny_data()
+        return exoframe.Workload.from_datasets(Probe, data(0, 1, "train"), data(0, 1, "val"))
+''')
+
+
+def test_run_imports_torch_without_collecting_and_every_process_collects_after(cli):
+    """`exoframe run` imports torch and torch._dynamo with the cyclic collector paused (its
+    passes there would only walk what the imports made), then freezes that: the launcher,
+    ranks and evaluator run with the collector on and those objects left out of it."""
+    (cli.cwd / "gc_probe.py").write_text(GC_PROBE)
+    code = textwrap.dedent('''
+        import gc, json, sys
+        early = []  # passes after torch's import began and before the freeze
+        def count(phase, info):
+            if phase == "start" and "torch" in sys.modules and gc.get_freeze_count() == 0:
+                early.append(info["generation"])
+        gc.callbacks.append(count)
+        from exoframe.cli import main
+        try:
+            main(["run", "--workload", "gc_probe:make", "--nodes", "2", "--steps", "2",
+                  "--out", "runs"])
+        finally:
+            print(json.dumps(early))
+    ''')
+    result = subprocess.run([sys.executable, "-c", code], cwd=cli.cwd, env=cli.env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == []
+    probes = [json.loads(p.read_text()) for p in cli.cwd.glob("gc-*.json")]
+    assert sorted(p["where"] for p in probes) == ["launcher"] + ["rank or evaluator"] * 3
+    for probe in probes:
+        assert probe["enabled"], probe
+        assert probe["frozen"] > 100_000, probe  # torch's and torch._dynamo's objects
+
+
+def test_resume_and_sweep_start_up_as_run_does_and_a_process_with_torch_is_left_alone(
+        monkeypatch, tmp_path):
+    import gc
+    import importlib
+
+    from exoframe.cli import main
+    from exoframe.cli.start_up import import_engine
+
+    started = []
+    for module in ("run", "sweep"):
+        monkeypatch.setattr(importlib.import_module(f"exoframe.cli.{module}"), "import_engine",
+                            lambda: started.append(True) or sys.exit(0))
+    for args in (["run"], ["resume", str(tmp_path)], ["sweep"]):
+        with pytest.raises(SystemExit):
+            main(args)
+        assert len(started) == 1, args
+        started.clear()
+    frozen, enabled = gc.get_freeze_count(), gc.isenabled()
+    import_engine()  # this process imported torch: nothing to gain, nothing frozen
+    assert (gc.get_freeze_count(), gc.isenabled()) == (frozen, enabled)

@@ -3,7 +3,8 @@
 The group is group.py; the commands live beside it, one module per family: run.py (`run`),
 sweep.py (`sweep`, `replay`, `report`), listings.py (what is installed, `new-plugin`);
 config_flags.py makes the flags of RunConfig's fields, options.py holds the other flags and
-checks they share. Plugins add commands through the same hook (exoframe.commands).
+checks they share, start_up.py imports the engine for the commands that train. Plugins add
+commands through the same hook (exoframe.commands).
 """
 from __future__ import annotations
 

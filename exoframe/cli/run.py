@@ -9,6 +9,7 @@ from .group import cli
 from .config_flags import FIELDS, field_option, overrides, run_options
 from .options import (check_out_folder, config_file_option, debug_option, progress_mode,
                       progress_options)
+from .start_up import import_engine
 
 
 @cli.command()
@@ -18,6 +19,7 @@ from .options import (check_out_folder, config_file_option, debug_option, progre
 @debug_option()
 def run(config_file, progress, progress_every, debug, **flags):
     """Train a workload on N simulated nodes under a strategy."""
+    import_engine()
     from ..engine import execute, job_from_config
     from ..engine.cluster import ClusterEnv
 
@@ -60,6 +62,7 @@ def show_result(result):
 @debug_option()
 def resume(run_dir, steps, progress, progress_every, debug):
     """Go on with a run from its latest checkpoint (--checkpoint-every), in its folder."""
+    import_engine()
     from ..engine.resume import resume as resume_run
 
     show_result(resume_run(run_dir, steps, progress=progress_mode(progress, progress_every),

@@ -12,6 +12,7 @@ from .group import cli
 from .config_flags import FIELDS, field_option, sweep_options, sweep_values
 from .options import (check_out_folder, config_file_option, progress_mode, progress_options,
                       projection_from_flags, projection_options)
+from .start_up import import_engine
 
 plots_option = click.option("--plots/--no-plots", default=True,
                             help="Write PNG plots (needs matplotlib).")
@@ -46,6 +47,8 @@ def sweep(config_file, bandwidth, points, project_params, step_time, payload_bit
     replayed through every other network (the same clocks a re-run would give); a
     timing-dependent one trains once per network.
     """
+    if executor == "local":  # Ray's workers train: its driver makes no optimizer
+        import_engine()
     from ..config import load_yaml
     from ..engine.sweep import config_axes, parse_grid, sweep as run_sweep
     from ..report.sweep import compute_warning, table
