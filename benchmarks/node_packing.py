@@ -40,12 +40,13 @@ def nodes_of(n: int, steps: int):
     return step
 
 
-def average(models):
-    """FedAvg's average as a plain script writes it: each parameter set to the models' mean."""
+def average(models, into=None):
+    """FedAvg's average as a plain script writes it: each parameter of the models `into`
+    (default: the models themselves) set to the models' mean."""
     with torch.no_grad():
-        for same in zip(*(model.parameters() for model in models)):
-            mean = torch.stack(same).mean(0)
-            for p in same:
+        means = [torch.stack(same).mean(0) for same in zip(*(m.parameters() for m in models))]
+        for target in models if into is None else into:
+            for p, mean in zip(target.parameters(), means):
                 p.copy_(mean)
 
 

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import torch
-from node_packing import nodes_of, plain  # beside this file
+from node_packing import average, nodes_of, plain  # beside this file
 
 from exoframe.engine.evaluator import validate
 from exoframe.strategies.localsgd import LocalSGD
@@ -97,11 +97,9 @@ def plain_loop(nodes: int, steps: int, strategy: str = "fedavg", end: bool = Tru
 
 def validate_average(models: list, job, nodes: int):
     """The models' average, validated as the run's evaluator does (its validate())."""
-    average = copy.deepcopy(models[0])
-    with torch.no_grad():
-        for p, *replicas in zip(average.parameters(), *(m.parameters() for m in models)):
-            p.copy_(torch.stack(replicas).mean(0))
-    validate(average, [job.dataset(r, nodes, "val") for r in range(nodes)], job.batch_size,
+    held = copy.deepcopy(models[0])
+    average(models, into=[held])
+    validate(held, [job.dataset(r, nodes, "val") for r in range(nodes)], job.batch_size,
              job.eval_batches, job.metrics)
 
 

@@ -20,8 +20,7 @@ def preset_registry() -> Registry:
     registry = Registry("networks")
     for name, path in presets.presets():
         registry.add(Entry(name=name, target=path, description=presets.description(path),
-                           source="exoframe",
-                           version="test", plugin="exoframe.builtins"))
+                           source="exoframe", version="test", plugin="exoframe.builtins"))
     return registry
 
 
