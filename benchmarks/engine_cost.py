@@ -69,7 +69,9 @@ def plain_diloco():
 
     from exoframe.config import RunConfig
     from exoframe.engine import job_from_config
-    from exoframe.engine.data import Batches, eval_batches
+    from exoframe.engine.data import Batches
+    from exoframe.engine.evaluator import validate
+    from exoframe.engine.validation_set import validation_set
 
     torch.set_num_threads(1)
     job = job_from_config(RunConfig(strategy="diloco", strategy_params={"H": H}, nodes=NODES,
@@ -95,12 +97,8 @@ def plain_diloco():
                 for model in models:
                     for p, g in zip(model.parameters(), global_model.parameters()):
                         p.copy_(g)
-    with torch.no_grad():
-        global_model.eval()
-        for r in range(NODES):
-            for batch in eval_batches(job.dataset(r, NODES, "val"), job.batch_size,
-                                      job.eval_batches):
-                global_model(batch)
+    validate(global_model, validation_set(job.dataset, NODES, job.val_examples).dataset,
+             job.batch_size)
 
 
 def plain_one_step():

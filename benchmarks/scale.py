@@ -35,6 +35,7 @@ import torch
 from node_packing import average, nodes_of, plain  # beside this file
 
 from exoframe.engine.evaluator import validate
+from exoframe.engine.validation_set import validation_set
 from exoframe.strategies.localsgd import LocalSGD
 
 
@@ -83,7 +84,7 @@ def plain_loop(nodes: int, steps: int, strategy: str = "fedavg", end: bool = Tru
     """Seconds per step of N mlp models trained one after another in this process; for
     fedavg, averaged every H steps as the run does (other strategies: never averaged). With
     `end`, the run's end is in it too, as it is in the run's: the models' average validated
-    on every rank's validation shard (the run's --eval-every steps)."""
+    on the run's validation set (the run's --eval-every steps)."""
     torch.set_num_threads(1)
     step = nodes_of(nodes, steps)
     every = LocalSGD.Params().H if strategy in ("fedavg", "localsgd") else None
@@ -99,8 +100,8 @@ def validate_average(models: list, job, nodes: int):
     """The models' average, validated as the run's evaluator does (its validate())."""
     held = copy.deepcopy(models[0])
     average(models, into=[held])
-    validate(held, [job.dataset(r, nodes, "val") for r in range(nodes)], job.batch_size,
-             job.eval_batches, job.metrics)
+    validate(held, validation_set(job.dataset, nodes, job.val_examples).dataset,
+             job.batch_size, job.metrics)
 
 
 def main():

@@ -23,6 +23,7 @@ MAX_NODES = 1024
 ON_NONFINITE = ("stop", "continue")
 SCHEDULES = ("constant", "linear", "cosine", "wsd")
 PRECISIONS = ("fp32", "bf16", "fp16")
+VAL_REPLICAS = ("last", "every")
 # What `exoframe sweep` runs where neither its flags nor its config file say.
 SWEEP_STRATEGIES, SWEEP_NETS, SWEEP_OUT = ("ddp", "diloco"), ("wan-100mbps",), "sweeps"
 EXECUTORS = ("local", "ray")  # where a sweep's runs happen (engine/executors.py)
@@ -95,7 +96,13 @@ class RunConfig:
         "600s; a number: seconds).")
     eval_every: typing.Optional[int] = option(None, unset="steps/10",
                                               help="Validate the held model every N steps.")
-    eval_batches: int = option(8, help="Validation batches per rank.")
+    val_examples: typing.Optional[int] = option(
+        None, unset="256, or all the validation data where it holds fewer",
+        help="Validation examples, drawn evenly across the validation data: the same for any "
+        "number of nodes.")
+    val_replicas: str = option("last", choices=VAL_REPLICAS, help="Where the held model is "
+                               "not the replicas' average (DiLoCo, local SGD): validate that "
+                               "average too at the last step, or at every evaluation.")
     target_loss: typing.Optional[float] = option(
         None, help="Validate every step, report the simulated time to reach this validation "
         "loss of the held model, and stop there.")
@@ -142,14 +149,14 @@ class RunConfig:
             if isinstance(value, float) and not math.isfinite(value):
                 raise ExoframeError(f"{f.name} must be a finite number, got {value}.")
         positive = {"nodes": self.nodes, "steps": self.steps, "threads": self.threads,
-                    "eval_batches": self.eval_batches, "accumulate": self.accumulate}
+                    "accumulate": self.accumulate}
         if self.epochs is not None:
             positive["epochs"] = self.epochs
         if self.batch_size is not None:
             positive["batch_size"] = self.batch_size
         if self.nodes_per_process is not None:
             positive["nodes_per_process"] = self.nodes_per_process
-        for name in ("eval_every", "checkpoint_every"):
+        for name in ("eval_every", "checkpoint_every", "val_examples"):
             if getattr(self, name) is not None:
                 positive[name] = getattr(self, name)
         for name, value in positive.items():
@@ -171,7 +178,8 @@ class RunConfig:
             if not getattr(self, name) > 0:
                 raise ExoframeError(f"{name} must be a positive number of seconds, got "
                                     f"{getattr(self, name)}.")
-        for name, choices in (("schedule", SCHEDULES), ("precision", PRECISIONS)):
+        for name, choices in (("schedule", SCHEDULES), ("precision", PRECISIONS),
+                              ("val_replicas", VAL_REPLICAS)):
             value = getattr(self, name)
             if value not in choices:
                 raise ExoframeError(f"{name}: unknown choice '{shorten(value)}'."

@@ -50,7 +50,7 @@ def fit(strategy, **params):
     # batch = whole shard, so every step sees it all; one eval batch covers a val shard
     trainer = exoframe.Trainer(fresh_model(), per_rank, batch_size=SHARD)
     return trainer.fit(strategy=strategy, num_nodes=NODES, steps=STEPS, optimizer="sgd", lr=LR,
-                       strategy_params=params, eval_every=3, eval_batches=2,
+                       strategy_params=params, eval_every=3,
                        compute="fixed:10ms")
 
 

@@ -22,6 +22,9 @@ ISSUE_RUN = dict(nodes=2, net="wan-100mbps", compute="fixed:50ms", steps=200)
 # --compute fixed:50ms --target-loss T`): ddp's held model is its replicas' model, so the
 # change must leave it exactly where it was.
 DDP_BEFORE = {2.55: (12, 1.6301685668979), 2.35: (16, 2.1743947357526685)}
+# The steps at the target since the validation set became a fixed number of examples spread
+# over the whole validation set (issue 44): the losses moved, the simulated clock did not.
+DDP_STEPS_NOW = {2.55: 11, 2.35: 16}
 
 
 def run(**fields):
@@ -30,7 +33,8 @@ def run(**fields):
 
 @pytest.mark.parametrize("target", [2.55, 2.45, 2.35])
 def test_diloco_reaches_a_target_only_at_an_outer_step(target):
-    result = run(strategy="diloco", strategy_params={"H": 10}, target_loss=target)
+    result = run(strategy="diloco", strategy_params={"H": 10}, target_loss=target,
+                 val_replicas="every")
     summary, rows = result.summary, result.metrics
     step = summary["steps_to_target"]
     assert step is not None and step % 10 == 0
@@ -55,10 +59,14 @@ def test_ddp_time_to_target_is_unchanged(target, tmp_path):
                              "wan-100mbps.yaml").read_text())
     net = tmp_path / "wan-100mbps-alpha-beta.yaml"
     net.write_text(yaml.safe_dump({**preset, "protocol": "none"}))
-    summary = run(strategy="ddp", target_loss=target, net=str(net)).summary
+    result = run(strategy="ddp", target_loss=target, net=str(net))
+    summary, rows = result.summary, result.metrics
     steps, simulated_seconds = DDP_BEFORE[target]  # the simulated clock's, not a speed
-    assert summary["steps_to_target"] == steps
-    assert summary["time_to_target"] == pytest.approx(simulated_seconds, rel=1e-12, abs=0)
+    assert rows[steps - 1]["sim_time"] == pytest.approx(simulated_seconds, rel=1e-12, abs=0)
+    now = DDP_STEPS_NOW[target]
+    assert summary["steps_to_target"] == now
+    assert summary["time_to_target"] == rows[now - 1]["sim_time"]
+    assert rows[now - 1]["val_loss"] <= target < min(r["val_loss"] for r in rows[:now - 1])
     assert "final_val_loss_replicas_average" not in summary  # the held model is the average
 
 

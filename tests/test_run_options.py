@@ -114,7 +114,7 @@ def test_exo_gym_keywords_are_taken_or_refused_in_one_line():
     assert fit_config("ddp", {"max_steps": 7}, 8)[0].steps == 7
     assert fit_config("ddp", {"inner_optim": torch.optim.SGD}, 8)[0].optimizer == "sgd"
     for key, spelling in [("autocast", "precision="), ("minibatch_size", "accumulate="),
-                          ("val_size", "eval_batches="), ("devices", "device="),
+                          ("val_size", "val_examples="), ("devices", "device="),
                           ("save_dir", "out=")]:
         with pytest.raises(ExoframeError) as refused:
             fit_config("ddp", {key: 1}, 8)

@@ -329,7 +329,7 @@ def test_accuracy_is_the_averaged_models_accuracy_on_the_validation_data():
     workload = mlp(train_examples=512, val_examples=128)
     trainer = exoframe.Trainer(workload.build_model(), workload.dataset, batch_size=32,
                                metrics=workload.metrics)
-    result = trainer.fit(num_nodes=2, steps=5, eval_every=5, eval_batches=100)
+    result = trainer.fit(num_nodes=2, steps=5, eval_every=5)
     correct = total = 0
     for rank in range(2):
         x, y = workload.dataset(rank, 2, "val")[:]

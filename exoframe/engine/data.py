@@ -129,24 +129,3 @@ def examples_in(batch) -> int:
     if isinstance(batch, dict):
         return examples_in(next(iter(batch.values())))
     return len(batch)
-
-
-def has_examples(dataset: Dataset) -> bool:
-    if isinstance(dataset, IterableDataset):
-        return True
-    return len(dataset) > 0
-
-
-def eval_batches(dataset: Dataset, batch_size: int, max_batches: int):
-    """The first `max_batches` batches of a validation shard (or stream), in order."""
-    if isinstance(dataset, IterableDataset):
-        stream = iter(dataset)
-        for _ in range(max_batches):
-            items = list(itertools.islice(stream, batch_size))
-            if not items:
-                return
-            yield default_collate(items)
-        return
-    size = len(dataset)
-    for start in range(0, min(size, batch_size * max_batches), batch_size):
-        yield fetch(dataset, torch.arange(start, min(start + batch_size, size)))

@@ -1,68 +1,132 @@
 """The evaluator process: validation loss of the model the ranks hold (the strategy's held
-model, engine/model_state.py) and, where that is another, of the replicas' average.
+model) and, where that is another and the run asks for it, of the replicas' average.
 
+The ranks send it their models folded where they live (engine/model_state.py): each rank
+process over a pipe of its own, each worker of packed nodes its nodes' fold, a rank on another
+machine through the launcher. It folds them, in float64, and validates once every rank is in.
 It runs beside the ranks, so validation never makes one rank wait for another outside the
 simulated network (which would stall the simulator's conservative synchronization).
 """
 from __future__ import annotations
 
+import multiprocessing.connection
+import time
+
 import numpy as np
 import torch
 
-from .data import eval_batches, examples_in
-from .loop import to_device
-from .messages import EvaluatorStop, Validated
+from ..strategies.base import current_weights
+from .data import examples_in
 from .job import Job
-from .model_state import load, replicas_average
+from .loop import to_device
+from .messages import EvaluatorDone, EvaluatorStop, Validated
+from .model_state import Contribution, ModelState, fold_into, load
+from .validation_set import ValidationSet, batches
 
 
 @torch.no_grad()
-def validate(model, val_shards, batch_size: int, max_batches: int, metrics=None,
+def validate(model, dataset, batch_size: int, metrics=None,
              device: torch.device = torch.device("cpu")):
-    """(mean loss, {name: mean value} of the workload's metrics) over the first
-    `max_batches` batches of every rank's validation shard, averaged over examples;
-    (None, {}) without validation data."""
+    """(mean loss, {name: mean value} of the workload's metrics) over the validation set
+    (engine/validation_set.py), averaged over examples; (None, {}) without validation data."""
+    if dataset is None:
+        return None, {}
     model.eval()
     total, count, sums = 0.0, 0, {}
-    for shard in val_shards:
-        for batch in eval_batches(shard, batch_size, max_batches):
-            n = examples_in(batch)
-            batch = to_device(batch, device)
-            total += model(batch).item() * n
-            count += n
-            for name, value in (metrics(model, batch) if metrics else {}).items():
-                sums[name] = sums.get(name, 0.0) + float(value) * n
+    for batch in batches(dataset, batch_size):
+        n = examples_in(batch)
+        batch = to_device(batch, device)
+        total += model(batch).item() * n
+        count += n
+        for name, value in (metrics(model, batch) if metrics else {}).items():
+            sums[name] = sums.get(name, 0.0) + float(value) * n
     if not count:
         return None, {}
     return total / count, {name: value / count for name, value in sums.items()}
 
 
-def evaluate(job: Job, val_shards, conn):
-    """Answer each Evaluate (a step's model state) with Validated until told EvaluatorStop.
-    A held model equal to the one validated before (DiLoCo's between outer steps) is not
-    validated again. On a GPU run the evaluator validates on rank 0's device."""
-    torch.set_num_threads(job.threads)
-    device = job.placement.device_of(0)
-    job.model.to(device)
+class Evaluations:
+    """Contributions in, Validated out: folds each step's until every rank's is in. A held
+    model equal to the one validated before (DiLoCo's between outer steps) is not validated
+    again."""
 
-    def validated(state):
-        load(job.model, state)
-        return validate(job.model, val_shards, job.batch_size, job.eval_batches, job.metrics,
-                        device)
+    def __init__(self, job: Job, val_set: ValidationSet, send):
+        self.job, self.val_set, self.send = job, val_set, send
+        self.device = job.placement.device_of(0)
+        job.model.to(self.device)
+        self.pending: dict[tuple, Contribution] = {}  # (step, holds the held model?) -> fold
+        self.last = None  # (held weights, exact buffers, (loss, metrics)) validated last
+        self.final = None  # (step, ModelState): the latest step's held model
+        self.validating_seconds = 0.0
+        self.moving_seconds = 0.0  # folding the ranks' models here (the ranks count theirs)
 
-    last = None  # (held state, its loss and metrics)
-    while not isinstance(message := conn.recv(), EvaluatorStop):
-        state = message.state
-        if last is not None and _same(last[0], state):
-            loss, metrics = last[1]
-        else:
-            loss, metrics = validated(state)
-            last = (state, (loss, metrics))
-        replicas = replicas_average(state)
-        replicas_loss = validated(replicas)[0] if replicas is not None else None
-        conn.send(Validated(message.step, loss, metrics, replicas_loss))
+    def add(self, contribution: Contribution):
+        start = time.perf_counter()
+        folded = fold_into(self.pending, contribution, self.job.nodes)
+        self.moving_seconds += time.perf_counter() - start
+        if folded is not None:
+            self._validate(folded)
+
+    def _validated(self, weights, exact):
+        start = time.perf_counter()
+        load(self.job.model, ModelState(weights, exact))
+        result = validate(self.job.model, self.val_set.dataset, self.job.batch_size,
+                          self.job.metrics, self.device)
+        self.validating_seconds += time.perf_counter() - start
+        return result
+
+    def _validate(self, folded: Contribution):
+        loss, metrics, replicas_loss = None, {}, None
+        start = time.perf_counter()
+        held = folded.held.result() if folded.held is not None else None
+        replicas = folded.replicas.result() if folded.replicas is not None else None
+        self.moving_seconds += time.perf_counter() - start
+        if held is not None:
+            last = self.last
+            if last is not None and torch.equal(last[0], held) and _same(last[1], folded.exact):
+                loss, metrics = last[2]
+            else:
+                loss, metrics = self._validated(held, folded.exact)
+                self.last = (held, folded.exact, (loss, metrics))
+            if self.final is None or folded.step >= self.final[0]:
+                self.final = (folded.step, ModelState(held.numpy(), folded.exact))
+        if replicas is not None:
+            replicas_loss = self._validated(replicas, folded.exact)[0]
+        self.send(Validated(folded.step, loss, metrics, replicas_loss, held=held is not None))
+
+    def done(self) -> EvaluatorDone:
+        """The last word; the final model in float32 where the model is (the same bits as
+        loading the float64 mean into it, in half the bytes)."""
+        final = self.final[1] if self.final else None
+        if final is not None and all(t.dtype == torch.float32
+                                     for t in current_weights(self.job.model)):
+            final = ModelState(final.weights.astype(np.float32), final.exact)
+        return EvaluatorDone(final, self.validating_seconds, self.moving_seconds)
 
 
 def _same(a, b) -> bool:
-    return (np.array_equal(a.averaged, b.averaged)
-            and all(np.array_equal(x, y) for x, y in zip(a.exact, b.exact, strict=True)))
+    return len(a or []) == len(b or []) and all(
+        (x == y).all() for x, y in zip(a or [], b or []))
+
+
+def evaluate(job: Job, val_set: ValidationSet, readers: list, conn):
+    """Fold what comes from the launcher (`conn`) and the ranks' own pipes (`readers`), answer
+    each complete step with Validated, until told EvaluatorStop; then answer EvaluatorDone
+    (the last step's held model, the seconds spent). On a GPU run the evaluator validates on
+    rank 0's device."""
+    torch.set_num_threads(job.threads)
+    evaluations = Evaluations(job, val_set, conn.send)
+    reading = [conn, *readers]
+    while True:
+        for source in multiprocessing.connection.wait(reading):
+            start = time.perf_counter()
+            try:
+                message = source.recv()
+            except EOFError:
+                reading.remove(source)  # a rank that finished
+                continue
+            if isinstance(message, EvaluatorStop):
+                conn.send(evaluations.done())
+                return
+            evaluations.moving_seconds += time.perf_counter() - start
+            evaluations.add(message)

@@ -30,7 +30,7 @@ REFUSED = {
                       "MINIBATCH (batch_size is the micro-batch, accumulate the micro-batches "
                       "per step)",
     "autocast": "not taken; give precision='bf16' (or 'fp16')",
-    "val_size": "not taken; give eval_batches=N (validation batches per rank)",
+    "val_size": "not taken; give val_examples=N (validation examples)",
     "devices": "not taken; give device='cuda' (ranks round-robin over the GPUs) or "
                "device='cuda:N'",
     "save_dir": "not taken; give out=FOLDER (a run folder under it; checkpoint_every=N saves "

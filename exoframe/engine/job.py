@@ -75,6 +75,31 @@ class Job:
     def device(self) -> str:
         return self.placement.device
 
+    # What is validated when: the ranks send, and the launcher waits for, the same.
+    def evaluates(self, step: int) -> bool:
+        """Whether the ranks send their models to the evaluator at the end of `step`."""
+        return step % self.eval_every == 0 or step == self.steps
+
+    def replicas_at(self, step: int) -> bool:
+        """Whether the replicas' average is validated at evaluation step `step`: where it is
+        not the held model, at the last step, or at every evaluation with val_replicas=every."""
+        return (not self.strategy_cls.held_model_is_replicas_average()
+                and (self.val_replicas == "every" or step == self.steps))
+
+    def at_stop(self, step: int) -> tuple[bool, bool]:
+        """What the ranks send when the run stops after `step`, before its last: (the held
+        model, the current weights), that the final model and its validation need."""
+        replicas = not self.strategy_cls.held_model_is_replicas_average()
+        if not self.evaluates(step):
+            return True, replicas
+        return False, replicas and not self.replicas_at(step)
+
+    def validations_at(self, step: int, stops: bool) -> int:
+        """How many answers of the evaluator `step`'s row waits for (stops: the run stops
+        after it)."""
+        return int(self.evaluates(step)) + int(stops and step < self.steps
+                                               and any(self.at_stop(step)))
+
     def asks_to_stop(self, step: int) -> bool:
         """Whether a rank asks the launcher, at the end of `step`, whether to stop there."""
         if step >= self.steps:

@@ -27,19 +27,21 @@ import torch
 from ..errors import ExoframeError
 from ..sim.compute import device_from_name
 from . import devices
-from .data import Batches, has_examples
+from .data import Batches
 from .evaluator import evaluate
 from .flops import count_step_flops
 from .job import Job
 from .cluster import ClusterEnv, Service, join
 from .loop import check_loss
-from .messages import EvaluatorStop, Rendezvous
+from .messages import EvaluatorDone, EvaluatorStop, Rendezvous
 from .model_state import ModelState
 from .monitor import EVALUATOR, Channel, Monitor
-from .packing import NodeLink, Outbox, Sender, closing, raise_open_files_limit, run_nodes
+from .packing import NodeLink, Outbox, closing, raise_open_files_limit, run_nodes
 from .processes import (RankFailed, RunInterrupted, catch_stop_signals,  # noqa: F401 - API
                         child_entry, interrupted, restore_signals, stack_file, stop_all)
 from .rank import train
+from .sender import Sender
+from .validation_set import ValidationSet, validation_set
 
 
 @dataclass
@@ -51,6 +53,7 @@ class LaunchResult:
     steps: int = 0  # steps run: fewer than job.steps when a stopping rule stopped the run
     stopped_by: str = "steps"  # "steps", "target_loss" or "time_budget"
     bytes_between_sites: dict | None = None  # "a->b": bytes (the simulator's inter-site links)
+    validation: dict | None = None  # the validation set and what validating cost
 
 
 def check_model(job: Job, batches: Batches):
@@ -93,12 +96,12 @@ def preload():
     import torch._dynamo  # noqa: F401
 
 
-def prepare(job: Job, rank: int | None = None) -> tuple[Job, dict, list | None]:
+def prepare(job: Job, rank: int | None = None) -> tuple[Job, dict, ValidationSet | None]:
     """Everything a run checks and counts before its ranks start: the job with its compute
-    model complete (a FLOP count, the GPU), each rank's batches (rank -> Batches) and
-    validation shard. Under torchrun the process of `rank` does it for its own rank: its
-    batches (and rank 0's, which the checks read), no validation shards (the evaluator runs
-    beside rank 0)."""
+    model complete (a FLOP count, the GPU), each rank's batches (rank -> Batches) and the
+    validation set (engine/validation_set.py). Under torchrun the process of `rank` does it
+    for its own rank: its batches (and rank 0's, which the checks read), no validation set
+    (the evaluator runs beside rank 0)."""
     if job.device.startswith("cuda") and torch.cuda.is_initialized():
         raise ExoframeError(
             "device: CUDA is already initialized in this process (a model or tensor was put on "
@@ -107,18 +110,17 @@ def prepare(job: Job, rank: int | None = None) -> tuple[Job, dict, list | None]:
     ranks = range(job.nodes) if rank is None else sorted({0, rank})
     batches = {r: Batches(job.dataset(r, job.nodes, "train"), job.batch_size, job.seed, r,
                           job.shuffle, job.drop_last) for r in ranks}
-    val_shards = None
+    val_set = None
     if rank is None:
-        val_shards = [job.dataset(r, job.nodes, "val") for r in range(job.nodes)]
-    if val_shards is not None and job.target_loss is not None and \
-            not any(map(has_examples, val_shards)):
+        val_set = validation_set(job.dataset, job.nodes, job.val_examples)
+    if val_set is not None and job.target_loss is not None and val_set.dataset is None:
         raise ExoframeError("target_loss needs validation data: the time to target is read "
                             "from the validation loss. Give validation data or drop target_loss.")
     warn_about_measured_compute(job)
     first_batch = check_model(job, batches[0])
     job = with_step_flops(job, first_batch)
     preload()
-    return job, batches, val_shards
+    return job, batches, val_set
 
 
 def with_step_flops(job: Job, first_batch) -> Job:
@@ -132,6 +134,25 @@ def with_step_flops(job: Job, first_batch) -> Job:
         compute = compute.with_device(device_from_name(gpu))
     compute = compute.with_flops(count_step_flops(job.model, first_batch) * job.accumulate)
     return dataclasses.replace(job, sim=dataclasses.replace(job.sim, compute=compute))
+
+
+def evaluator_done(conn) -> EvaluatorDone:
+    """Tell the evaluator the run is over; its answer holds the final model."""
+    conn.send(EvaluatorStop())
+    while not isinstance(message := conn.recv(), EvaluatorDone):
+        pass  # (nothing else is due: every row was validated)
+    return message
+
+
+def validation_record(val_set: ValidationSet, done: EvaluatorDone, rank_results: list,
+                      job: Job) -> dict:
+    """summary.json's `validation`: what was validated, and what it cost."""
+    moving = done.moving_seconds + sum(r.get("moving_models_seconds", 0.0)
+                                       for r in rank_results if r)
+    return {**val_set.describe(), "replicas_average": job.val_replicas
+            if not job.strategy_cls.held_model_is_replicas_average() else None,
+            "validating_seconds": round(done.validating_seconds, 3),
+            "moving_models_seconds": round(moving, 3)}
 
 
 def bind_to_loopback():
@@ -152,12 +173,12 @@ def launch(job: Job, on_row=None, config: dict | None = None,
     start = time.perf_counter()
     if prepared is None:
         job, *prepared = prepare(job)
-    batches, val_shards = prepared
+    batches, val_set = prepared
     if cluster is None or cluster.is_loopback():
         bind_to_loopback()
     rendezvous = tempfile.mkdtemp(prefix="exoframe-rendezvous-")  # mode 0700: ours alone
     try:
-        return _launch(job, on_row, start, batches, val_shards, rendezvous, cluster, config)
+        return _launch(job, on_row, start, batches, val_set, rendezvous, cluster, config)
     finally:
         shutil.rmtree(rendezvous, ignore_errors=True)
 
@@ -169,13 +190,14 @@ def run_cluster_rank(job: Job, cluster: ClusterEnv, config: dict):
     if cluster.is_loopback():
         bind_to_loopback()
     conn = join(cluster, job.connect_timeout, config, job.device)
-    child_entry(cluster.rank, train, (cluster.rank, job, batches[cluster.rank]), conn,
+    child_entry(cluster.rank, train, (cluster.rank, job, batches[cluster.rank], None), conn,
                 stack_path=None, forked=False)
 
 
-def packed_children(job: Job, batches: dict, context, folder: str):
+def packed_children(job: Job, batches: dict, context, folder: str, to_evaluator: list):
     """The workers of packed nodes (engine/packing.py): (first rank, run_nodes, its
-    arguments) each, and the ends of the pipes between every pair of workers."""
+    arguments) each, and the ends of the pipes between every pair of workers.
+    to_evaluator: each worker's pipe end to the evaluator."""
     raise_open_files_limit()
     groups = job.placement.groups
     home = [i for i, group in enumerate(groups) for _ in group]
@@ -189,18 +211,23 @@ def packed_children(job: Job, batches: dict, context, folder: str):
         others = [end for end in ends if id(end) not in mine]
         children.append((group[0], closing(others, run_nodes),
                          (list(group), job, {r: batches[r] for r in group}, home, i, peers,
-                          stack_file(folder, group[0]))))
+                          stack_file(folder, group[0]), to_evaluator[i])))
     return children, ends
 
 
 def rank_children(job: Job, batches: dict, context, folder: str, cluster: ClusterEnv | None):
     """The processes this launcher forks for the ranks, one per placement group (under
-    torchrun rank 0's alone): (first rank, target, arguments) each, and the pipes between
-    packed workers."""
-    if job.placement.packed:
-        return packed_children(job, batches, context, folder)
+    torchrun rank 0's alone): (first rank, target, arguments) each; the pipes between packed
+    workers; and the reading ends of each child's pipe to the evaluator."""
     groups = job.placement.groups[:1] if cluster is not None else job.placement.groups
-    return [(rank, train, (rank, job, batches[rank])) for (rank,) in groups], []
+    to_evaluator = [context.Pipe(duplex=False) for _ in groups]
+    readers, writers = [r for r, _ in to_evaluator], [w for _, w in to_evaluator]
+    if job.placement.packed:
+        children, ends = packed_children(job, batches, context, folder, writers)
+    else:
+        children, ends = [(rank, train, (rank, job, batches[rank], writer))
+                          for (rank,), writer in zip(groups, writers)], []
+    return children, ends, readers, writers
 
 
 def rank_ends(job: Job, conns: list, processes: list, remote: dict, sender):
@@ -220,14 +247,16 @@ def rank_ends(job: Job, conns: list, processes: list, remote: dict, sender):
     return rank_conns, rank_processes, [Channel(conn, (r,)) for r, conn in enumerate(rank_conns)]
 
 
-def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) -> LaunchResult:
+def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> LaunchResult:
     """folder: the run's private temporary folder (the rendezvous store, stack dumps);
     cluster: under torchrun, what it told rank 0's process, else None (all ranks forked)."""
     watchdog = job.hang_timeout
     store_path = os.path.join(folder, "store")
     context = mp.get_context("fork")
-    children, peer_pipes = rank_children(job, batches, context, folder, cluster)
-    children.append((EVALUATOR, closing(peer_pipes, evaluate), (job, val_shards)))
+    children, peer_pipes, readers, writers = rank_children(job, batches, context, folder,
+                                                           cluster)
+    children.append((EVALUATOR, closing([*peer_pipes, *writers], evaluate),
+                     (job, val_set, readers)))
     pipes = [context.Pipe() for _ in children]
     processes = [context.Process(target=child_entry,
                                  args=(who, target, args, child, stack_file(folder, who)),
@@ -246,7 +275,7 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
             p.start()
         for _, child in pipes:
             child.close()
-        for end in peer_pipes:  # (the workers' own)
+        for end in [*peer_pipes, *readers, *writers]:  # (the children's own)
             end.close()
         if cluster is not None:  # (after the forks: no child holds the listening socket)
             service = Service(cluster, job.connect_timeout, config or {}, job.device)
@@ -273,13 +302,15 @@ def _launch(job, on_row, start, batches, val_shards, folder, cluster, config) ->
             error.status = "interrupted" if isinstance(error, RunInterrupted) else "failed"
             error.rows = monitor.flush()
             raise error from None
-        conns[-1].send(EvaluatorStop())
+        done = evaluator_done(conns[-1])
         end = time.perf_counter()
         return LaunchResult(rank_results=monitor.results,
                             startup_seconds=(monitor.first_step_at or end) - start,
-                            elapsed_seconds=end - start, final_state=monitor.final_state,
+                            elapsed_seconds=end - start, final_state=done.final_state,
                             steps=monitor.last_step(), stopped_by=monitor.stopped_by(),
-                            bytes_between_sites=monitor.sim.bytes_between_sites())
+                            bytes_between_sites=monitor.sim.bytes_between_sites(),
+                            validation=validation_record(val_set, done, monitor.results,
+                                                         job))
     except KeyboardInterrupt as e:  # while starting or stopping, outside monitor.run()
         error = interrupted(e)
         error.status, error.rows = "interrupted", monitor.emitted if monitor else []

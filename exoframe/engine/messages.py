@@ -3,11 +3,12 @@
 A rank on another machine (torchrun, engine/cluster.py) first says Hello over TCP and is
 answered Welcome or Refused. Launcher -> rank: Rendezvous once, the simulator's replies (exoframe.sim.protocol), and
 StopAnswer to an AskStop, CheckpointNow (at any time: a stop signal came). Rank -> launcher:
-SimRequest (a rank clock's message for the simulator), StepDone, StepState, AskStop,
-Checkpointed, CheckpointLate, RankDone. A worker of packed nodes and the launcher bundle
-them (Bundle; NodeMessage names the node a launcher's message is for). Launcher -> evaluator: Evaluate, then
-EvaluatorStop; evaluator -> launcher: Validated. Any child -> launcher: ChildFailed. Model
-states travel as engine.model_state.ModelState.
+SimRequest (a rank clock's message for the simulator), StepDone, AskStop, Checkpointed,
+CheckpointLate, RankDone. A worker of packed nodes and the launcher bundle them (Bundle;
+NodeMessage names the node a launcher's message is for). Rank or worker -> evaluator, over a
+pipe of its own (a rank on another machine: through the launcher): its models at evaluation
+steps (engine.model_state.Contribution). Launcher -> evaluator: EvaluatorStop; evaluator ->
+launcher: Validated, then EvaluatorDone. Any child -> launcher: ChildFailed.
 """
 from __future__ import annotations
 
@@ -62,16 +63,8 @@ class StepDone:
     step: int
     end: StepEnd  # for the simulator: the rank sends nothing earlier than end.t from now on
     record: dict  # loss, lr, bytes_sent, sim_time, the strategy's metrics
-    state: Optional[Any]  # its ModelState (engine/model_state.py) at evaluation steps
+    evaluated: bool  # it sent its models to the evaluator (engine/model_state.py)
     checksum: Optional[int] = None  # its parameters' after a synchronization (replicas.py)
-
-
-@dataclass(frozen=True)
-class StepState:
-    """The state of a step that was not an evaluation step, sent when the run stops there."""
-    rank: int
-    step: int
-    state: Any  # ModelState
 
 
 @dataclass(frozen=True)
@@ -113,12 +106,6 @@ class RankDone:
 
 
 @dataclass(frozen=True)
-class Evaluate:
-    step: int
-    state: Any  # the ranks' ModelState (held model, replicas' average)
-
-
-@dataclass(frozen=True)
 class EvaluatorStop:
     pass
 
@@ -129,6 +116,15 @@ class Validated:
     loss: Optional[float]  # None without validation data
     metrics: dict  # the workload's metrics, averaged over examples
     replicas_loss: Optional[float] = None  # the replicas' average's, where not the held model
+    held: bool = True  # loss and metrics are the held model's (else a replicas-only answer)
+
+
+@dataclass(frozen=True)
+class EvaluatorDone:
+    """The evaluator's last word: the latest step's held model, and what validation cost."""
+    final_state: Optional[Any]  # engine.model_state.ModelState
+    validating_seconds: float
+    moving_seconds: float  # folding the ranks' models here (the ranks count theirs)
 
 
 @dataclass(frozen=True)

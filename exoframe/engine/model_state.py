@@ -1,10 +1,17 @@
-"""A model's state as the ranks send it to the launcher for evaluation and the final model.
+"""The ranks' models as the evaluator validates them, folded where they live.
 
-Each rank sends the model it would deploy (its strategy's `held_weights`: parameters and
-floating-point buffers) and, when that is not its current weights, those too. The launcher
-takes one model over the ranks as the strategy declares (`held_model_from`: their mean, or
-rank 0's), and the mean of the current weights as the replicas' average. The other buffers
-(counters such as num_batches_tracked) are taken from rank 0, as torch's
+At an evaluation step each rank adds the model it would deploy (its strategy's
+`held_weights`: parameters and floating-point buffers) and, where asked, its current weights
+into a Fold, on its own device. A worker of packed nodes folds its nodes' before anything
+leaves it; the evaluator folds what the ranks and workers send (Contribution) and validates
+once every rank is in. The launcher never holds a model.
+
+A Fold's mean is summed in float64: float32 values of up to 1024 ranks whose magnitudes lie
+within 2^19 of each other's (replicas of one model) sum exactly there, so the mean does not
+depend on how the nodes are grouped into processes (packed and unpacked runs validate the
+same bits). A down rank (a simulated
+failure) counts only while no rank is up. "rank0" folds keep the lowest live rank's weights
+instead. The other buffers (counters such as num_batches_tracked) are rank 0's, as torch's
 DistributedDataParallel broadcasts them. Arrays, not tensors, cross the pipes: torch would
 pass tensors through shared memory.
 """
@@ -16,7 +23,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..comm import flatten, unflatten_into
+from ..comm import unflatten_into
 from ..strategies.base import current_weights
 
 
@@ -24,51 +31,166 @@ def exact_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
     return [b for b in model.buffers() if not b.is_floating_point()]
 
 
-@dataclass(frozen=True)
-class ModelState:
-    averaged: np.ndarray  # the held model's parameters and float buffers, flat, in model order
-    exact: Optional[list]  # the other buffers: rank 0's (None from the other ranks)
-    replicas: Optional[np.ndarray] = None  # the current weights, where they are not the held
+def _flat64(tensors, device) -> torch.Tensor:
+    """The tensors' values, one after another, as one float64 tensor on `device`."""
+    tensors = list(tensors)
+    flat = torch.empty(sum(t.numel() for t in tensors), dtype=torch.float64, device=device)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        flat[offset:offset + n].copy_(t.detach().reshape(-1))
+        offset += n
+    return flat
 
 
-def _flat(tensors) -> np.ndarray:
-    return flatten([t.detach() for t in tensors]).cpu().numpy()
+def _add_into(total: torch.Tensor, tensors):
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        total[offset:offset + n].add_(t.detach().reshape(-1))
+        offset += n
 
 
-def snapshot(strategy, rank: int) -> ModelState:
-    """This rank's held model (and its current weights where they differ)."""
-    model = strategy.model
+class Fold:
+    """One kind of weights (the held model, or the current weights) over some ranks: their
+    mean (float64 sums of the live and of the down ranks apart), or with how="rank0" the
+    lowest live rank's (else the lowest rank's)."""
+
+    def __init__(self, how: str = "average"):
+        self.how = how
+        self.sums: dict[bool, torch.Tensor] = {}  # live? -> the sum (average)
+        self.counts: dict[bool, int] = {}
+        self.lowest: dict[bool, tuple] = {}  # live? -> (rank, its weights) (rank0)
+
+    def add(self, rank: int, tensors, live: bool, device=None):
+        """A rank's weights (tensors in model order), on their device."""
+        tensors = list(tensors)
+        device = device if device is not None else tensors[0].device
+        if self.how == "rank0":
+            if live not in self.lowest or rank < self.lowest[live][0]:
+                self.lowest[live] = (rank, _flat64(tensors, device))
+            return
+        if live in self.sums:
+            _add_into(self.sums[live], tensors)
+        else:
+            self.sums[live] = _flat64(tensors, device)
+        self.counts[live] = self.counts.get(live, 0) + 1
+
+    def merge(self, other: "Fold"):
+        """Fold in another Fold's ranks (another worker's)."""
+        for live, total in other.sums.items():
+            total = total.to(self._device(total))
+            if live in self.sums:
+                self.sums[live].add_(total)
+            else:
+                self.sums[live] = total
+            self.counts[live] = self.counts.get(live, 0) + other.counts[live]
+        for live, (rank, weights) in other.lowest.items():
+            if live not in self.lowest or rank < self.lowest[live][0]:
+                self.lowest[live] = (rank, weights)
+
+    def _device(self, tensor):
+        for mine in self.sums.values():
+            return mine.device
+        return tensor.device
+
+    def result(self) -> torch.Tensor:
+        """The folded weights, flat, float64: the live ranks' if any is live."""
+        live = True if (True in self.sums or True in self.lowest) else False
+        if self.how == "rank0":
+            return self.lowest[live][1]
+        return self.sums[live] / self.counts[live]
+
+    def __getstate__(self):
+        return {"how": self.how, "counts": self.counts,
+                "sums": {k: _portable(v) for k, v in self.sums.items()},
+                "lowest": {k: (r, _portable(v)) for k, (r, v) in self.lowest.items()}}
+
+    def __setstate__(self, state):
+        self.how, self.counts = state["how"], state["counts"]
+        self.sums = {k: torch.from_numpy(v).double() for k, v in state["sums"].items()}
+        self.lowest = {k: (r, torch.from_numpy(v).double())
+                       for k, (r, v) in state["lowest"].items()}
+
+
+def _portable(tensor: torch.Tensor) -> np.ndarray:
+    """A float64 tensor as a numpy array for a pipe: in float32 where that holds it exactly
+    (one float32 rank's weights), in half the bytes."""
+    single = tensor.float()
+    if torch.equal(single.double(), tensor):
+        return single.cpu().numpy()
+    return tensor.cpu().numpy()
+
+
+@dataclass
+class Contribution:
+    """Some ranks' models at an evaluation step, folded (a rank's own, or a worker's nodes'),
+    on their way to the evaluator. `replicas` is the current weights' Fold where the held model
+    is not the replicas' average and the run validates that average at this step; a
+    replicas-only contribution (held None) comes when a run stops after an evaluation step
+    that did not include it."""
+    step: int
+    ranks: int  # how many ranks are folded in
+    held: Optional[Fold]
+    replicas: Optional[Fold] = None
+    exact: Optional[list] = None  # rank 0's other buffers (numpy), where rank 0 is folded in
+
+    def merge(self, other: "Contribution"):
+        self.ranks += other.ranks
+        for name in ("held", "replicas"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if theirs is not None:
+                if mine is None:
+                    setattr(self, name, theirs)
+                else:
+                    mine.merge(theirs)
+        if other.exact is not None:
+            self.exact = other.exact
+
+
+def fold_into(pending: dict, models: Contribution, ranks: int) -> Contribution | None:
+    """Fold `models` into `pending` (step, holds the held model? -> fold); the fold, taken out
+    of `pending`, once `ranks` ranks are in it, else None."""
+    key = (models.step, models.held is not None)
+    folded = pending.setdefault(key, models)
+    if folded is not models:
+        folded.merge(models)
+    if folded.ranks < ranks:
+        return None
+    return pending.pop(key)
+
+
+def contribution(strategy, rank: int, step: int, live: bool, held: bool = True,
+                 replicas: bool = False, device=None) -> Contribution:
+    """This rank's models at `step`: its held model (unless `held` is False) and, with
+    `replicas`, its current weights. live: the rank was up (not a simulated failure)."""
+    model, cls = strategy.model, type(strategy)
+    held_fold = None
+    if held:
+        held_fold = Fold(cls.held_model_from)
+        held_fold.add(rank, strategy.held_weights(), live, device)
+    replicas_fold = None
+    if replicas:
+        replicas_fold = Fold()
+        replicas_fold.add(rank, current_weights(model), live, device)
     exact = ([b.detach().cpu().numpy().copy() for b in exact_buffers(model)] if rank == 0
              else None)
-    replicas = (None if type(strategy).held_model_is_replicas_average()
-                else _flat(current_weights(model)))
-    return ModelState(_flat(strategy.held_weights()), exact, replicas)
+    return Contribution(step, 1, held_fold, replicas_fold, exact)
 
 
-def _mean(arrays: list) -> np.ndarray:
-    return np.sum(np.stack(arrays), axis=0) / len(arrays)  # summed in rank order
-
-
-def combine(snapshots: list[ModelState], held_from: str = "average",
-            exact: Optional[list] = None) -> ModelState:
-    """One model from the ranks' snapshots: the held model as `held_from` says ("average":
-    their mean; "rank0": the first snapshot's), the replicas' average, and rank 0's exact
-    buffers (`exact`, where rank 0's snapshot is not among them)."""
-    held = (snapshots[0].averaged if held_from == "rank0"
-            else _mean([s.averaged for s in snapshots]))
-    replicas = (None if snapshots[0].replicas is None
-                else _mean([s.replicas for s in snapshots]))
-    return ModelState(held, snapshots[0].exact if exact is None else exact, replicas)
-
-
-def replicas_average(state: ModelState) -> ModelState | None:
-    """The replicas' average as a state of its own (None where it is the held model)."""
-    return None if state.replicas is None else ModelState(state.replicas, state.exact)
+@dataclass(frozen=True)
+class ModelState:
+    """A model as the evaluator validated it: the weights flat (float64, model order) and the
+    other buffers."""
+    weights: np.ndarray
+    exact: Optional[list]
 
 
 def load(model: torch.nn.Module, state: ModelState):
-    """Write a state's held model into `model`, in place."""
-    unflatten_into(torch.from_numpy(state.averaged), current_weights(model))
+    """Write a state into `model`, in place."""
+    weights = state.weights
+    weights = torch.from_numpy(weights) if isinstance(weights, np.ndarray) else weights
+    unflatten_into(weights, current_weights(model))
     with torch.no_grad():
-        for buffer, value in zip(exact_buffers(model), state.exact, strict=True):
+        for buffer, value in zip(exact_buffers(model), state.exact or [], strict=True):
             buffer.copy_(torch.from_numpy(value).view_as(buffer))

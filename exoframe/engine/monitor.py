@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from .checkpoint import CheckpointFolder, Commits
 from .job import Job
 from .messages import (AskStop, Bundle, CheckpointLate, Checkpointed, ChildFailed, RankDone,
-                       SimRequest, StepDone, StepState, Validated)
+                       SimRequest, StepDone, Validated)
+from .model_state import Contribution
 from .processes import RankFailed, child_name, stack_file
 from .row_output import RowOutput
 from .sim_service import SimService
@@ -56,8 +57,7 @@ class Monitor:
         self.service = SimService(job, self.send)
         commits = Commits(CheckpointFolder(job.run_dir), job, config) \
             if job.checkpoint_every else None
-        self.output = RowOutput(job, on_row, lambda message: self.send(job.nodes, message),
-                                commits, self.service.feed.log)
+        self.output = RowOutput(job, on_row, commits, self.service.feed.log)
         self.verdicts = Verdicts(job, self.send)
         self.stop_checkpoint = StopCheckpoint(commits, job.nodes, self.last_step, self.send)
         self.commits = commits
@@ -68,7 +68,7 @@ class Monitor:
         self.handlers = {
             SimRequest: self.service.request,
             StepDone: self.step_done,
-            StepState: self.output.add_state,
+            Contribution: lambda m: self.send(job.nodes, m),  # a remote rank's (torchrun)
             Validated: self.validated,
             AskStop: lambda m: self.verdicts.ask(m.rank, m.step),
             Checkpointed: lambda m: commits.rank_saved(
@@ -90,10 +90,6 @@ class Monitor:
     @property
     def emitted(self) -> list:
         return self.output.emitted
-
-    @property
-    def final_state(self):
-        return self.output.final_state
 
     def flush(self) -> list:
         return self.output.flush()
@@ -123,15 +119,16 @@ class Monitor:
         if self.first_step_at is None:
             self.first_step_at = time.perf_counter()
         self.service.step_end(rank, message.end)
-        averaged, row = self.output.add(message)
-        if row is not None and self.verdicts.step_finished(step, row["sim_time"]) \
-                and averaged is None:
-            self.output.rows.hold(step)  # the ranks send its states with the stop (rank.py)
-        self.output.validate(step, averaged)
+        row = self.output.add(message)
+        if row is not None:
+            self.verdicts.step_finished(step, row["sim_time"])
+        self.rows.stop_step = self.verdicts.stop_step
 
     def validated(self, message: Validated):
         self.output.add_val(message)
-        self.verdicts.validated(message.step, message.loss)
+        if message.held:
+            self.verdicts.validated(message.step, message.loss)
+            self.rows.stop_step = self.verdicts.stop_step
 
     def rank_done(self, message: RankDone):
         self.results[message.rank] = message.result
@@ -152,7 +149,7 @@ class Monitor:
         """Let the ranks waiting for a verdict go on when nothing else can move: every rank
         is done or waits for the simulator or a verdict, and no validation runs (see
         exoframe.engine.target)."""
-        if not self.verdicts.asked() or self.rows.awaiting_val:
+        if not self.verdicts.asked() or self.rows.awaiting_steps():
             return
         waiting = self.verdicts.waiting
         if all(self.results[r] is not None or self.sim.blocked[r] or r in waiting

@@ -25,23 +25,22 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import multiprocessing.connection
-import queue
 import random
 import resource
 import select
 import signal
-import threading
 import time
 import traceback
 from collections import deque
-from multiprocessing.reduction import ForkingPickler
 
 import torch
 from greenlet import greenlet
 
 from .. import distributed
 from ..comm.memory import Contribution, MemoryExchange, Pack
+from . import model_state
 from .messages import Bundle, NodeMessage, StepDone
+from .sender import Sender
 
 # A node that does not wait runs up to this many steps before the next node's turn: each
 # turn costs a switch and a swap of the node's globals (~30 µs), and its model stays in the
@@ -119,7 +118,7 @@ class NodeConn:
     def send(self, message):
         self.node.hub.launcher.pending.append(message)
         if isinstance(message, StepDone):
-            self.node.hub.step_ended(sends_state=message.state is not None)
+            self.node.hub.step_ended()
 
     def recv(self):
         inbox = self.node.inbox
@@ -130,42 +129,20 @@ class NodeConn:
         return bool(self.node.inbox)
 
 
-class Sender(threading.Thread):
-    """Writes every outgoing bundle in order, off the thread that flushes it (the hub's or
-    the monitor's), which pickles it then: a node may change its objects once it runs
-    again (a node gives way at each step it sends its state; its other messages hold
-    values)."""
-
-    def __init__(self):
-        super().__init__(daemon=True, name="exoframe-sender")
-        self.queue: queue.Queue = queue.Queue()
-
-    def run(self):
-        while (item := self.queue.get()) is not None:
-            conn, data = item
-            try:
-                conn.send_bytes(data)
-            except OSError:
-                pass  # the peer is gone: the launcher reports why
-
-    def sender_for(self, conn):
-        return lambda message: self.queue.put((conn, ForkingPickler.dumps(message)))
-
-    def close(self, timeout: float | None = None):
-        self.queue.put(None)
-        self.join(timeout)
-
-
 class Hub:
     """Runs a worker's nodes until all are done: resumes every node that can go on, sends
     what they said, reads what came, and again."""
 
-    def __init__(self, conn, peers: dict, index: int, home: list):
-        """conn: the pipe to the launcher; peers: worker index -> pipe to it."""
+    def __init__(self, conn, peers: dict, index: int, home: list, evaluator, ranks: list):
+        """conn: the pipe to the launcher; peers: worker index -> pipe to it; evaluator:
+        the pipe to the evaluator; ranks: the worker's nodes."""
         self.main = greenlet.getcurrent()
         self.sender = Sender()
         self.sender.start()
         self.launcher = Outbox(conn, self.sender.sender_for(conn))
+        self.to_evaluator = self.sender.sender_for(evaluator)
+        self.ranks = ranks
+        self.folds: dict[tuple, model_state.Contribution] = {}  # (step, held?) -> the nodes'
         self.peers = {i: Outbox(c, self.sender.sender_for(c)) for i, c in peers.items()}
         self.reading = [conn, *peers.values()]
         self.pack = Pack(home, index, self.post, self.block, self.off_clock)
@@ -193,15 +170,21 @@ class Hub:
             if self.current is not None:
                 self.current.cpu -= time.thread_time() - start
 
-    def step_ended(self, sends_state: bool):
-        """The current node ended a step. Its turn ends at a step whose state goes to the
-        launcher (pickled before the node changes it; the launcher holds states until every
-        node's is in), after STEPS_PER_TURN steps, once the launcher has said something (a
-        checkpoint request is for the step after the furthest reported one) or once the last
-        flush is FLUSH_SECONDS old (the watchdog hears from every worker)."""
+    def contribute(self, models: model_state.Contribution):
+        """A node's models at an evaluation step, folded into its worker's (on the nodes'
+        device); the fold goes to the evaluator once every node of the worker is in."""
+        folded = model_state.fold_into(self.folds, models, len(self.ranks))
+        if folded is not None:
+            self.to_evaluator(folded)
+
+    def step_ended(self):
+        """The current node ended a step. Its turn ends after STEPS_PER_TURN steps, once the
+        launcher has said something (a checkpoint request is for the step after the furthest
+        reported one) or once the last flush is FLUSH_SECONDS old (the watchdog hears from
+        every worker)."""
         node = self.current
         node.steps_this_turn += 1
-        if sends_state or node.steps_this_turn >= STEPS_PER_TURN or self.launcher_said() \
+        if node.steps_this_turn >= STEPS_PER_TURN or self.launcher_said() \
                 or time.monotonic() - self.flushed_at > FLUSH_SECONDS:
             self.block(_always, give_way=True)
 
@@ -320,17 +303,18 @@ def closing(ends: list, target):
 
 
 def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: dict,
-              stack_path: str, conn):
+              stack_path: str, evaluator, conn):
     """A worker process: train `ranks` as nodes of one hub (see train in rank.py). peers:
-    worker index -> the pipe to it; stack_path: where the watchdog reads the stacks."""
+    worker index -> the pipe to it; stack_path: where the watchdog reads the stacks;
+    evaluator: the pipe to the evaluator."""
     from .processes import STACK_SIGNAL
     from .rank import PackedNode, train
 
     torch.set_num_threads(job.threads)
-    hub = Hub(conn, peers, index, home)
+    hub = Hub(conn, peers, index, home, evaluator, list(ranks))
     write_stacks_on(STACK_SIGNAL, stack_path, hub)
     for rank in ranks:
         hub.add(rank, lambda node: train(
-            node.rank, job, batches[node.rank], NodeConn(node),
-            PackedNode(MemoryExchange(node.rank, hub.pack), node.timer)))
+            node.rank, job, batches[node.rank], None, NodeConn(node),
+            PackedNode(MemoryExchange(node.rank, hub.pack), node.timer, hub.contribute)))
     hub.run()

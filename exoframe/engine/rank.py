@@ -28,10 +28,11 @@ from .data import Batches
 from .job import Job
 from .loop import Precision, forward_backward, set_lr
 from .messages import (AskStop, CheckpointLate, Checkpointed, PipeSimPort, RankDone, Rendezvous,
-                       StepDone, StepState)
-from .model_state import snapshot
+                       StepDone)
+from .model_state import Contribution, contribution
 from .replicas import checksum
 from .schedule import lr_at
+from .sender import Sender
 
 
 def join_group(rank: int, world_size: int, rendezvous: Rendezvous,
@@ -73,9 +74,11 @@ def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
 @dataclass
 class PackedNode:
     """A node that shares its worker process with others (engine/packing.py): how it
-    exchanges tensors, and its own CPU time."""
+    exchanges tensors, its own CPU time, and where its models go at evaluation steps (the
+    worker's fold)."""
     exchange: Exchange  # comm.memory.MemoryExchange
     timer: Callable[[], float]
+    to_evaluator: Callable[[Contribution], None]
 
 
 def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device,
@@ -98,17 +101,28 @@ def stop_after(port: PipeSimPort, rank: int, step: int) -> bool:
     return port.recv().stop
 
 
-def train(rank: int, job: Job, batches: Batches, conn, packed: PackedNode | None = None):
+def train(rank: int, job: Job, batches: Batches, evaluator, conn,
+          packed: PackedNode | None = None):
     """batches: this rank's data, made by the launcher before the fork. Every rank inherits
     the launcher's model through the fork (a packed node copies it), so all start identical.
 
-    At evaluation steps the rank sends its model state (weights and buffers) with its step
-    record; the launcher averages them and an evaluator process validates the average, so
-    no rank waits for another outside the simulated network. With a target loss, every step
-    is evaluated and the rank asks the launcher whether to stop (see engine/target.py)."""
+    At evaluation steps the rank sends its models (engine/model_state.py) to the evaluator
+    process (`evaluator`: its pipe there; None: through `conn`, the launcher relays), which
+    folds every rank's and validates, so no rank waits for another outside the simulated
+    network. With a target loss, every step is evaluated and the rank asks the launcher
+    whether to stop (see engine/target.py)."""
     device, exchange, model = join(rank, job, conn, packed)
     seed_rank(job.seed, rank, device)
-    me = Rank(rank, job, model, device, exchange, batches, conn, packed)
+    sender = None
+    if packed is not None:
+        to_evaluator = packed.to_evaluator
+    elif evaluator is not None:  # written by a thread: the rank goes on while it is read
+        sender = Sender()
+        sender.start()
+        to_evaluator = sender.sender_for(evaluator)
+    else:
+        to_evaluator = conn.send
+    me = Rank(rank, job, model, device, exchange, batches, conn, packed, to_evaluator)
     first = me.resume()
     model.train()
     me.clock.skip()
@@ -119,6 +133,8 @@ def train(rank: int, job: Job, batches: Batches, conn, packed: PackedNode | None
         me.clock.skip()
         if stop:
             break
+    if sender is not None:
+        sender.close()  # every model sent before the rank says it is done
     me.finish()
 
 
@@ -165,9 +181,10 @@ class Rank:
     phases of its steps: train, report to the launcher, checkpoint, finish."""
 
     def __init__(self, rank: int, job: Job, model, device: torch.device, exchange: Exchange,
-                 batches: Batches, conn, packed: PackedNode | None):
+                 batches: Batches, conn, packed: PackedNode | None, to_evaluator):
         self.rank, self.job, self.model, self.device = rank, job, model, device
-        self.batches, self.conn = batches, conn
+        self.batches, self.conn, self.to_evaluator = batches, conn, to_evaluator
+        self.moving_seconds = 0.0  # folding and sending its models for validation
         self.port = PipeSimPort(conn, rank)
         self.clock = make_clock(rank, job, self.port, device, packed.timer if packed else None)
         self.faults = RankFaults(rank, job.faults.plan(job.nodes, job.seed), job.strategy_name,
@@ -243,13 +260,22 @@ class Rank:
         synced = (checksum(self.model) if self.check_replicas and strategy.synced_at == step
                   else None)
         record = self.record(end, trained)
-        evaluate = step % job.eval_every == 0 or step == job.steps  # always at the last step
-        state = snapshot(strategy, rank) if evaluate else None
-        conn.send(StepDone(rank, step, end, record, state, synced))
+        evaluate = job.evaluates(step)
+        if evaluate:
+            self.send_models(step, trained.down, True, job.replicas_at(step))
+        conn.send(StepDone(rank, step, end, record, evaluate, synced))
         stop = job.asks_to_stop(step) and stop_after(self.port, rank, step)
-        if stop and state is None:  # the final model and its validation need this step's
-            conn.send(StepState(rank, step, snapshot(strategy, rank)))
+        if stop:  # what the final model and its validation still need of this step
+            held, replicas = job.at_stop(step)
+            if held or replicas:
+                self.send_models(step, trained.down, held, replicas)
         return stop
+
+    def send_models(self, step: int, down: bool, held: bool, replicas: bool):
+        start = time.perf_counter()
+        self.to_evaluator(contribution(self.strategy, self.rank, step, not down, held,
+                                       replicas, self.device))
+        self.moving_seconds += time.perf_counter() - start
 
     def checkpoint(self, step: int):
         """Save at `step` where the run checkpoints then, or where a stop signal asked for it."""
@@ -276,6 +302,7 @@ class Rank:
             "bytes_received": comm.traffic.bytes_received,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "samples": self.batches.samples,
+            "moving_models_seconds": self.moving_seconds,
             **stats,
             "failures": faults.records if faults is not None else [],
             "trace": clock.trace,

@@ -1,11 +1,11 @@
 """The run's rows: each rank's step records in, one row per step out in step order (to
-on_row and into the run's checkpoints), with the ranks' held model sent to the evaluator at
-evaluation steps."""
+on_row and into the run's checkpoints), each evaluation step's once the evaluator validated
+it (the ranks send it their models themselves: engine/model_state.py)."""
 from __future__ import annotations
 
 from ..errors import ExoframeError
 from .job import Job
-from .messages import Evaluate, StepDone, StepState, Validated
+from .messages import StepDone, Validated
 from .processes import RankFailed
 from .replicas import ReplicaCheck
 from .step_rows import StepRows
@@ -13,44 +13,31 @@ from .target import check_within_a_year
 
 
 class RowOutput:
-    def __init__(self, job: Job, on_row, to_evaluator, commits, sim_log: list):
-        """to_evaluator(message): to the evaluator, ignoring an evaluator that died;
-        commits: the run's checkpoint commits (None: it does not checkpoint); sim_log: the
+    def __init__(self, job: Job, on_row, commits, sim_log: list):
+        """commits: the run's checkpoint commits (None: it does not checkpoint); sim_log: the
         simulator's inputs so far, per rank (sim.feed.Feed.log), which a checkpoint keeps."""
-        self.job, self.on_row, self.to_evaluator = job, on_row, to_evaluator
+        self.job, self.on_row = job, on_row
         self.commits, self.sim_log = commits, sim_log
-        self.rows = StepRows(job.nodes, job.strategy_cls.held_model_from)
+        self.rows = StepRows(job.nodes, job.validations_at)
         self.replicas = ReplicaCheck(job.nodes, job.strategy_name)
         resumed = job.resume_from  # a Checkpoint: its rows kept
         self.emitted = list(resumed.rows) if resumed else []  # every row, in step order
         self.rows.next_step = len(self.emitted) + 1
-        self.final_state = None  # the latest step's held model: the last step's at the end
 
     def add(self, message: StepDone):
-        """(the held model of the step once every rank has reported it, else None; the
-        step's row once every rank has reported it, else None)."""
+        """The step's row once every rank has reported it, else None."""
         try:
             self.replicas.add(message.rank, message.step, message.checksum)
         except ExoframeError as e:
             raise RankFailed("divergence check", str(e), "", True) from None
-        averaged = self.rows.add(message.rank, message.step, message.record, message.state)
-        row = self.rows.rows.get(message.step)
+        row = self.rows.add(message.rank, message.step, message.record)
         if row is not None:  # every rank finished `step`
             check_within_a_year(self.job.steps, self.job.time_budget, message.step,
                                 row["sim_time"])
-        return averaged, row
-
-    def add_state(self, message: StepState):
-        self.validate(message.step,
-                      self.rows.add_state(message.rank, message.step, message.state))
+        return row
 
     def add_val(self, message: Validated):
         self.rows.add_val(message.step, message.loss, message.metrics, message.replicas_loss)
-
-    def validate(self, step: int, averaged):
-        if averaged is not None:
-            self.to_evaluator(Evaluate(step, averaged))
-            self.final_state = averaged  # steps complete in order
 
     def emit(self, unvalidated=False):
         for row in self.rows.ready(unvalidated):

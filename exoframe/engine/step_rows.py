@@ -1,82 +1,70 @@
 """The launcher's metrics rows: per-rank step records in, one row per step out, in order."""
 from __future__ import annotations
 
-from .model_state import combine
+from typing import Callable
 
 
 class StepRows:
     """Turns per-rank step records into one row per step, in step order.
 
-    A row is ready once every rank reported the step and, at evaluation steps, once the
-    evaluator validated the ranks' held model. Values are averaged over ranks, except
-    the simulated time, where a step ends when its last rank ends it, and `nodes_down`
-    (simulated failures), a count. A down rank has no loss, and its weights are left out of
-    the held model while any rank is up.
+    A row is ready once every rank reported the step and the evaluator gave every answer the
+    step waits for (`validations_at`: the held model at evaluation steps; at a stop, what the
+    final model still needed). Values are averaged over ranks, except the simulated time,
+    where a step ends when its last rank ends it, and `nodes_down` (simulated failures), a
+    count. A down rank has no loss.
     """
 
-    def __init__(self, nodes: int, held_from: str = "average"):
-        """held_from: the strategy's `held_model_from`."""
-        self.nodes, self.held_from = nodes, held_from
+    def __init__(self, nodes: int, validations_at: Callable[[int, bool], int]):
+        """validations_at(step, stops): the evaluator's answers `step`'s row waits for (stops:
+        the run stops after it; engine/job.py)."""
+        self.nodes, self.validations_at = nodes, validations_at
         self.records: dict[int, list] = {}
-        self.states: dict[int, list] = {}
         self.rows: dict[int, dict] = {}
-        self.awaiting_val: set[int] = set()
-        self.down: dict[int, list] = {}  # step -> which ranks were down, once all reported
+        self.validated: dict[int, dict] = {}  # step -> the evaluator's values for its row
+        self.answers: dict[int, int] = {}  # step -> how many answers came
+        self.stop_step = None  # the step the run stops after, once known
         self.next_step = 1
 
-    def add(self, rank: int, step: int, record: dict, state):
-        """Returns the held model state of `step` when it is complete, else None."""
+    def add(self, rank: int, step: int, record: dict) -> dict | None:
+        """The step's row once every rank has reported it, else None."""
         records = self.records.setdefault(step, [None] * self.nodes)
         records[rank] = record
-        if state is not None:
-            self.states.setdefault(step, [None] * self.nodes)[rank] = state
         if any(r is None for r in records):
             return None
         del self.records[step]
         self.rows[step] = self._row(step, records)
-        self.down[step] = [bool(r.get("nodes_down")) for r in records]
-        if step not in self.states:
-            return None
-        self.awaiting_val.add(step)  # its states came (with the records or apart, add_state)
-        return self._averaged(step)
-
-    def hold(self, step: int):
-        """Keep `step`'s row until its states (add_state) come and are validated."""
-        self.awaiting_val.add(step)
-
-    def add_state(self, rank: int, step: int, state):
-        """A state sent apart from its record (a rank told to stop after a step that was
-        not an evaluation step). Returns the averaged state once every rank's is in."""
-        self.states.setdefault(step, [None] * self.nodes)[rank] = state
-        return self._averaged(step)
-
-    def _averaged(self, step: int):
-        """`step`'s model over the ranks that were up (engine/model_state.combine), once
-        every rank's state and record are in (states may come before the last record)."""
-        states = self.states.get(step)
-        if step not in self.down or any(s is None for s in states):
-            return None
-        del self.states[step]
-        live = [s for s, down in zip(states, self.down[step]) if not down]
-        return combine(live or states, self.held_from, exact=states[0].exact)
+        return self.rows[step]
 
     def add_val(self, step: int, val_loss, metrics: dict, replicas_loss=None):
-        """replicas_loss: the validation loss of the replicas' average, where the held model
-        is another (val_loss_replicas_average)."""
-        self.awaiting_val.discard(step)
-        if val_loss is not None:  # None: no validation data
-            self.rows[step]["val_loss"] = val_loss
-            self.rows[step].update((f"val_{name}", value) for name, value in metrics.items())
+        """An answer of the evaluator. replicas_loss: the validation loss of the replicas'
+        average, where the held model is another (val_loss_replicas_average)."""
+        self.answers[step] = self.answers.get(step, 0) + 1
+        values = self.validated.setdefault(step, {})
+        if val_loss is not None:  # None: no validation data, or a replicas-only answer
+            values["val_loss"] = val_loss
+            values.update((f"val_{name}", value) for name, value in metrics.items())
         if replicas_loss is not None:
-            self.rows[step]["val_loss_replicas_average"] = replicas_loss
+            values["val_loss_replicas_average"] = replicas_loss
+
+    def awaiting(self, step: int) -> bool:
+        """Whether `step`'s row still waits for the evaluator."""
+        wanted = self.validations_at(step, step == self.stop_step)
+        return self.answers.get(step, 0) < wanted
+
+    def awaiting_steps(self) -> list:
+        """The finished steps whose rows wait for the evaluator."""
+        return [step for step in self.rows if self.awaiting(step)]
 
     def ready(self, unvalidated=False):
         """Rows that can be emitted now, in order; with `unvalidated`, also the rows whose
         validation has not come (when the run stops: they are kept without val_loss)."""
         while self.next_step in self.rows and (unvalidated
-                                               or self.next_step not in self.awaiting_val):
-            self.down.pop(self.next_step, None)
-            yield self.rows.pop(self.next_step)
+                                               or not self.awaiting(self.next_step)):
+            step = self.next_step
+            row = self.rows.pop(step)
+            row.update(self.validated.pop(step, {}))
+            self.answers.pop(step, None)
+            yield row
             self.next_step += 1
 
     @staticmethod

@@ -19,6 +19,12 @@ class Verdicts:
         """rank -> the step it finished and waits to know whether to stop after."""
         return self.rules.waiting if self.rules is not None else {}
 
+    @property
+    def stop_step(self):
+        """The step the run stops after, once a rule is met (it may still move earlier until
+        a rank is told to stop: engine/target.py)."""
+        return self.rules.stop_step if self.rules is not None else None
+
     def answer(self, answers):
         for rank, stop in answers:
             self.send(rank, StopAnswer(stop))

@@ -31,8 +31,8 @@ def describe_stall(monitor, seconds: float) -> tuple[str, list[int]]:
         if process is not None and process_state(process.pid) in ("T", "t"):
             stopped.append(name)
         elif i == nodes:  # the evaluator
-            if monitor.rows.awaiting_val:
-                idle.append(f"{name} (validating step {min(monitor.rows.awaiting_val)})")
+            if monitor.rows.awaiting_steps():
+                idle.append(f"{name} (validating step {min(monitor.rows.awaiting_steps())})")
                 stuck.append(i)
         elif monitor.results[i] is not None:
             continue

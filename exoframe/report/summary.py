@@ -54,6 +54,8 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         # What val_loss, the time to target and the final model are of: the model a node
         # would deploy (the strategy's declaration, strategies/base.py held_model).
         "validated_model": job.strategy_cls.held_model,
+        # The examples validated on and what validating cost (engine/validation_set.py).
+        "validation": launch_result.validation,
         # Read from the validation loss of that model, validated at every step.
         "target_loss": job.target_loss,
         "time_to_target": at_target["sim_time"] if at_target else None,
