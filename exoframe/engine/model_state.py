@@ -160,22 +160,23 @@ def fold_into(pending: dict, models: Contribution, ranks: int) -> Contribution |
     return pending.pop(key)
 
 
-def contribution(strategy, rank: int, step: int, live: bool, held: bool = True,
-                 replicas: bool = False, device=None) -> Contribution:
-    """This rank's models at `step`: its held model (unless `held` is False) and, with
-    `replicas`, its current weights. live: the rank was up (not a simulated failure)."""
+def add_models(into: Contribution | None, strategy, rank: int, step: int, live: bool,
+               held: bool = True, replicas: bool = False, device=None) -> Contribution:
+    """This rank's models at `step` added into the fold `into` (None: a fold of its own): its
+    held model (unless `held` is False) and, with `replicas`, its current weights. live: the
+    rank was up (not a simulated failure)."""
     model, cls = strategy.model, type(strategy)
-    held_fold = None
+    if into is None:
+        into = Contribution(step, 0, Fold(cls.held_model_from) if held else None,
+                            Fold() if replicas else None)
     if held:
-        held_fold = Fold(cls.held_model_from)
-        held_fold.add(rank, strategy.held_weights(), live, device)
-    replicas_fold = None
+        into.held.add(rank, strategy.held_weights(), live, device)
     if replicas:
-        replicas_fold = Fold()
-        replicas_fold.add(rank, current_weights(model), live, device)
-    exact = ([b.detach().cpu().numpy().copy() for b in exact_buffers(model)] if rank == 0
-             else None)
-    return Contribution(step, 1, held_fold, replicas_fold, exact)
+        into.replicas.add(rank, current_weights(model), live, device)
+    if rank == 0:
+        into.exact = [b.detach().cpu().numpy().copy() for b in exact_buffers(model)]
+    into.ranks += 1
+    return into
 
 
 @dataclass(frozen=True)

@@ -170,11 +170,17 @@ class Hub:
             if self.current is not None:
                 self.current.cpu -= time.thread_time() - start
 
-    def contribute(self, models: model_state.Contribution):
-        """A node's models at an evaluation step, folded into its worker's (on the nodes'
-        device); the fold goes to the evaluator once every node of the worker is in."""
-        folded = model_state.fold_into(self.folds, models, len(self.ranks))
-        if folded is not None:
+    def add_models(self, strategy, rank: int, step: int, live: bool, held: bool,
+                   replicas: bool, device):
+        """A node's models at an evaluation step, added into its worker's fold (on the nodes'
+        device: model_state.add_models); the fold goes to the evaluator once every node of
+        the worker is in."""
+        key = (step, held)
+        folded = model_state.add_models(self.folds.get(key), strategy, rank, step, live, held,
+                                        replicas, device)
+        self.folds[key] = folded
+        if folded.ranks == len(self.ranks):
+            del self.folds[key]
             self.to_evaluator(folded)
 
     def step_ended(self):
@@ -316,5 +322,5 @@ def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: di
     for rank in ranks:
         hub.add(rank, lambda node: train(
             node.rank, job, batches[node.rank], None, NodeConn(node),
-            PackedNode(MemoryExchange(node.rank, hub.pack), node.timer, hub.contribute)))
+            PackedNode(MemoryExchange(node.rank, hub.pack), node.timer, hub.add_models)))
     hub.run()

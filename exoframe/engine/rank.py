@@ -23,13 +23,12 @@ from ..sim.clock import RankClock, StepClock
 from ..sim.measured import RealClock
 from ..sim.protocol import StepEnd
 from ..sim.compute import ComputeClock
-from . import devices, rank_state
+from . import devices, model_state, rank_state
 from .data import Batches
 from .job import Job
 from .loop import Precision, forward_backward, set_lr
 from .messages import (AskStop, CheckpointLate, Checkpointed, PipeSimPort, RankDone, Rendezvous,
                        StepDone)
-from .model_state import Contribution, contribution
 from .replicas import checksum
 from .schedule import lr_at
 from .sender import Sender
@@ -78,7 +77,7 @@ class PackedNode:
     worker's fold)."""
     exchange: Exchange  # comm.memory.MemoryExchange
     timer: Callable[[], float]
-    to_evaluator: Callable[[Contribution], None]
+    add_models: Callable  # (strategy, rank, step, live, held, replicas, device): the worker's
 
 
 def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device,
@@ -115,14 +114,17 @@ def train(rank: int, job: Job, batches: Batches, evaluator, conn,
     seed_rank(job.seed, rank, device)
     sender = None
     if packed is not None:
-        to_evaluator = packed.to_evaluator
-    elif evaluator is not None:  # written by a thread: the rank goes on while it is read
-        sender = Sender()
-        sender.start()
-        to_evaluator = sender.sender_for(evaluator)
+        add_models = packed.add_models
     else:
-        to_evaluator = conn.send
-    me = Rank(rank, job, model, device, exchange, batches, conn, packed, to_evaluator)
+        send = conn.send
+        if evaluator is not None:  # written by a thread: the rank goes on while it is read
+            sender = Sender()
+            sender.start()
+            send = sender.sender_for(evaluator)
+
+        def add_models(*models):
+            send(model_state.add_models(None, *models))
+    me = Rank(rank, job, model, device, exchange, batches, conn, packed, add_models)
     first = me.resume()
     model.train()
     me.clock.skip()
@@ -181,9 +183,11 @@ class Rank:
     phases of its steps: train, report to the launcher, checkpoint, finish."""
 
     def __init__(self, rank: int, job: Job, model, device: torch.device, exchange: Exchange,
-                 batches: Batches, conn, packed: PackedNode | None, to_evaluator):
+                 batches: Batches, conn, packed: PackedNode | None, add_models):
+        """add_models(strategy, rank, step, live, held, replicas, device): where the rank's
+        models go at evaluation steps (engine/model_state.py)."""
         self.rank, self.job, self.model, self.device = rank, job, model, device
-        self.batches, self.conn, self.to_evaluator = batches, conn, to_evaluator
+        self.batches, self.conn, self.add_models = batches, conn, add_models
         self.moving_seconds = 0.0  # folding and sending its models for validation
         self.port = PipeSimPort(conn, rank)
         self.clock = make_clock(rank, job, self.port, device, packed.timer if packed else None)
@@ -273,8 +277,7 @@ class Rank:
 
     def send_models(self, step: int, down: bool, held: bool, replicas: bool):
         start = time.perf_counter()
-        self.to_evaluator(contribution(self.strategy, self.rank, step, not down, held,
-                                       replicas, self.device))
+        self.add_models(self.strategy, self.rank, step, not down, held, replicas, self.device)
         self.moving_seconds += time.perf_counter() - start
 
     def checkpoint(self, step: int):
