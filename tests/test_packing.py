@@ -16,7 +16,7 @@ from exoframe.comm.memory import fold
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
 from exoframe.engine.launcher import RankFailed
-from exoframe.engine.placement import max_workers, nodes_per_process, packed, place
+from exoframe.engine.placement import Machine, max_workers, nodes_per_process, packed, place
 from exoframe.errors import ExoframeError
 
 
@@ -182,19 +182,17 @@ def test_the_packing_is_chosen_from_the_node_count_and_the_cores():
     assert packed(10, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
-def test_a_placement_is_each_nodes_process_device_and_backend(monkeypatch):
-    monkeypatch.delenv("RANK", raising=False)  # (not under torchrun)
-    packed_nodes = place(10, 4, "cpu", real_network=False)
+def test_a_placement_is_each_nodes_process_device_and_backend():
+    machine = Machine(cores=2)
+    packed_nodes = place(10, 4, "cpu", real_network=False, machine=machine)
     assert packed_nodes.packed and packed_nodes.nodes_per_process == 4
     assert packed_nodes.groups == ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9))
     assert [packed_nodes.device_of(r) for r in (0, 9)] == [torch.device("cpu")] * 2
     assert packed_nodes.backend == "gloo"
-    one_each = place(3, None, "cpu", real_network=False)
+    one_each = place(3, None, "cpu", real_network=False, machine=machine)
     assert not one_each.packed and one_each.groups == ((0,), (1,), (2,))
-    assert place(12, None, "cpu", real_network=True).groups == tuple((r,) for r in range(12))
-    with pytest.raises(ExoframeError, match="nodes_per_process: nodes share a process on the "
-                                            "CPU only"):
-        place(4, 2, "cuda:0", real_network=False)
+    assert place(12, None, "cpu", real_network=True,
+                 machine=machine).groups == tuple((r,) for r in range(12))
 
 
 @pytest.mark.parametrize("fields,message", [

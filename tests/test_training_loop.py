@@ -359,16 +359,6 @@ def test_time_budget_stops_at_the_first_step_whose_end_reaches_it(tmp_path):
 
 # -- GPUs -----------------------------------------------------------------------------------
 
-def test_nccl_only_when_every_rank_has_a_gpu_of_its_own(monkeypatch):
-    monkeypatch.setattr(devices, "gpu_count", lambda: 4)
-    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
-    assert devices.backend("cuda", 4) == "nccl"
-    assert devices.backend("cuda", 8) == "gloo"  # two ranks per GPU
-    assert devices.backend("cuda:0", 2) == "gloo"  # every rank on one GPU
-    assert devices.backend("cpu", 2) == "gloo"
-    assert [devices.for_rank("cuda", r).index for r in range(6)] == [0, 1, 2, 3, 0, 1]
-
-
 # Counted through NVML (engine/devices.py): is_available() would initialize CUDA in pytest's
 # process, and the ranks forked from it could not use CUDA.
 needs_cuda = pytest.mark.skipif(devices.gpu_count() == 0, reason="needs a CUDA GPU")

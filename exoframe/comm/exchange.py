@@ -35,6 +35,10 @@ class Exchange(Protocol):
 
     def exchanges_host_memory(self, world_size: int, p2p: bool = False) -> bool: ...
 
+    def token_device(self) -> str:
+        """Where a tensor of the exchange's own (a barrier's token) must be."""
+        ...
+
     def all_reduce(self, tensor: torch.Tensor, op: str) -> Work: ...
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> Work: ...
@@ -63,6 +67,11 @@ class TorchExchange:
         """gloo exchanges host memory: a GPU tensor travels through a host copy."""
         group = self.p2p_group if p2p else self.group
         return world_size > 1 and dist.is_initialized() and dist.get_backend(group) == "gloo"
+
+    def token_device(self) -> str:
+        """NCCL exchanges GPU memory; gloo host memory."""
+        nccl = dist.is_initialized() and dist.get_backend(self.group) == "nccl"
+        return "cuda" if nccl else "cpu"
 
     def all_reduce(self, tensor: torch.Tensor, op: str):
         return dist.all_reduce(tensor, REDUCE_OPS[op], self.group, True)

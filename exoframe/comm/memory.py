@@ -1,6 +1,7 @@
 """Exchanges among nodes packed into worker processes (engine/packing.py), without
-torch.distributed: between nodes of one process in memory, between processes as raw bytes
-over the pipes the launcher made between every pair of workers.
+torch.distributed: between nodes of one process in memory (on their device: a GPU's nodes
+fold on the GPU), between processes as raw bytes over the pipes the launcher made between
+every pair of workers.
 
 Every exchange has a key that every node names alike: ("c", n) for a node's n-th collective
 (every node makes the same collectives in the same order; the simulator checks it),
@@ -37,14 +38,17 @@ class Folded:
 
 
 def to_bytes(tensor: torch.Tensor) -> bytes:
+    """A tensor's raw bytes (from a GPU through a host copy: they go to another worker)."""
     flat = tensor.detach().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return flat.view(torch.uint8).cpu().numpy().tobytes() if flat.numel() else b""
 
 
 def from_bytes(data: bytes, like: torch.Tensor) -> torch.Tensor:
+    """Bytes from another worker as a tensor like `like`, on its device."""
     if not data:
         return torch.empty_like(like)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(like.dtype).view(like.shape)
+    host = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(like.dtype)
+    return host.view(like.shape).to(like.device)
 
 
 _COMBINE = {"sum": torch.Tensor.add_, "max": lambda a, b: torch.maximum(a, b, out=a),
@@ -207,7 +211,12 @@ class MemoryExchange:
         return self.world
 
     def exchanges_host_memory(self, world_size: int, p2p: bool = False) -> bool:
-        return True
+        """No: a worker's nodes exchange their tensors where they are (on their GPU); bytes
+        leave the device only between workers (to_bytes)."""
+        return False
+
+    def token_device(self) -> str:
+        return "cpu"
 
     def _next_collective(self) -> tuple:
         self._collectives += 1

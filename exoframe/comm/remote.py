@@ -120,8 +120,7 @@ class RemoteCalls:
             return
         if self.comm.rank in self.comm.live:
             self._await(sorted(self.outstanding))
-        # gloo (staged through host memory) takes a CPU token; NCCL a GPU one.
-        token = torch.zeros(1, device="cpu" if self.comm._staged else "cuda")
+        token = torch.zeros(1, device=self.comm.exchange.token_device())
         handle = self.comm.all_reduce(token, async_op=True)
         if handle._done:  # a rank that is down takes no part in the simulated one
             return

@@ -1,13 +1,10 @@
-"""Which device each rank trains on.
+"""The devices asked for and what this machine has.
 
-`cpu`, `mps`, `cuda:N` (every rank on GPU N), `cuda` (ranks spread over the visible GPUs
-round-robin: rank r on GPU r mod count, so 8 ranks on 1 GPU share it), or `auto` (cuda if
-present, else mps, else cpu).
+`cpu`, `mps`, `cuda:N` (every node on GPU N), `cuda` (nodes spread over the visible GPUs),
+or `auto` (cuda if present, else mps, else cpu).
 
-The backend: NCCL when every rank has a GPU of its own (`cuda` with at least as many GPUs
-as nodes); otherwise gloo, which exchanges host memory: a GPU tensor then travels through
-a host copy (exoframe/comm/communicator.py). NCCL refuses two ranks on one GPU, the usual
-case when many simulated nodes share a GPU. Both bind to loopback only.
+Which rank or worker goes on which GPU, and the backend, are the Placement's
+(engine/placement.py): nodes that share a GPU are packed into one worker per GPU.
 
 The launcher asks only how many devices exist, through NVML, and never initializes CUDA
 itself: the ranks are forked from it, and a forked process cannot use CUDA that its parent
@@ -49,20 +46,6 @@ def resolve(spec: str) -> str:
     return spec
 
 
-def backend(spec: str, nodes: int) -> str:
-    """The process group's backend for a resolved device spec."""
-    if spec == "cuda" and gpu_count() >= nodes and torch.distributed.is_nccl_available():
-        return "nccl"
-    return "gloo"
-
-
-def for_rank(spec: str, rank: int) -> torch.device:
-    """The device of `rank` for a resolved spec."""
-    if spec == "cuda":
-        return torch.device("cuda", rank % gpu_count())
-    return torch.device(spec)
-
-
 def _has_mps() -> bool:
     backend = getattr(torch.backends, "mps", None)
     return bool(backend is not None and backend.is_available())
@@ -77,6 +60,27 @@ def gpu_model() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return names[0].strip() or None
+
+
+def gpu_memory() -> tuple:
+    """Each visible GPU's memory in bytes (None where the driver does not say), read through
+    nvidia-smi without initializing CUDA in this process; () without a GPU."""
+    count = gpu_count()
+    if not count:
+        return ()
+    try:
+        lines = subprocess.run(["nvidia-smi", "--query-gpu=memory.total",
+                                "--format=csv,noheader,nounits"], capture_output=True,
+                               text=True, timeout=20).stdout.split()
+        every = [int(line) * 2**20 for line in lines]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return (None,) * count
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        order = [int(i) for i in visible.split(",")] if visible else range(len(every))
+        return tuple(every[i] for i in order)[:count] + (None,) * (count - len(every))
+    except (ValueError, IndexError):  # GPU UUIDs, or an index the driver does not list
+        return (None,) * count
 
 
 def gpu_timer(device: torch.device):

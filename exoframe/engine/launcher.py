@@ -72,11 +72,11 @@ def check_model(job: Job, batches: Batches):
 
 def warn_about_measured_compute(job: Job):
     """`measured` times each rank's own work only where nothing else runs on its device."""
-    if job.sim.compute.kind != "measured" or job.device == "cpu":
-        return
+    if job.sim.compute.kind != "measured" or job.device == "cpu" or job.placement.packed:
+        return  # (packed nodes are timed per turn: one node's kernels at a time)
     if job.device == "mps":
         why = "it reads CPU time, which misses the Apple GPU's work"
-    elif job.device == "cuda" and devices.gpu_count() >= job.nodes:
+    elif job.device == "cuda" and job.placement.gpus >= job.nodes:
         return
     else:
         why = ("ranks share a GPU, and a rank's GPU time then includes the other ranks' "

@@ -100,13 +100,25 @@ class Node:
         self.steps_this_turn = STEPS_PER_TURN - 1
         # A node starts from the process's state, as a forked rank from the launcher's.
         self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
+        self.cuda_rng = None  # on a GPU: its CUDA generator's, once it has run
         self.grad = torch.is_grad_enabled()
         self.bound = None  # its Communicator, for exoframe.distributed
+        self.gpu_seconds, self.turn_start = 0.0, None  # its GPU time (hub.gpu_timing)
 
     def timer(self) -> float:
         """The CPU time this node has run (its compute under --compute measured)."""
         running = time.thread_time() - self.resumed_at if self.resumed_at is not None else 0.0
         return self.cpu + running
+
+    def gpu_timer(self) -> float:
+        """The GPU time of this node's turns (its compute under --compute measured on a
+        GPU: the worker's stream runs one node's kernels at a time), read with CUDA events."""
+        if self.turn_start is None:
+            return self.gpu_seconds
+        now = torch.cuda.Event(enable_timing=True)
+        now.record()
+        now.synchronize()
+        return self.gpu_seconds + self.turn_start.elapsed_time(now) / 1000
 
 
 class NodeConn:
@@ -133,10 +145,13 @@ class Hub:
     """Runs a worker's nodes until all are done: resumes every node that can go on, sends
     what they said, reads what came, and again."""
 
-    def __init__(self, conn, peers: dict, index: int, home: list, evaluator, ranks: list):
+    def __init__(self, conn, peers: dict, index: int, home: list, evaluator, ranks: list,
+                 device: torch.device = torch.device("cpu"), gpu_timing: bool = False):
         """conn: the pipe to the launcher; peers: worker index -> pipe to it; evaluator:
-        the pipe to the evaluator; ranks: the worker's nodes."""
+        the pipe to the evaluator; ranks: the worker's nodes; device: theirs; gpu_timing:
+        time each node's turns on the GPU (measured compute on a GPU)."""
         self.main = greenlet.getcurrent()
+        self.cuda, self.gpu_timing = device.type == "cuda", gpu_timing
         self.sender = Sender()
         self.sender.start()
         self.launcher = Outbox(conn, self.sender.sender_for(conn))
@@ -238,6 +253,11 @@ class Hub:
         if torch.is_grad_enabled() != node.grad:
             torch.set_grad_enabled(node.grad)
         distributed.bind(node.bound)
+        if self.cuda and node.cuda_rng is not None:
+            torch.cuda.set_rng_state(node.cuda_rng)
+        if self.gpu_timing:
+            node.turn_start = torch.cuda.Event(enable_timing=True)
+            node.turn_start.record()
         node.resumed_at = time.thread_time()
         try:
             node.glet.switch()
@@ -248,6 +268,10 @@ class Hub:
             node.cpu += time.thread_time() - node.resumed_at
             node.resumed_at = None
             self.current = None
+        if self.gpu_timing:
+            node.gpu_seconds, node.turn_start = node.gpu_timer(), None
+        if self.cuda:
+            node.cuda_rng = torch.cuda.get_rng_state()
         node.torch_rng, node.python_rng = torch.get_rng_state(), random.getstate()
         node.grad, node.bound = torch.is_grad_enabled(), distributed.current()
         if node.glet.dead:
@@ -314,13 +338,18 @@ def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: di
     worker index -> the pipe to it; stack_path: where the watchdog reads the stacks;
     evaluator: the pipe to the evaluator."""
     from .processes import STACK_SIGNAL
-    from .rank import PackedNode, train
+    from .rank import PackedNode, measures, train
 
     torch.set_num_threads(job.threads)
-    hub = Hub(conn, peers, index, home, evaluator, list(ranks))
+    device = job.placement.device_of(ranks[0])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    gpu_timing = device.type == "cuda" and measures(job)
+    hub = Hub(conn, peers, index, home, evaluator, list(ranks), device, gpu_timing)
     write_stacks_on(STACK_SIGNAL, stack_path, hub)
     for rank in ranks:
         hub.add(rank, lambda node: train(
             node.rank, job, batches[node.rank], None, NodeConn(node),
-            PackedNode(MemoryExchange(node.rank, hub.pack), node.timer, hub.add_models)))
+            PackedNode(MemoryExchange(node.rank, hub.pack),
+                       node.gpu_timer if gpu_timing else node.timer, hub.add_models)))
     hub.run()

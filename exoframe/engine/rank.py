@@ -82,15 +82,22 @@ class PackedNode:
 
 def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device,
                timer=None) -> StepClock:
-    """timer: the compute timer (default: the thread's CPU time, or a GPU timer)."""
+    """timer: the compute timer (default: the thread's CPU time, or a GPU timer where the
+    compute is measured on a GPU: it synchronizes, so only then)."""
     sim = job.sim
     if timer is None:
-        timer = devices.gpu_timer(device) if device.type == "cuda" else time.thread_time
+        timer = (devices.gpu_timer(device) if device.type == "cuda" and measures(job)
+                 else time.thread_time)
     if sim.real:
         return RealClock(rank, timer, sim.topology.algorithms, sim.algorithms, sim.topology)
     compute = ComputeClock(sim.compute, sim.stragglers.for_rank(rank, job.seed), timer)
     return RankClock(rank, port, compute, sim.topology.algorithms,
                      sim.algorithms, topology=sim.topology)
+
+
+def measures(job: Job) -> bool:
+    """Whether a rank's compute is measured (--compute measured, or --net real)."""
+    return job.sim.real or job.sim.compute.kind == "measured"
 
 
 def stop_after(port: PipeSimPort, rank: int, step: int) -> bool:
@@ -142,9 +149,11 @@ def train(rank: int, job: Job, batches: Batches, evaluator, conn,
 
 def join(rank: int, job: Job, conn, packed: PackedNode | None):
     """(device, exchange, model) of the rank: a process of its own joins the process group
-    on its device (the Placement's); a packed node exchanges in memory, on the CPU."""
+    on its device (the Placement's); a packed node exchanges in memory, on its worker's
+    device."""
     if packed is not None:
-        return job.placement.device_of(rank), packed.exchange, copy.deepcopy(job.model)
+        device = job.placement.device_of(rank)
+        return device, packed.exchange, copy.deepcopy(job.model).to(device)
     torch.set_num_threads(job.threads)
     rendezvous = conn.recv()
     device = job.placement.device_of(rank)

@@ -1,0 +1,24 @@
+"""How much GPU memory one packed node needs, estimated from the built model before anything
+starts (engine/placement.py admits nodes on a GPU by it).
+
+A node keeps its weights, their gradients, its optimizer's state and its strategy's copies
+(DiLoCo's global model and outer momentum, a compressor's error feedback): counted here as
+slots of the parameters' size. Activations live only during the node's own step (nodes step
+in turn), so they are one node's at a time, within the GPU's reserve.
+"""
+from __future__ import annotations
+
+import torch
+
+# Optimizer state, in parameter-sized slots: Adam's two moments; SGD's momentum buffer.
+OPTIMIZER_SLOTS = {"adamw": 2, "adam": 2, "nadam": 2, "radam": 2, "adamax": 2, "muon": 2,
+                   "sgd": 1, "rmsprop": 1, "adagrad": 1}
+STRATEGY_SLOTS = 2  # the most a built-in strategy keeps beside the model (DiLoCo's two)
+
+
+def node_bytes(model: torch.nn.Module, optimizer: str) -> int:
+    """Bytes of GPU memory one node keeps between its steps."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    slots = 2 + OPTIMIZER_SLOTS.get(optimizer.lower(), 2) + STRATEGY_SLOTS  # weights, grads
+    return params * slots + buffers

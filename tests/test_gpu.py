@@ -1,0 +1,78 @@
+"""Nodes sharing a GPU train as one worker on it (engine/packing.py): the same records as a
+process per node, admitted by the GPU's memory, and a failure stops the run cleanly.
+Skipped without a CUDA GPU (counted through NVML: CUDA is never initialized in pytest's
+process, whose forked ranks could not use it then)."""
+import dataclasses
+import math
+import os
+
+import pytest
+from conftest import SMALL_GPT
+from test_packing import FailsOnRankTwo, _alive, _parent
+
+from exoframe.config import RunConfig
+from exoframe.engine import devices, execute, job_from_config
+from exoframe.engine.node_memory import node_bytes
+from exoframe.engine.placement import GPU_RESERVED_BYTES, Machine
+from exoframe.engine.processes import RankFailed
+from exoframe.errors import ExoframeError
+
+pytestmark = pytest.mark.skipif(devices.gpu_count() == 0, reason="needs a CUDA GPU")
+
+STRATEGIES = [("ddp", {}), ("diloco", {"H": 2}), ("streaming-diloco", {"H": 4, "fragments": 2}),
+              ("sparta", {})]
+
+
+def run(strategy, params, **fields):
+    config = RunConfig(workload="gpt", workload_params=SMALL_GPT, strategy=strategy,
+                       strategy_params=params, nodes=4, steps=6, eval_every=3,
+                       compute="fixed:10ms", device="cuda:0", **fields).validate()
+    return execute(job_from_config(config))
+
+
+@pytest.mark.parametrize("strategy,params", STRATEGIES)
+def test_nodes_packed_on_one_gpu_equal_a_process_per_node(strategy, params):
+    packed = run(strategy, params)
+    assert packed.summary["per_rank"] and len(packed.metrics) == 6
+    apart = run(strategy, params, nodes_per_process=1)  # a process each, through gloo
+    for a, b in zip(packed.metrics, apart.metrics, strict=True):
+        assert a["sim_time"] == pytest.approx(b["sim_time"], rel=1e-9)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-5)
+        if "val_loss" in b:
+            assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-4, abs=1e-5)
+    for p, q in zip(packed.model.parameters(), apart.model.parameters()):
+        assert (p - q).abs().max() < 1e-4
+
+
+def test_more_nodes_than_the_gpu_holds_are_refused_in_one_line():
+    config = RunConfig(workload="gpt", workload_params=dict(n_layer=4, n_embd=1024,
+                                                            block_size=32),
+                       nodes=1, device="cuda:0").validate()
+    model_bytes = node_bytes(job_from_config(config).model, "adamw")
+    memory = Machine.current().gpu_memory[0]
+    fits = (memory - GPU_RESERVED_BYTES) // model_bytes
+    too_many = dataclasses.replace(config, nodes=math.floor(fits) + 1)
+    with pytest.raises(ExoframeError) as refused:
+        job_from_config(too_many)
+    line = str(refused.value)
+    assert "\n" not in line and f"{fits} fit there" in line
+
+
+def test_a_node_raising_on_the_gpu_stops_the_run_cleanly():
+    config = RunConfig(workload="mlp", nodes=6, steps=5, compute="fixed:1ms",
+                       device="cuda:0").validate()
+    job = dataclasses.replace(job_from_config(config), strategy_cls=FailsOnRankTwo,
+                              strategy_params=FailsOnRankTwo.Params())
+    assert job.placement.packed
+    with pytest.raises(RankFailed, match="rank 2: RuntimeError: rank two broke"):
+        execute(job)
+    assert not [p for p in os.listdir("/proc") if p.isdigit()
+                and _parent(int(p)) == os.getpid() and _alive(int(p))]
+
+
+def test_measured_compute_times_each_nodes_turns_on_the_gpu():
+    config = RunConfig(workload="gpt", workload_params=SMALL_GPT, nodes=4, steps=4,
+                       device="cuda:0").validate()
+    result = execute(job_from_config(config))
+    compute = [r["compute_seconds"] for r in result.summary["per_rank"]]
+    assert all(0 < c < result.summary["elapsed_seconds"] for c in compute)
