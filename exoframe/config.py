@@ -50,9 +50,10 @@ class RunConfig:
             "override."))
     nodes: int = option(2, help="Number of simulated nodes.")
     nodes_per_process: typing.Optional[int] = option(
-        None, help="Nodes sharing a worker process, stepping in turn and exchanging in memory "
-        "(CPU only; engine/packing.py).",
-        unset="a process per node up to 4 per core and 32 in all, else a worker per core")
+        None, help="Nodes sharing a worker process, stepping in turn and exchanging in memory, "
+        "on the CPU or their GPU (engine/packing.py).",
+        unset="CPU: a process per node up to 4 per core and 32 in all, else a worker per core; "
+              "GPU: a worker per GPU where nodes outnumber the GPUs")
     steps: int = option(300, help="Training steps per rank.")
     batch_size: typing.Optional[int] = option(None, help="Per-rank batch size.",
                                               unset="workload's")
