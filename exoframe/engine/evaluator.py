@@ -20,7 +20,7 @@ from .data import examples_in
 from .job import Job
 from .loop import to_device
 from .messages import EvaluatorDone, EvaluatorStop, Validated
-from .model_state import Contribution, ModelState, fold_into, load
+from .model_state import Contribution, ModelState, fold_into, load, same_buffers
 from .validation_set import ValidationSet, batches
 
 
@@ -81,15 +81,17 @@ class Evaluations:
         held = folded.held.result() if folded.held is not None else None
         replicas = folded.replicas.result() if folded.replicas is not None else None
         self.moving_seconds += time.perf_counter() - start
+        last, exact = self.last, folded.exact
+        if folded.held_same:  # its worker's mark: the held model validated last
+            held, exact = last[0], last[1]
         if held is not None:
-            last = self.last
-            if last is not None and torch.equal(last[0], held) and _same(last[1], folded.exact):
+            if last is not None and torch.equal(last[0], held) and same_buffers(last[1], exact):
                 loss, metrics = last[2]
             else:
-                loss, metrics = self._validated(held, folded.exact)
-                self.last = (held, folded.exact, (loss, metrics))
+                loss, metrics = self._validated(held, exact)
+                self.last = (held, exact, (loss, metrics))
             if self.final is None or folded.step >= self.final[0]:
-                self.final = (folded.step, ModelState(held.numpy(), folded.exact))
+                self.final = (folded.step, ModelState(held.numpy(), exact))
         if replicas is not None:
             replicas_loss = self._validated(replicas, folded.exact)[0]
         self.send(Validated(folded.step, loss, metrics, replicas_loss, held=held is not None))
@@ -102,11 +104,6 @@ class Evaluations:
                                      for t in current_weights(self.job.model)):
             final = ModelState(final.weights.astype(np.float32), final.exact)
         return EvaluatorDone(final, self.validating_seconds, self.moving_seconds)
-
-
-def _same(a, b) -> bool:
-    return len(a or []) == len(b or []) and all(
-        (x == y).all() for x, y in zip(a or [], b or []))
 
 
 def evaluate(job: Job, val_set: ValidationSet, readers: list, conn):

@@ -61,11 +61,14 @@ class Fold:
         self.sums: dict[bool, torch.Tensor] = {}  # live? -> the sum (average)
         self.counts: dict[bool, int] = {}
         self.lowest: dict[bool, tuple] = {}  # live? -> (rank, its weights) (rank0)
+        self.float32 = True  # every weight added was float32
+        self.final: Optional[torch.Tensor] = None  # the result alone, once every rank is in
 
     def add(self, rank: int, tensors, live: bool, device=None):
         """A rank's weights (tensors in model order), on their device."""
         tensors = list(tensors)
         device = device if device is not None else tensors[0].device
+        self.float32 = self.float32 and all(t.dtype == torch.float32 for t in tensors)
         if self.how == "rank0":
             if live not in self.lowest or rank < self.lowest[live][0]:
                 self.lowest[live] = (rank, _flat64(tensors, device))
@@ -78,6 +81,9 @@ class Fold:
 
     def merge(self, other: "Fold"):
         """Fold in another Fold's ranks (another worker's)."""
+        if self.final is not None or other.final is not None:
+            raise ValueError("a fold with every rank in takes no more")
+        self.float32 = self.float32 and other.float32
         for live, total in other.sums.items():
             total = total.to(self._device(total))
             if live in self.sums:
@@ -95,22 +101,35 @@ class Fold:
         return tensor.device
 
     def result(self) -> torch.Tensor:
-        """The folded weights, flat, float64: the live ranks' if any is live."""
+        """The folded weights, flat, float64 (float32 once collapsed): the live ranks' if any
+        is live."""
+        if self.final is not None:
+            return self.final
         live = True if (True in self.sums or True in self.lowest) else False
         if self.how == "rank0":
             return self.lowest[live][1]
         return self.sums[live] / self.counts[live]
 
+    def collapse(self):
+        """Every rank is in: keep the result alone, in float32 where the weights are (the
+        bits loading the float64 mean into them would give), in half the bytes."""
+        final = self.result()
+        self.final = final.float() if self.float32 else final
+        self.sums, self.counts, self.lowest = {}, {}, {}
+
     def __getstate__(self):
-        return {"how": self.how, "counts": self.counts,
+        return {"how": self.how, "counts": self.counts, "float32": self.float32,
                 "sums": {k: _portable(v) for k, v in self.sums.items()},
-                "lowest": {k: (r, _portable(v)) for k, (r, v) in self.lowest.items()}}
+                "lowest": {k: (r, _portable(v)) for k, (r, v) in self.lowest.items()},
+                "final": None if self.final is None else self.final.cpu().numpy()}
 
     def __setstate__(self, state):
-        self.how, self.counts = state["how"], state["counts"]
+        self.how, self.counts, self.float32 = state["how"], state["counts"], state["float32"]
         self.sums = {k: torch.from_numpy(v).double() for k, v in state["sums"].items()}
         self.lowest = {k: (r, torch.from_numpy(v).double())
                        for k, (r, v) in state["lowest"].items()}
+        final = state["final"]
+        self.final = None if final is None else torch.from_numpy(final)
 
 
 def _portable(tensor: torch.Tensor) -> np.ndarray:
@@ -134,6 +153,13 @@ class Contribution:
     held: Optional[Fold]
     replicas: Optional[Fold] = None
     exact: Optional[list] = None  # rank 0's other buffers (numpy), where rank 0 is folded in
+    # Every rank's held model is the one their worker sent last (DiLoCo between outer steps):
+    # not sent again (held is None).
+    held_same: bool = False
+
+    @property
+    def holds_held(self) -> bool:
+        return self.held is not None or self.held_same
 
     def merge(self, other: "Contribution"):
         self.ranks += other.ranks
@@ -148,10 +174,16 @@ class Contribution:
             self.exact = other.exact
 
 
+def same_buffers(a: Optional[list], b: Optional[list]) -> bool:
+    """Whether two lists of exact buffers (numpy) hold the same values."""
+    return len(a or []) == len(b or []) and all(
+        np.array_equal(x, y) for x, y in zip(a or [], b or []))
+
+
 def fold_into(pending: dict, models: Contribution, ranks: int) -> Contribution | None:
     """Fold `models` into `pending` (step, holds the held model? -> fold); the fold, taken out
     of `pending`, once `ranks` ranks are in it, else None."""
-    key = (models.step, models.held is not None)
+    key = (models.step, models.holds_held)
     folded = pending.setdefault(key, models)
     if folded is not models:
         folded.merge(models)

@@ -158,6 +158,7 @@ class Hub:
         self.to_evaluator = self.sender.sender_for(evaluator)
         self.ranks = ranks
         self.folds: dict[tuple, model_state.Contribution] = {}  # (step, held?) -> the nodes'
+        self.last_held = None  # (weights, exact buffers) of the last held model sent
         self.peers = {i: Outbox(c, self.sender.sender_for(c)) for i, c in peers.items()}
         self.reading = [conn, *peers.values()]
         self.pack = Pack(home, index, self.post, self.block, self.off_clock)
@@ -196,7 +197,24 @@ class Hub:
         self.folds[key] = folded
         if folded.ranks == len(self.ranks):
             del self.folds[key]
+            if len(self.ranks) == len(self.pack.home):  # every node is here
+                self.finish(folded)
             self.to_evaluator(folded)
+
+    def finish(self, folded: model_state.Contribution):
+        """A fold of every node: only its result goes, and a held model equal to the one
+        sent last (DiLoCo between outer steps) goes as a mark (Contribution.held_same)."""
+        for fold in (folded.held, folded.replicas):
+            if fold is not None:
+                fold.collapse()
+        if folded.held is None:
+            return
+        held, last = folded.held.result(), self.last_held
+        if last is not None and torch.equal(last[0], held) and \
+                model_state.same_buffers(last[1], folded.exact):
+            folded.held, folded.held_same = None, True
+        else:
+            self.last_held = (held, folded.exact)
 
     def step_ended(self):
         """The current node ended a step. Its turn ends after STEPS_PER_TURN steps, once the
