@@ -12,7 +12,7 @@ from test_packing import FailsOnRankTwo, _alive, _parent
 
 from exoframe.config import RunConfig
 from exoframe.engine import devices, execute, job_from_config
-from exoframe.engine.node_memory import node_bytes
+from exoframe.engine.node_memory import node_memory
 from exoframe.engine.placement import GPU_RESERVED_BYTES, Machine
 from exoframe.engine.processes import RankFailed
 from exoframe.errors import ExoframeError
@@ -48,9 +48,9 @@ def test_more_nodes_than_the_gpu_holds_are_refused_in_one_line():
     config = RunConfig(workload="gpt", workload_params=dict(n_layer=4, n_embd=1024,
                                                             block_size=32),
                        nodes=1, device="cuda:0").validate()
-    model_bytes = node_bytes(job_from_config(config).model, "adamw")
+    need = node_memory(job_from_config(config).model, "adamw")
     memory = Machine.current().gpu_memory[0]
-    fits = (memory - GPU_RESERVED_BYTES) // model_bytes
+    fits = (memory - GPU_RESERVED_BYTES - need.worker) // need.node
     too_many = dataclasses.replace(config, nodes=math.floor(fits) + 1)
     with pytest.raises(ExoframeError) as refused:
         job_from_config(too_many)

@@ -6,7 +6,7 @@ import torch
 from exoframe.config import RunConfig
 from exoframe.engine.cluster import ClusterEnv
 from exoframe.engine.job import job_from_config
-from exoframe.engine.node_memory import node_bytes
+from exoframe.engine.node_memory import NodeMemory, node_memory
 from exoframe.engine.placement import GPU_RESERVED_BYTES, Machine, place
 from exoframe.errors import ExoframeError
 
@@ -33,13 +33,21 @@ def test_nodes_sharing_one_gpu_are_one_worker_on_it():
     assert not place(1, None, "cuda", False, machine=ONE_GPU).packed
     # The node count is no longer capped by the CPU's cores.
     assert place(1024, None, "cuda", False, machine=Machine(cores=2, gpu_memory=(80 * GIB,)),
-                 node_bytes=2**20).nodes_per_process == 1024
+                 memory=NodeMemory(2**20, 2**20)).nodes_per_process == 1024
 
 
 def test_two_gpus_a_worker_each_or_a_process_per_node_with_nccl(monkeypatch):
     placement = place(8, None, "cuda", False, machine=TWO_GPUS)
     assert placement.groups == ((0, 1, 2, 3), (4, 5, 6, 7))
     assert [placement.device_of(r).index for r in (0, 3, 4, 7)] == [0, 0, 1, 1]
+    # Nodes spread evenly: 9 nodes on 8 GPUs use them all (one has two).
+    eight = Machine(cores=16, gpu_memory=(80 * GIB,) * 8)
+    nine = place(9, None, "cuda", False, machine=eight)
+    assert [len(g) for g in nine.groups] == [2, 1, 1, 1, 1, 1, 1, 1]
+    assert sorted({nine.device_of(r).index for r in range(9)}) == list(range(8))
+    # Asked for: workers of 3, round-robin over the GPUs.
+    asked3 = place(8, 3, "cuda", False, machine=TWO_GPUS)
+    assert [asked3.device_of(r).index for r in range(8)] == [0, 0, 0, 1, 1, 1, 0, 0]
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
     own = place(2, None, "cuda", False, machine=TWO_GPUS)
     assert not own.packed and own.backend == "nccl"
@@ -50,15 +58,19 @@ def test_two_gpus_a_worker_each_or_a_process_per_node_with_nccl(monkeypatch):
 
 
 def test_a_gpu_with_too_little_memory_is_refused_saying_how_many_fit():
-    small = Machine(cores=16, gpu_memory=(GPU_RESERVED_BYTES + 10 * GIB,))
-    assert place(10, None, "cuda:0", False, machine=small, node_bytes=GIB).packed
+    small = Machine(cores=16, gpu_memory=(80 * GIB, GPU_RESERVED_BYTES + 12 * GIB))
+    memory = NodeMemory(node=GIB, worker=2 * GIB)  # the worker's folds: room for 2 nodes
+    assert place(10, None, "cuda:1", False, machine=small, memory=memory).packed
     with pytest.raises(ExoframeError) as refused:
-        place(11, None, "cuda:0", False, machine=small, node_bytes=GIB)
+        place(11, None, "cuda:1", False, machine=small, memory=memory)
     line = str(refused.value)
-    assert "\n" not in line and "11 nodes on GPU 0" in line and "10 fit there" in line
-    # An estimate from the model: weights, grads, AdamW's two moments, two strategy copies.
+    assert "\n" not in line and "11 nodes on GPU 1" in line
+    assert "10 fit there, 10 on the GPUs used" in line  # (GPU 0 is not used)
+    # An estimate from the model: weights, grads, AdamW's two moments, two strategy copies;
+    # a worker's folds of them in float64, the last held model and a float32 copy.
     model = torch.nn.Linear(1000, 1000)
-    assert node_bytes(model, "adamw") == 6 * 4 * (1000 * 1000 + 1000)
+    assert node_memory(model, "adamw") == NodeMemory(6 * 4 * (1000 * 1000 + 1000),
+                                                     6 * 4 * (1000 * 1000 + 1000))
 
 
 def test_under_torchrun_a_process_per_rank_and_no_packing():

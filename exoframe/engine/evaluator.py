@@ -120,6 +120,8 @@ def evaluate(job: Job, val_set: ValidationSet, readers: list, conn):
             try:
                 message = source.recv()
             except EOFError:
+                if source is conn:
+                    return  # the launcher is gone
                 reading.remove(source)  # a rank that finished
                 continue
             if isinstance(message, EvaluatorStop):

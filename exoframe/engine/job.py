@@ -27,7 +27,7 @@ from ..strategies.base import Strategy
 from ..strategies.optimizers import OptimizerSpec
 from ..workloads.base import DatasetFactory, Shards, Workload, call_with_params
 from . import devices
-from .node_memory import node_bytes
+from .node_memory import node_memory
 from .placement import Placement, place
 from .target import LAG
 
@@ -238,7 +238,7 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
                                 config.momentum, dict(config.optimizer_params), optimizer.obj),
         steps=steps, batch_size=batch_size,
         placement=place(config.nodes, config.nodes_per_process, device, sim.real, config.device,
-                        node_bytes=node_bytes(model, optimizer.name)
+                        memory=node_memory(model, optimizer.name)
                         if device.startswith("cuda") else None),
         sim=sim,
         # A target is judged at every step, so the time to reach it is resolved to one step.

@@ -136,8 +136,11 @@ def with_step_flops(job: Job, first_batch) -> Job:
     return dataclasses.replace(job, sim=dataclasses.replace(job.sim, compute=compute))
 
 
-def evaluator_done(conn) -> EvaluatorDone:
-    """Tell the evaluator the run is over; its answer holds the final model."""
+def evaluator_done(conn, relay: Sender | None) -> EvaluatorDone:
+    """Tell the evaluator the run is over (after what `relay` still writes to it, the
+    monitor's relay of remote ranks' models); its answer holds the final model."""
+    if relay is not None:
+        relay.close()
     conn.send(EvaluatorStop())
     while not isinstance(message := conn.recv(), EvaluatorDone):
         pass  # (nothing else is due: every row was validated)
@@ -227,6 +230,9 @@ def rank_children(job: Job, batches: dict, context, folder: str, cluster: Cluste
     else:
         children, ends = [(rank, train, (rank, job, batches[rank], writer))
                           for (rank,), writer in zip(groups, writers)], []
+    # Each child keeps its own end to the evaluator only.
+    children = [(who, closing([*readers, *writers[:i], *writers[i + 1:]], target), args)
+                for i, (who, target, args) in enumerate(children)]
     return children, ends, readers, writers
 
 
@@ -302,7 +308,7 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
             error.status = "interrupted" if isinstance(error, RunInterrupted) else "failed"
             error.rows = monitor.flush()
             raise error from None
-        done = evaluator_done(conns[-1])
+        done = evaluator_done(conns[-1], monitor.relay)
         end = time.perf_counter()
         return LaunchResult(rank_results=monitor.results,
                             startup_seconds=(monitor.first_step_at or end) - start,

@@ -118,9 +118,11 @@ class Fold:
         self.sums, self.counts, self.lowest = {}, {}, {}
 
     def __getstate__(self):
+        single = self.float32 and sum(self.counts.values()) <= 1
         return {"how": self.how, "counts": self.counts, "float32": self.float32,
-                "sums": {k: _portable(v) for k, v in self.sums.items()},
-                "lowest": {k: (r, _portable(v)) for k, (r, v) in self.lowest.items()},
+                "sums": {k: _portable(v, single) for k, v in self.sums.items()},
+                "lowest": {k: (r, _portable(v, self.float32))
+                           for k, (r, v) in self.lowest.items()},
                 "final": None if self.final is None else self.final.cpu().numpy()}
 
     def __setstate__(self, state):
@@ -132,13 +134,10 @@ class Fold:
         self.final = None if final is None else torch.from_numpy(final)
 
 
-def _portable(tensor: torch.Tensor) -> np.ndarray:
-    """A float64 tensor as a numpy array for a pipe: in float32 where that holds it exactly
-    (one float32 rank's weights), in half the bytes."""
-    single = tensor.float()
-    if torch.equal(single.double(), tensor):
-        return single.cpu().numpy()
-    return tensor.cpu().numpy()
+def _portable(tensor: torch.Tensor, float32: bool) -> np.ndarray:
+    """A float64 tensor as a numpy array for a pipe; float32: it holds one float32 rank's
+    weights, which float32 holds exactly, in half the bytes."""
+    return (tensor.float() if float32 else tensor).cpu().numpy()
 
 
 @dataclass
@@ -198,6 +197,8 @@ def add_models(into: Contribution | None, strategy, rank: int, step: int, live: 
     held model (unless `held` is False) and, with `replicas`, its current weights. live: the
     rank was up (not a simulated failure)."""
     model, cls = strategy.model, type(strategy)
+    if device is not None and torch.device(device).type == "mps":
+        device = torch.device("cpu")  # (MPS has no float64)
     if into is None:
         into = Contribution(step, 0, Fold(cls.held_model_from) if held else None,
                             Fold() if replicas else None)

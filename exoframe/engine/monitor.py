@@ -19,6 +19,7 @@ from .messages import (AskStop, Bundle, CheckpointLate, Checkpointed, ChildFaile
 from .model_state import Contribution
 from .processes import RankFailed, child_name, stack_file
 from .row_output import RowOutput
+from .sender import Sender
 from .sim_service import SimService
 from .stop_checkpoint import StopCheckpoint
 from .verdicts import Verdicts
@@ -65,10 +66,11 @@ class Monitor:
         self.errors = []
         self.first_step_at = None
         self.reported = [0] * job.nodes  # each rank's latest step end
+        self.relay = None  # the thread relaying remote ranks' models to the evaluator
         self.handlers = {
             SimRequest: self.service.request,
             StepDone: self.step_done,
-            Contribution: lambda m: self.send(job.nodes, m),  # a remote rank's (torchrun)
+            Contribution: self.relay_to_evaluator,  # a remote rank's (torchrun)
             Validated: self.validated,
             AskStop: lambda m: self.verdicts.ask(m.rank, m.step),
             Checkpointed: lambda m: commits.rank_saved(
@@ -106,6 +108,15 @@ class Monitor:
             self.conns[who].send(message)
         except OSError:
             pass
+
+    def relay_to_evaluator(self, models: Contribution):
+        """A remote rank's models (torchrun) on to the evaluator, written by a thread: the
+        monitor does not wait while the evaluator validates."""
+        if self.relay is None:
+            self.relay = Sender()
+            self.relay.start()
+            self._relay = self.relay.sender_for(self.conns[self.job.nodes])
+        self._relay(models)
 
     # -- the messages ------------------------------------------------------------------------
     def handle(self, message):

@@ -3,10 +3,13 @@ starts (engine/placement.py admits nodes on a GPU by it).
 
 A node keeps its weights, their gradients, its optimizer's state and its strategy's copies
 (DiLoCo's global model and outer momentum, a compressor's error feedback): counted here as
-slots of the parameters' size. Activations live only during the node's own step (nodes step
-in turn), so they are one node's at a time, within the GPU's reserve.
+slots of the parameters' size; a worker adds its folds of the models it sends to validation.
+Activations live only during the node's own step (nodes step in turn), so they are one
+node's at a time, within the GPU's reserve.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -16,9 +19,20 @@ OPTIMIZER_SLOTS = {"adamw": 2, "adam": 2, "nadam": 2, "radam": 2, "adamax": 2, "
 STRATEGY_SLOTS = 2  # the most a built-in strategy keeps beside the model (DiLoCo's two)
 
 
-def node_bytes(model: torch.nn.Module, optimizer: str) -> int:
-    """Bytes of GPU memory one node keeps between its steps."""
+# A worker's folds of its nodes' models at an evaluation step (engine/model_state.py): the
+# held model and the current weights in float64 (two slots each), the last held model sent,
+# and a float32 copy on its way to the host.
+WORKER_SLOTS = 6
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    node: int  # bytes one node keeps on its GPU between its steps
+    worker: int  # bytes a worker of packed nodes keeps beside them
+
+
+def node_memory(model: torch.nn.Module, optimizer: str) -> NodeMemory:
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     slots = 2 + OPTIMIZER_SLOTS.get(optimizer.lower(), 2) + STRATEGY_SLOTS  # weights, grads
-    return params * slots + buffers
+    return NodeMemory(params * slots + buffers, params * WORKER_SLOTS)

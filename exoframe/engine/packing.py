@@ -104,6 +104,7 @@ class Node:
         self.grad = torch.is_grad_enabled()
         self.bound = None  # its Communicator, for exoframe.distributed
         self.gpu_seconds, self.turn_start = 0.0, None  # its GPU time (hub.gpu_timing)
+        self.off_spans: list = []  # its exchanges' GPU work this turn: (start, end) events
 
     def timer(self) -> float:
         """The CPU time this node has run (its compute under --compute measured)."""
@@ -118,6 +119,9 @@ class Node:
         now = torch.cuda.Event(enable_timing=True)
         now.record()
         now.synchronize()
+        exchanges = sum(start.elapsed_time(end) for start, end in self.off_spans)
+        self.off_spans = []
+        self.gpu_seconds -= exchanges / 1000
         return self.gpu_seconds + self.turn_start.elapsed_time(now) / 1000
 
 
@@ -155,7 +159,11 @@ class Hub:
         self.sender = Sender()
         self.sender.start()
         self.launcher = Outbox(conn, self.sender.sender_for(conn))
-        self.to_evaluator = self.sender.sender_for(evaluator)
+        # Models have a thread of their own: a fold outgrows the pipe, and the evaluator may
+        # be validating; the worker's other messages must not wait behind it.
+        self.models_sender = Sender()
+        self.models_sender.start()
+        self.to_evaluator = self.models_sender.sender_for(evaluator)
         self.ranks = ranks
         self.folds: dict[tuple, model_state.Contribution] = {}  # (step, held?) -> the nodes'
         self.last_held = None  # (weights, exact buffers) of the last held model sent
@@ -178,11 +186,19 @@ class Hub:
     @contextlib.contextmanager
     def off_clock(self):
         """Leave what runs inside out of the current node's compute: the work of an
-        exchange (gloo does it in its own threads). Nothing inside may give way."""
+        exchange (gloo does it in its own threads), its CPU time and, on a GPU under
+        gpu_timing, its kernels' time. Nothing inside may give way."""
         start = time.thread_time()
+        spans = self.current.off_spans if self.gpu_timing and self.current is not None else None
+        if spans is not None:  # (on a GPU: the exchange's kernels, timed by events)
+            spans.append((torch.cuda.Event(enable_timing=True),
+                          torch.cuda.Event(enable_timing=True)))
+            spans[-1][0].record()
         try:
             yield
         finally:
+            if spans is not None:
+                spans[-1][1].record()
             if self.current is not None:
                 self.current.cpu -= time.thread_time() - start
 
@@ -250,6 +266,7 @@ class Hub:
             self.launcher.flush()
             self.sender.close(timeout=5)
             raise
+        self.models_sender.close()
         self.sender.close()
 
     def _run_ready(self) -> bool:

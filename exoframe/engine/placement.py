@@ -11,6 +11,7 @@ Packed nodes run under the simulator, launched here (not by torchrun).
 """
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import resource
@@ -22,6 +23,7 @@ import torch
 from ..errors import ExoframeError
 from . import devices
 from .cluster import ClusterEnv
+from .node_memory import NodeMemory
 
 # A process per node up to this many nodes per core, and this many in all (forked ranks
 # start in well under a second each and train in parallel; a gloo group is a full mesh);
@@ -81,7 +83,8 @@ class Placement:
         if self.packed:
             if self.device != "cuda":
                 return torch.device(self.device)
-            return torch.device("cuda", (rank // self.nodes_per_process) % self.gpus)
+            starts = [group[0] for group in self.groups]
+            return torch.device("cuda", (bisect.bisect_right(starts, rank) - 1) % self.gpus)
         if self.device == "cuda":
             return torch.device("cuda", rank % self.gpus)
         return torch.device(self.device)
@@ -89,23 +92,34 @@ class Placement:
 
 def place(nodes: int, asked: Optional[int], device: str, real_network: bool,
           device_asked: str = "", machine: Machine | None = None,
-          node_bytes: int | None = None) -> Placement:
+          memory: NodeMemory | None = None) -> Placement:
     """asked: the user's nodes_per_process (None: chosen here); device: resolved;
     device_asked: as the user gave it (for the error line); machine: this machine's facts
-    (default: read now); node_bytes: one node's GPU memory (engine/memory.py), to admit
-    nodes packed on a GPU."""
+    (default: read now); memory: what a node and a worker keep on a GPU
+    (engine/node_memory.py), to admit nodes packed on a GPU."""
     machine = machine or Machine.current(with_gpus=device.startswith("cuda"))
     torchrun = machine.torchrun
     per_process = check_packing(nodes, asked, device, real_network, machine,
                                 device_asked or device)
-    groups = packed(nodes, per_process or 1)
+    if per_process is not None and device == "cuda" and asked is None:
+        groups = split(nodes, min(nodes, gpus_used(device, machine)))  # a worker per GPU
+        per_process = max(map(len, groups))
+    else:
+        groups = packed(nodes, per_process or 1)
     placement = Placement(nodes, device, per_process,
                           backend(device, torchrun.local_world_size if torchrun else nodes,
                                   machine.gpus),
                           tuple(map(tuple, groups)), machine.gpus)
-    if per_process is not None and device.startswith("cuda") and node_bytes:
-        admit(placement, machine, node_bytes)
+    if per_process is not None and device.startswith("cuda") and memory is not None:
+        admit(placement, machine, memory)
     return placement
+
+
+def split(nodes: int, parts: int) -> list[list[int]]:
+    """Consecutive ranks in `parts` groups of near-equal sizes (the first ones larger)."""
+    size, extra = divmod(nodes, parts)
+    starts = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [list(range(starts[i], starts[i + 1])) for i in range(parts)]
 
 
 def backend(device: str, nodes: int, gpus: int) -> str:
@@ -161,27 +175,30 @@ def check_packing(nodes: int, asked: Optional[int], device: str, real_network: b
     return per_process
 
 
-def admit(placement: Placement, machine: Machine, node_bytes: int):
+def admit(placement: Placement, machine: Machine, memory: NodeMemory):
     """Refuse, in one line, a packing whose nodes' state does not fit their GPU."""
-    per_gpu = {}
-    for rank in range(placement.nodes):
-        index = placement.device_of(rank).index or 0
-        per_gpu[index] = per_gpu.get(index, 0) + 1
-    for index, count in sorted(per_gpu.items()):
-        memory = machine.gpu_memory[index] if index < machine.gpus else None
-        if memory is None:
-            continue  # (the driver did not say: CUDA's own error will)
-        fits = max(0, (memory - GPU_RESERVED_BYTES) // node_bytes)
-        if count > fits:
-            total = sum(max(0, (m - GPU_RESERVED_BYTES) // node_bytes)
-                        for m in machine.gpu_memory[:gpus_used(placement.device, machine)]
-                        if m is not None)
+    per_gpu, workers = {}, {}
+    for group in placement.groups:
+        index = placement.device_of(group[0]).index or 0
+        per_gpu[index] = per_gpu.get(index, 0) + len(group)
+        workers[index] = workers.get(index, 0) + 1
+
+    def fits(index: int) -> int:
+        free = machine.gpu_memory[index] - GPU_RESERVED_BYTES - workers[index] * memory.worker
+        return max(0, free // memory.node)
+
+    known = [i for i in per_gpu if i < machine.gpus and machine.gpu_memory[i] is not None]
+    for index in sorted(known):  # (where the driver did not say, CUDA's own error will)
+        count, has = per_gpu[index], machine.gpu_memory[index]
+        if count > fits(index):
             raise ExoframeError(
-                f"nodes: {count} nodes on GPU {index} need about {gib(count * node_bytes)} for "
+                f"nodes: {count} nodes on GPU {index} need about {gib(count * memory.node)} for "
                 f"their parameters, gradients, optimizer and strategy state "
-                f"({gib(node_bytes)} each), and it has {gib(memory)} ({gib(GPU_RESERVED_BYTES)} "
-                f"kept for the CUDA contexts and the evaluator): {fits} fit there, {total} on "
-                "the GPUs used. Give fewer nodes, a smaller model, or more GPUs (--device cuda).")
+                f"({gib(memory.node)} each), and it has {gib(has)} ({gib(GPU_RESERVED_BYTES)} "
+                f"kept for the CUDA contexts and the evaluator, {gib(memory.worker)} per worker "
+                f"for folding models to validate): {fits(index)} fit there, "
+                f"{sum(map(fits, known))} on the GPUs used. Give fewer nodes, a smaller "
+                "model, or more GPUs (--device cuda).")
 
 
 def gib(nbytes: float) -> str:
