@@ -136,15 +136,20 @@ def with_step_flops(job: Job, first_batch) -> Job:
     return dataclasses.replace(job, sim=dataclasses.replace(job.sim, compute=compute))
 
 
-def evaluator_done(conn, relay: Sender | None) -> EvaluatorDone:
+def evaluator_done(conn, relay: Sender | None, timeout: float) -> EvaluatorDone:
     """Tell the evaluator the run is over (after what `relay` still writes to it, the
     monitor's relay of remote ranks' models); its answer holds the final model."""
     if relay is not None:
         relay.close()
-    conn.send(EvaluatorStop())
-    while not isinstance(message := conn.recv(), EvaluatorDone):
-        pass  # (nothing else is due: every row was validated)
-    return message
+    try:
+        conn.send(EvaluatorStop())
+        while conn.poll(timeout):
+            if isinstance(message := conn.recv(), EvaluatorDone):
+                return message  # (nothing else is due: every row was validated)
+    except (EOFError, OSError):
+        pass
+    raise RankFailed(EVALUATOR, "gave no final model at the end of the run: it stopped or "
+                     f"took over {timeout:g} s (--hang-timeout)", "", False)
 
 
 def validation_record(val_set: ValidationSet, done: EvaluatorDone, rank_results: list,
@@ -308,7 +313,7 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
             error.status = "interrupted" if isinstance(error, RunInterrupted) else "failed"
             error.rows = monitor.flush()
             raise error from None
-        done = evaluator_done(conns[-1], monitor.relay)
+        done = evaluator_done(conns[-1], monitor.relay, watchdog)
         end = time.perf_counter()
         return LaunchResult(rank_results=monitor.results,
                             startup_seconds=(monitor.first_step_at or end) - start,

@@ -8,10 +8,9 @@ from multiprocessing.reduction import ForkingPickler
 
 
 class Sender(threading.Thread):
-    """Writes every outgoing bundle in order, off the thread that flushes it (the hub's or
-    the monitor's), which pickles it then: a node may change its objects once it runs
-    again (a node gives way at each step it sends its state; its other messages hold
-    values)."""
+    """Writes every outgoing message in order, off the thread that sends it (a hub's, the
+    monitor's, a rank's), which pickles it then: what it refers to may change once that
+    thread goes on (a node's objects, a rank's models)."""
 
     def __init__(self):
         super().__init__(daemon=True, name="exoframe-sender")
