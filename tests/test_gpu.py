@@ -74,5 +74,6 @@ def test_measured_compute_times_each_nodes_turns_on_the_gpu():
     config = RunConfig(workload="gpt", workload_params=SMALL_GPT, nodes=4, steps=4,
                        device="cuda:0").validate()
     result = execute(job_from_config(config))
-    compute = [r["compute_seconds"] for r in result.summary["per_rank"]]
-    assert all(0 < c < result.summary["elapsed_seconds"] for c in compute)
+    # Each node is charged its own turns' GPU time, which its simulated clock then holds.
+    for rank in result.summary["per_rank"]:
+        assert 0 < rank["compute_seconds"] <= rank["simulated_seconds"]

@@ -20,7 +20,7 @@ from .data import examples_in
 from .job import Job
 from .loop import to_device
 from .messages import EvaluatorDone, EvaluatorStop, Validated
-from .model_state import Contribution, ModelState, fold_into, load, same_buffers
+from .model_state import FoldedModels, ModelState, fold_into, load, same_buffers
 from .validation_set import ValidationSet, batches
 
 
@@ -46,7 +46,7 @@ def validate(model, dataset, batch_size: int, metrics=None,
 
 
 class Evaluations:
-    """Contributions in, Validated out: folds each step's until every rank's is in. A held
+    """Folded models in, Validated out: folds each step's until every rank's is in. A held
     model equal to the one validated before (DiLoCo's between outer steps) is not validated
     again."""
 
@@ -54,15 +54,15 @@ class Evaluations:
         self.job, self.val_set, self.send = job, val_set, send
         self.device = job.placement.device_of(0)
         job.model.to(self.device)
-        self.pending: dict[tuple, Contribution] = {}  # (step, holds the held model?) -> fold
+        self.pending: dict[tuple, FoldedModels] = {}  # (step, holds the held model?) -> fold
         self.last = None  # (held weights, exact buffers, (loss, metrics)) validated last
         self.final = None  # (step, ModelState): the latest step's held model
         self.validating_seconds = 0.0
         self.moving_seconds = 0.0  # folding the ranks' models here (the ranks count theirs)
 
-    def add(self, contribution: Contribution):
+    def add(self, models: FoldedModels):
         start = time.perf_counter()
-        folded = fold_into(self.pending, contribution, self.job.nodes)
+        folded = fold_into(self.pending, models, self.job.nodes)
         self.moving_seconds += time.perf_counter() - start
         if folded is not None:
             self._validate(folded)
@@ -75,7 +75,7 @@ class Evaluations:
         self.validating_seconds += time.perf_counter() - start
         return result
 
-    def _validate(self, folded: Contribution):
+    def _validate(self, folded: FoldedModels):
         loss, metrics, replicas_loss = None, {}, None
         start = time.perf_counter()
         held = folded.held.result() if folded.held is not None else None
@@ -102,7 +102,7 @@ class Evaluations:
         final = self.final[1] if self.final else None
         if final is not None and all(t.dtype == torch.float32
                                      for t in current_weights(self.job.model)):
-            final = ModelState(final.weights.astype(np.float32), final.exact)
+            final = ModelState(final.weights.astype(np.float32, copy=False), final.exact)
         return EvaluatorDone(final, self.validating_seconds, self.moving_seconds)
 
 

@@ -7,7 +7,7 @@ SimRequest (a rank clock's message for the simulator), StepDone, AskStop, Checkp
 CheckpointLate, RankDone. A worker of packed nodes and the launcher bundle them (Bundle;
 NodeMessage names the node a launcher's message is for). Rank or worker -> evaluator, over a
 pipe of its own (a rank on another machine: through the launcher): its models at evaluation
-steps (engine.model_state.Contribution). Launcher -> evaluator: EvaluatorStop; evaluator ->
+steps (engine.model_state.FoldedModels). Launcher -> evaluator: EvaluatorStop; evaluator ->
 launcher: Validated, then EvaluatorDone. Any child -> launcher: ChildFailed.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 At an evaluation step each rank adds the model it would deploy (its strategy's
 `held_weights`: parameters and floating-point buffers) and, where asked, its current weights
 into a Fold, on its own device. A worker of packed nodes folds its nodes' before anything
-leaves it; the evaluator folds what the ranks and workers send (Contribution) and validates
+leaves it; the evaluator folds what the ranks and workers send (FoldedModels) and validates
 once every rank is in. The launcher never holds a model.
 
 A Fold's mean is summed in float64: float32 values of up to 1024 ranks whose magnitudes lie
@@ -141,7 +141,7 @@ def _portable(tensor: torch.Tensor, float32: bool) -> np.ndarray:
 
 
 @dataclass
-class Contribution:
+class FoldedModels:
     """Some ranks' models at an evaluation step, folded (a rank's own, or a worker's nodes'),
     on their way to the evaluator. `replicas` is the current weights' Fold where the held model
     is not the replicas' average and the run validates that average at this step; a
@@ -160,7 +160,7 @@ class Contribution:
     def holds_held(self) -> bool:
         return self.held is not None or self.held_same
 
-    def merge(self, other: "Contribution"):
+    def merge(self, other: "FoldedModels"):
         self.ranks += other.ranks
         for name in ("held", "replicas"):
             mine, theirs = getattr(self, name), getattr(other, name)
@@ -179,7 +179,7 @@ def same_buffers(a: Optional[list], b: Optional[list]) -> bool:
         np.array_equal(x, y) for x, y in zip(a or [], b or []))
 
 
-def fold_into(pending: dict, models: Contribution, ranks: int) -> Contribution | None:
+def fold_into(pending: dict, models: FoldedModels, ranks: int) -> FoldedModels | None:
     """Fold `models` into `pending` (step, holds the held model? -> fold); the fold, taken out
     of `pending`, once `ranks` ranks are in it, else None."""
     key = (models.step, models.holds_held)
@@ -191,8 +191,8 @@ def fold_into(pending: dict, models: Contribution, ranks: int) -> Contribution |
     return pending.pop(key)
 
 
-def add_models(into: Contribution | None, strategy, rank: int, step: int, live: bool,
-               held: bool = True, replicas: bool = False, device=None) -> Contribution:
+def add_models(into: FoldedModels | None, strategy, rank: int, step: int, live: bool,
+               held: bool = True, replicas: bool = False, device=None) -> FoldedModels:
     """This rank's models at `step` added into the fold `into` (None: a fold of its own): its
     held model (unless `held` is False) and, with `replicas`, its current weights. live: the
     rank was up (not a simulated failure)."""
@@ -200,7 +200,7 @@ def add_models(into: Contribution | None, strategy, rank: int, step: int, live: 
     if device is not None and torch.device(device).type == "mps":
         device = torch.device("cpu")  # (MPS has no float64)
     if into is None:
-        into = Contribution(step, 0, Fold(cls.held_model_from) if held else None,
+        into = FoldedModels(step, 0, Fold(cls.held_model_from) if held else None,
                             Fold() if replicas else None)
     if held:
         into.held.add(rank, strategy.held_weights(), live, device)

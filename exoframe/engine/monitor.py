@@ -16,7 +16,7 @@ from .checkpoint import CheckpointFolder, Commits
 from .job import Job
 from .messages import (AskStop, Bundle, CheckpointLate, Checkpointed, ChildFailed, RankDone,
                        SimRequest, StepDone, Validated)
-from .model_state import Contribution
+from .model_state import FoldedModels
 from .processes import RankFailed, child_name, stack_file
 from .row_output import RowOutput
 from .sender import Sender
@@ -58,7 +58,8 @@ class Monitor:
         self.service = SimService(job, self.send)
         commits = Commits(CheckpointFolder(job.run_dir), job, config) \
             if job.checkpoint_every else None
-        self.output = RowOutput(job, on_row, commits, self.service.feed.log)
+        self.output = RowOutput(job, on_row, commits, self.service.feed.log,
+                                lambda: self.verdicts.stop_step)
         self.verdicts = Verdicts(job, self.send)
         self.stop_checkpoint = StopCheckpoint(commits, job.nodes, self.last_step, self.send)
         self.commits = commits
@@ -70,7 +71,7 @@ class Monitor:
         self.handlers = {
             SimRequest: self.service.request,
             StepDone: self.step_done,
-            Contribution: self.relay_to_evaluator,  # a remote rank's (torchrun)
+            FoldedModels: self.relay_to_evaluator,  # a remote rank's (torchrun)
             Validated: self.validated,
             AskStop: lambda m: self.verdicts.ask(m.rank, m.step),
             Checkpointed: lambda m: commits.rank_saved(
@@ -109,7 +110,7 @@ class Monitor:
         except OSError:
             pass
 
-    def relay_to_evaluator(self, models: Contribution):
+    def relay_to_evaluator(self, models: FoldedModels):
         """A remote rank's models (torchrun) on to the evaluator, written by a thread: the
         monitor does not wait while the evaluator validates."""
         if self.relay is None:
@@ -133,13 +134,11 @@ class Monitor:
         row = self.output.add(message)
         if row is not None:
             self.verdicts.step_finished(step, row["sim_time"])
-        self.rows.stop_step = self.verdicts.stop_step
 
     def validated(self, message: Validated):
         self.output.add_val(message)
         if message.held:
             self.verdicts.validated(message.step, message.loss)
-            self.rows.stop_step = self.verdicts.stop_step
 
     def rank_done(self, message: RankDone):
         self.results[message.rank] = message.result

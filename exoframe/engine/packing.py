@@ -165,7 +165,7 @@ class Hub:
         self.models_sender.start()
         self.to_evaluator = self.models_sender.sender_for(evaluator)
         self.ranks = ranks
-        self.folds: dict[tuple, model_state.Contribution] = {}  # (step, held?) -> the nodes'
+        self.folds: dict[tuple, model_state.FoldedModels] = {}  # (step, held?) -> the nodes'
         self.last_held = None  # (weights, exact buffers) of the last held model sent
         self.peers = {i: Outbox(c, self.sender.sender_for(c)) for i, c in peers.items()}
         self.reading = [conn, *peers.values()]
@@ -217,9 +217,9 @@ class Hub:
                 self.finish(folded)
             self.to_evaluator(folded)
 
-    def finish(self, folded: model_state.Contribution):
+    def finish(self, folded: model_state.FoldedModels):
         """A fold of every node: only its result goes, and a held model equal to the one
-        sent last (DiLoCo between outer steps) goes as a mark (Contribution.held_same)."""
+        sent last (DiLoCo between outer steps) goes as a mark (FoldedModels.held_same)."""
         for fold in (folded.held, folded.replicas):
             if fold is not None:
                 fold.collapse()

@@ -13,12 +13,13 @@ from .target import check_within_a_year
 
 
 class RowOutput:
-    def __init__(self, job: Job, on_row, commits, sim_log: list):
+    def __init__(self, job: Job, on_row, commits, sim_log: list, stop_step):
         """commits: the run's checkpoint commits (None: it does not checkpoint); sim_log: the
-        simulator's inputs so far, per rank (sim.feed.Feed.log), which a checkpoint keeps."""
+        simulator's inputs so far, per rank (sim.feed.Feed.log), which a checkpoint keeps;
+        stop_step(): the step the run stops after, once known."""
         self.job, self.on_row = job, on_row
         self.commits, self.sim_log = commits, sim_log
-        self.rows = StepRows(job.nodes, job.validations_at)
+        self.rows = StepRows(job.nodes, job.validations_at, stop_step)
         self.replicas = ReplicaCheck(job.nodes, job.strategy_name)
         resumed = job.resume_from  # a Checkpoint: its rows kept
         self.emitted = list(resumed.rows) if resumed else []  # every row, in step order

@@ -14,15 +14,16 @@ class StepRows:
     count. A down rank has no loss.
     """
 
-    def __init__(self, nodes: int, validations_at: Callable[[int, bool], int]):
+    def __init__(self, nodes: int, validations_at: Callable[[int, bool], int],
+                 stop_step: Callable[[], int | None] = lambda: None):
         """validations_at(step, stops): the evaluator's answers `step`'s row waits for (stops:
-        the run stops after it; engine/job.py)."""
-        self.nodes, self.validations_at = nodes, validations_at
+        the run stops after it; engine/job.py); stop_step(): the step the run stops after,
+        once a stopping rule is met (engine/verdicts.py)."""
+        self.nodes, self.validations_at, self.stop_step = nodes, validations_at, stop_step
         self.records: dict[int, list] = {}
         self.rows: dict[int, dict] = {}
         self.validated: dict[int, dict] = {}  # step -> the evaluator's values for its row
         self.answers: dict[int, int] = {}  # step -> how many answers came
-        self.stop_step = None  # the step the run stops after, once known
         self.next_step = 1
 
     def add(self, rank: int, step: int, record: dict) -> dict | None:
@@ -48,7 +49,7 @@ class StepRows:
 
     def awaiting(self, step: int) -> bool:
         """Whether `step`'s row still waits for the evaluator."""
-        wanted = self.validations_at(step, step == self.stop_step)
+        wanted = self.validations_at(step, step == self.stop_step())
         return self.answers.get(step, 0) < wanted
 
     def awaiting_steps(self) -> list:
