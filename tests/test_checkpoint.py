@@ -88,22 +88,32 @@ def test_a_stop_signal_checkpoints_first_and_the_resume_equals_the_run_never_sto
     monkeypatch.chdir(cli.cwd)
     monkeypatch.syspath_prepend(str(cli.cwd))
     args = [*RUN, "--strategy", strategy, *params]
-    args[args.index("--checkpoint-every") + 1] = "100"  # no periodic checkpoint in 12 steps
+    args[args.index("--checkpoint-every") + 1] = "100"  # no periodic checkpoint
+    args[args.index("--steps") + 1] = "24"
     reference = CliRunner().invoke(exoframe_cli, ["run", *args, "--out", "reference"])
     assert reference.exit_code == 0, reference.output
 
-    proc = cli.popen("run", *args, "--out", "cut", env={"EXOFRAME_TEST_SLOW": "0.3"})
-    wait_for(lambda: any((cli.cwd / "cut").glob("*/metrics.jsonl")), "the run folder")
+    # Ranks wait in step 7 until the launcher has asked for the checkpoint, however late
+    # it handles the signal: a run never ends before it is asked.
+    gate = cli.cwd / "gate"
+    gate.touch()
+    proc = cli.popen("run", *args, "--out", "cut",
+                     env={"EXOFRAME_TEST_GATE": str(gate), "EXOFRAME_TEST_GATE_AFTER": "6"})
+    wait_for(lambda: (cli.cwd / "gate.reached").exists(), "a rank at step 7")
     run = only_run(cli.cwd / "cut")
-    wait_for(lambda: len(metric_lines(run)) >= 3, "three rows")
     proc.send_signal(signal.SIGTERM)
+    asked = next((line for line in iter(proc.stderr.readline, "") if "saves a" in line), "")
+    assert "saves a checkpoint at step" in asked, asked
+    gate.unlink()
     _, err = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode != 0
     wait_for(lambda: not cli.leftovers(), "the ranks to stop with the launcher")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "interrupted", summary
-    step = CheckpointFolder(run).latest().step
-    assert 3 < step < 12 and f"checkpoint at step {step}" in err
+    # At step 7 (where the ranks were held), or after it where the ask came for an earlier
+    # step: a rank past it waits for the next ask, for a step after its own.
+    step = int(re.search(r"saved a checkpoint at step (\d+)", err)[1])
+    assert 7 <= step < 24 and CheckpointFolder(run).latest().step == step, err
 
     resumed = CliRunner().invoke(exoframe_cli, ["resume", str(run)])
     assert resumed.exit_code == 0, resumed.output

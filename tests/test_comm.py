@@ -11,7 +11,7 @@ from torch.utils.data import TensorDataset
 
 import exoframe
 from exoframe.engine.messages import Rendezvous
-from exoframe.engine.rank import join_group
+from exoframe.engine.node_host import join_group
 
 N, K = 3, 6  # ranks, elements per rank's chunk
 

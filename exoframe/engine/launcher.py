@@ -36,10 +36,11 @@ from .loop import check_loss
 from .messages import EvaluatorDone, EvaluatorStop, Rendezvous
 from .model_state import ModelState
 from .monitor import EVALUATOR, Channel, Monitor
-from .packing import NodeLink, Outbox, closing, raise_open_files_limit, run_nodes
+from .hosting import Hosting, hosting_for
 from .processes import (RankFailed, RunInterrupted, catch_stop_signals,  # noqa: F401 - API
-                        child_entry, interrupted, restore_signals, stack_file, stop_all)
-from .rank import train
+                        child_entry, closing, interrupted, restore_signals, stack_file,
+                        stop_all)
+from .rank import run_rank
 from .sender import Sender
 from .validation_set import ValidationSet, validation_set
 
@@ -198,64 +199,20 @@ def run_cluster_rank(job: Job, cluster: ClusterEnv, config: dict):
     if cluster.is_loopback():
         bind_to_loopback()
     conn = join(cluster, job.connect_timeout, config, job.device)
-    child_entry(cluster.rank, train, (cluster.rank, job, batches[cluster.rank], None), conn,
+    child_entry(cluster.rank, run_rank, (cluster.rank, job, batches[cluster.rank], None), conn,
                 stack_path=None, forked=False)
 
 
-def packed_children(job: Job, batches: dict, context, folder: str, to_evaluator: list):
-    """The workers of packed nodes (engine/packing.py): (first rank, run_nodes, its
-    arguments) each, and the ends of the pipes between every pair of workers.
-    to_evaluator: each worker's pipe end to the evaluator."""
-    raise_open_files_limit()
-    groups = job.placement.groups
-    home = [i for i, group in enumerate(groups) for _ in group]
-    pairs = {(a, b): context.Pipe() for a in range(len(groups)) for b in range(a + 1, len(groups))}
-    ends = [end for pair in pairs.values() for end in pair]
-    children = []
-    for i, group in enumerate(groups):
-        peers = {**{b: pipe[0] for (a, b), pipe in pairs.items() if a == i},
-                 **{a: pipe[1] for (a, b), pipe in pairs.items() if b == i}}
-        mine = set(map(id, peers.values()))
-        others = [end for end in ends if id(end) not in mine]
-        children.append((group[0], closing(others, run_nodes),
-                         (list(group), job, {r: batches[r] for r in group}, home, i, peers,
-                          stack_file(folder, group[0]), to_evaluator[i])))
-    return children, ends
-
-
-def rank_children(job: Job, batches: dict, context, folder: str, cluster: ClusterEnv | None):
-    """The processes this launcher forks for the ranks, one per placement group (under
-    torchrun rank 0's alone): (first rank, target, arguments) each; the pipes between packed
-    workers; and the reading ends of each child's pipe to the evaluator."""
-    groups = job.placement.groups[:1] if cluster is not None else job.placement.groups
-    to_evaluator = [context.Pipe(duplex=False) for _ in groups]
+def rank_children(hosting: Hosting, job: Job, batches: dict, context, folder: str):
+    """The processes this launcher forks for the ranks (hosting.py): (who, target,
+    arguments) each, and the two ends of each one's pipe to the evaluator."""
+    to_evaluator = [context.Pipe(duplex=False) for _ in range(hosting.forks(job))]
     readers, writers = [r for r, _ in to_evaluator], [w for _, w in to_evaluator]
-    if job.placement.packed:
-        children, ends = packed_children(job, batches, context, folder, writers)
-    else:
-        children, ends = [(rank, train, (rank, job, batches[rank], writer))
-                          for (rank,), writer in zip(groups, writers)], []
+    children = hosting.children(job, batches, context, folder, writers)
     # Each child keeps its own end to the evaluator only.
     children = [(who, closing([*readers, *writers[:i], *writers[i + 1:]], target), args)
                 for i, (who, target, args) in enumerate(children)]
-    return children, ends, readers, writers
-
-
-def rank_ends(job: Job, conns: list, processes: list, remote: dict, sender):
-    """Each rank's connection and process (None: on another machine), and the pipes the
-    monitor reads (Channel each), from the forked workers' conns and processes (one per
-    placement group) and, under torchrun, the other ranks' connections (`remote`)."""
-    groups = job.placement.groups
-    if job.placement.packed:  # a NodeLink per rank into its worker's outbox
-        outboxes = [Outbox(conn, sender.sender_for(conn)) for conn in conns]
-        channels = [Channel(conn, group, outbox)
-                    for conn, group, outbox in zip(conns, groups, outboxes)]
-        links = [NodeLink(outbox, rank) for outbox, group in zip(outboxes, groups)
-                 for rank in group]
-        return links, [p for p, group in zip(processes, groups) for _ in group], channels
-    rank_conns = [*conns, *(remote[r] for r in range(len(conns), job.nodes))]
-    rank_processes = [*processes, *[None] * (job.nodes - len(processes))]
-    return rank_conns, rank_processes, [Channel(conn, (r,)) for r, conn in enumerate(rank_conns)]
+    return children, readers, writers
 
 
 def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> LaunchResult:
@@ -264,9 +221,9 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
     watchdog = job.hang_timeout
     store_path = os.path.join(folder, "store")
     context = mp.get_context("fork")
-    children, peer_pipes, readers, writers = rank_children(job, batches, context, folder,
-                                                           cluster)
-    children.append((EVALUATOR, closing([*peer_pipes, *writers], evaluate),
+    hosting = hosting_for(job, remote=cluster is not None)
+    children, readers, writers = rank_children(hosting, job, batches, context, folder)
+    children.append((EVALUATOR, closing([*hosting.inherited, *writers], evaluate),
                      (job, val_set, readers)))
     pipes = [context.Pipe() for _ in children]
     processes = [context.Process(target=child_entry,
@@ -274,10 +231,6 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
                                  daemon=True, name=f"exoframe-{who}")
                  for (who, target, args), (_, child) in zip(children, pipes)]
     conns = [parent for parent, _ in pipes]
-    sender = None
-    if job.placement.packed:  # (a worker that stops reading cannot block the monitor)
-        sender = Sender()
-        sender.start()
     remote = {}
     monitor = service = None
     previous = catch_stop_signals()
@@ -286,13 +239,13 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
             p.start()
         for _, child in pipes:
             child.close()
-        for end in [*peer_pipes, *readers, *writers]:  # (the children's own)
+        for end in [*hosting.inherited, *readers, *writers]:  # (the children's own)
             end.close()
         if cluster is not None:  # (after the forks: no child holds the listening socket)
             service = Service(cluster, job.connect_timeout, config or {}, job.device)
             remote = service.accept_ranks()  # every rank's connection, in rank order
-        rank_conns, rank_processes, channels = rank_ends(job, conns[:-1], processes[:-1],
-                                                         remote, sender)
+        rank_conns, rank_processes, channels = hosting.rank_ends(job, conns[:-1],
+                                                                 processes[:-1], remote)
         monitor = Monitor(job, [*rank_conns, conns[-1]], [*rank_processes, processes[-1]],
                           on_row, watchdog, folder,
                           hosts=service.hosts if service is not None else None,
@@ -302,9 +255,7 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
         # right one; a rank timing out sees only that its peer is late.
         meet = Rendezvous(None if service else store_path, watchdog + 60,
                           job.placement.backend, cluster.store_address if cluster else None)
-        if not job.placement.packed:
-            for conn in rank_conns:
-                conn.send(meet)
+        hosting.meet(rank_conns, meet)
         try:
             monitor.run()
         except (ExoframeError, KeyboardInterrupt) as e:
@@ -329,8 +280,7 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
     finally:
         restore_signals(previous)
         stop_all(processes)
-        if sender is not None:
-            sender.close(timeout=5)
+        hosting.close()
         if service is not None:
             service.close()
         for conn in remote.values():  # a rank still waiting learns that the run ended

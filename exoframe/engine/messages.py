@@ -176,3 +176,7 @@ class PipeSimPort:
             self.kept.append(self.conn.recv())
         steps, self.kept = [m.step for m in self.kept], []
         return steps
+
+    def next_checkpoint_request(self) -> int:
+        """Wait for the step the launcher asks next (a rank that said CheckpointLate)."""
+        return self.kept.pop(0).step if self.kept else self.conn.recv().step

@@ -49,7 +49,8 @@ class Monitor:
         host `hosts` names (rank -> host, for those ranks only). folder: the run's private
         temporary folder, where children write their stacks. channels: where packed nodes
         (engine/packing.py) share a process, its pipe and its members (Channel each):
-        conns[rank] is then a NodeLink into the pipe's outbox, flushed once per pass.
+        conns[rank] is then a NodeLink (hosting.py) into the pipe's outbox, flushed once per
+        pass.
         config: the run's config as logged, which its checkpoints record."""
         self.job, self.conns, self.processes = job, conns, processes
         self.channels = channels or [Channel(conn, (i,)) for i, conn in enumerate(conns)]
@@ -76,7 +77,7 @@ class Monitor:
             AskStop: lambda m: self.verdicts.ask(m.rank, m.step),
             Checkpointed: lambda m: commits.rank_saved(
                 m.rank, m.step, len(self.service.feed.log[m.rank])),
-            CheckpointLate: lambda m: self.stop_checkpoint.ask(m.step + 1),
+            CheckpointLate: lambda m: self.stop_checkpoint.late(m.step),
             RankDone: self.rank_done,
             ChildFailed: self.errors.append,
         }

@@ -23,10 +23,10 @@ its peer blocks in one to it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import faulthandler
 import multiprocessing.connection
 import random
-import resource
 import select
 import signal
 import time
@@ -39,7 +39,9 @@ from greenlet import greenlet
 from .. import distributed
 from ..comm.memory import Contribution, MemoryExchange, Pack
 from . import model_state
-from .messages import Bundle, NodeMessage, StepDone
+from .messages import Bundle, CheckpointLate, NodeMessage, StepDone
+from .processes import STACK_SIGNAL
+from .rank import measures, train
 from .sender import Sender
 
 # A node that does not wait runs up to this many steps before the next node's turn: each
@@ -51,12 +53,6 @@ FLUSH_SECONDS = 1.0  # what the nodes said reaches the launcher at least this of
 
 def _always() -> bool:
     return True
-
-
-def raise_open_files_limit():
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 class Outbox:
@@ -71,18 +67,33 @@ class Outbox:
             self._send(bundle)
 
 
-class NodeLink:
-    """The launcher's connection to one packed node: what it sends goes into the worker's
-    outbox (the monitor flushes it)."""
+class NodeGlobals:
+    """What a node keeps of its process's globals, swapped in for its turns and out after:
+    torch's and Python's random generators (and its GPU's), grad mode, and the rank that
+    exoframe.distributed serves. A node starts from the process's state, as a forked rank
+    from the launcher's."""
 
-    def __init__(self, outbox: Outbox, rank: int):
-        self.outbox, self.rank = outbox, rank
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
+        self.cuda_rng = None  # on a GPU: its CUDA generator's, once it has run
+        self.grad = torch.is_grad_enabled()
+        self.bound = None  # its Communicator
 
-    def send(self, message):
-        self.outbox.pending.append(NodeMessage(self.rank, message))
+    def swap_in(self):
+        torch.set_rng_state(self.torch_rng)
+        random.setstate(self.python_rng)
+        if torch.is_grad_enabled() != self.grad:
+            torch.set_grad_enabled(self.grad)
+        distributed.bind(self.bound)
+        if self.cuda and self.cuda_rng is not None:
+            torch.cuda.set_rng_state(self.cuda_rng)
 
-    def close(self):
-        pass
+    def swap_out(self):
+        if self.cuda:
+            self.cuda_rng = torch.cuda.get_rng_state()
+        self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
+        self.grad, self.bound = torch.is_grad_enabled(), distributed.current()
 
 
 class Node:
@@ -98,11 +109,7 @@ class Node:
         # Its first turn is one step (unless it waits in it): the launcher hears of every
         # node's first step at once.
         self.steps_this_turn = STEPS_PER_TURN - 1
-        # A node starts from the process's state, as a forked rank from the launcher's.
-        self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
-        self.cuda_rng = None  # on a GPU: its CUDA generator's, once it has run
-        self.grad = torch.is_grad_enabled()
-        self.bound = None  # its Communicator, for exoframe.distributed
+        self.globals = NodeGlobals(hub.cuda)
         self.gpu_seconds, self.turn_start = 0.0, None  # its GPU time (hub.gpu_timing)
         self.off_spans: list = []  # its exchanges' GPU work this turn: (start, end) events
 
@@ -135,6 +142,8 @@ class NodeConn:
         self.node.hub.launcher.pending.append(message)
         if isinstance(message, StepDone):
             self.node.hub.step_ended()
+        elif isinstance(message, CheckpointLate):  # the node waits for the answer
+            self.node.hub.launcher.flush()
 
     def recv(self):
         inbox = self.node.inbox
@@ -283,13 +292,7 @@ class Hub:
 
     def _resume(self, node: Node):
         self.current = node
-        torch.set_rng_state(node.torch_rng)
-        random.setstate(node.python_rng)
-        if torch.is_grad_enabled() != node.grad:
-            torch.set_grad_enabled(node.grad)
-        distributed.bind(node.bound)
-        if self.cuda and node.cuda_rng is not None:
-            torch.cuda.set_rng_state(node.cuda_rng)
+        node.globals.swap_in()
         if self.gpu_timing:
             node.turn_start = torch.cuda.Event(enable_timing=True)
             node.turn_start.record()
@@ -305,10 +308,7 @@ class Hub:
             self.current = None
         if self.gpu_timing:
             node.gpu_seconds, node.turn_start = node.gpu_timer(), None
-        if self.cuda:
-            node.cuda_rng = torch.cuda.get_rng_state()
-        node.torch_rng, node.python_rng = torch.get_rng_state(), random.getstate()
-        node.grad, node.bound = torch.is_grad_enabled(), distributed.current()
+        node.globals.swap_out()
         if node.glet.dead:
             del self.nodes[node.rank]
 
@@ -357,14 +357,25 @@ def write_stacks_on(signum: int, path: str, hub: Hub):
     signal.signal(signum, write)
 
 
-def closing(ends: list, target):
-    """target, in a child that first closes the inherited pipe `ends` it has no use for
-    (so that a worker gone is seen as gone by its peers)."""
-    def run(*args):
-        for end in ends:
-            end.close()
-        return target(*args)
-    return run
+class PackedNode:
+    """A node's host in a worker (node_host.NodeHost): it exchanges in memory with the other
+    nodes (comm/memory.py), its compute is timed over its own turns, and its models are added
+    into the worker's fold (Hub.add_models)."""
+
+    def __init__(self, node: Node, gpu_timing: bool):
+        self.node = node
+        self.timer = node.gpu_timer if gpu_timing else node.timer
+
+    def join(self, rank: int, job):
+        device = job.placement.device_of(rank)
+        return (device, MemoryExchange(rank, self.node.hub.pack),
+                copy.deepcopy(job.model).to(device))
+
+    def add_models(self, *models):
+        self.node.hub.add_models(*models)
+
+    def close(self):
+        pass  # (the hub sends the fold once every node's models are in)
 
 
 def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: dict,
@@ -372,9 +383,6 @@ def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: di
     """A worker process: train `ranks` as nodes of one hub (see train in rank.py). peers:
     worker index -> the pipe to it; stack_path: where the watchdog reads the stacks;
     evaluator: the pipe to the evaluator."""
-    from .processes import STACK_SIGNAL
-    from .rank import PackedNode, measures, train
-
     torch.set_num_threads(job.threads)
     device = job.placement.device_of(ranks[0])
     if device.type == "cuda":
@@ -383,8 +391,7 @@ def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: di
     hub = Hub(conn, peers, index, home, evaluator, list(ranks), device, gpu_timing)
     write_stacks_on(STACK_SIGNAL, stack_path, hub)
     for rank in ranks:
-        hub.add(rank, lambda node: train(
-            node.rank, job, batches[node.rank], None, NodeConn(node),
-            PackedNode(MemoryExchange(node.rank, hub.pack),
-                       node.gpu_timer if gpu_timing else node.timer, hub.add_models)))
+        hub.add(rank, lambda node: train(node.rank, job, batches[node.rank], NodeConn(node),
+                                         PackedNode(node, gpu_timing)))
     hub.run()
+

@@ -130,3 +130,13 @@ def stop_all(processes):
             p.kill()
     for p in processes:
         p.join(timeout=5)
+
+
+def closing(ends: list, target):
+    """target, in a child that first closes the inherited pipe `ends` it has no use for
+    (so that a worker gone is seen as gone by its peers)."""
+    def run(*args):
+        for end in ends:
+            end.close()
+        return target(*args)
+    return run

@@ -1,65 +1,33 @@
-"""What one rank process does: join the group, build its clock and strategy, train."""
+"""What one rank does, in a process of its own or packed with others (node_host.py): build
+its clock, communicator and strategy, train, and report each step to the launcher."""
 from __future__ import annotations
 
-import copy
-import datetime
 import math
 import random
 import resource
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy
 import torch
-import torch.distributed as dist
 
 from .. import distributed
 from ..comm import Communicator
-from ..comm.exchange import Exchange, TorchExchange
+from ..comm.exchange import Exchange
 from ..comm.faults import RankFaults
 from ..errors import ExoframeError
 from ..sim.clock import RankClock, StepClock
 from ..sim.measured import RealClock
 from ..sim.protocol import StepEnd
 from ..sim.compute import ComputeClock
-from . import devices, model_state, rank_state
+from . import devices, rank_state
 from .data import Batches
 from .job import Job
 from .loop import Precision, forward_backward, set_lr
-from .messages import (AskStop, CheckpointLate, Checkpointed, PipeSimPort, RankDone, Rendezvous,
-                       StepDone)
+from .messages import AskStop, CheckpointLate, Checkpointed, PipeSimPort, RankDone, StepDone
+from .node_host import NodeHost, OwnProcess
 from .replicas import checksum
 from .schedule import lr_at
-from .sender import Sender
-
-
-def join_group(rank: int, world_size: int, rendezvous: Rendezvous,
-               device: torch.device | None = None):
-    """Meet the other ranks through a file in the launcher's private folder (no port), or
-    under torchrun through its rendezvous store. Returns the group for point-to-point
-    transfers when it is not the default group.
-
-    NCCL makes its communicators eagerly here (device_id), but would make one per pair of
-    ranks at their first send/recv, blocking until both are there, while the simulator may
-    hold the peer back: under NCCL, point-to-point goes through a gloo group."""
-    backend = rendezvous.backend
-    timeout = datetime.timedelta(seconds=rendezvous.timeout_seconds)
-    if rendezvous.tcp_store is not None:
-        host, port, prefix = rendezvous.tcp_store
-        store = dist.PrefixStore(prefix + "group/", dist.TCPStore(
-            host, port, is_master=False, timeout=timeout))
-    else:
-        store = dist.FileStore(rendezvous.store_path, world_size)
-    eager = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timeout, **eager)
-    p2p_group = dist.new_group(backend="gloo") if backend == "nccl" else None
-    # gloo's connect on a slow rank reads a socket its peer has already connected: a peer
-    # with nothing to exchange (a 1-step local-SGD run) may finish and exit first, and the
-    # slow rank fails with "Connection closed by peer". No rank leaves before all have met.
-    dist.barrier(group=p2p_group)
-    return p2p_group
 
 
 def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
@@ -68,16 +36,6 @@ def check_finite(value: float, step: int, rank: int, on_nonfinite: str):
         raise ExoframeError(
             f"loss became {shown} at step {step} on rank {rank}. Lower the learning rate or "
             "fix the model, or train on anyway with --on-nonfinite continue.")
-
-
-@dataclass
-class PackedNode:
-    """A node that shares its worker process with others (engine/packing.py): how it
-    exchanges tensors, its own CPU time, and where its models go at evaluation steps (the
-    worker's fold)."""
-    exchange: Exchange  # comm.memory.MemoryExchange
-    timer: Callable[[], float]
-    add_models: Callable  # (strategy, rank, step, live, held, replicas, device): the worker's
 
 
 def make_clock(rank: int, job: Job, port: PipeSimPort, device: torch.device,
@@ -107,31 +65,23 @@ def stop_after(port: PipeSimPort, rank: int, step: int) -> bool:
     return port.recv().stop
 
 
-def train(rank: int, job: Job, batches: Batches, evaluator, conn,
-          packed: PackedNode | None = None):
+def run_rank(rank: int, job: Job, batches: Batches, evaluator, conn):
+    """A rank that is a process of its own (node_host.OwnProcess); evaluator: its pipe to
+    the evaluator (None: its models go through `conn`, which the launcher relays)."""
+    train(rank, job, batches, conn, OwnProcess(conn, evaluator))
+
+
+def train(rank: int, job: Job, batches: Batches, conn, host: NodeHost):
     """batches: this rank's data, made by the launcher before the fork. Every rank inherits
     the launcher's model through the fork (a packed node copies it), so all start identical.
 
-    At evaluation steps the rank sends its models (engine/model_state.py) to the evaluator
-    process (`evaluator`: its pipe there; None: through `conn`, the launcher relays), which
-    folds every rank's and validates, so no rank waits for another outside the simulated
-    network. With a target loss, every step is evaluated and the rank asks the launcher
-    whether to stop (see engine/target.py)."""
-    device, exchange, model = join(rank, job, conn, packed)
+    At evaluation steps the rank sends its models (engine/model_state.py) through its host
+    to the evaluator process, which folds every rank's and validates, so no rank waits for
+    another outside the simulated network. With a target loss, every step is evaluated and
+    the rank asks the launcher whether to stop (see engine/target.py)."""
+    device, exchange, model = host.join(rank, job)
     seed_rank(job.seed, rank, device)
-    sender = None
-    if packed is not None:
-        add_models = packed.add_models
-    else:
-        send = conn.send
-        if evaluator is not None:  # written by a thread: the rank goes on while it is read
-            sender = Sender()
-            sender.start()
-            send = sender.sender_for(evaluator)
-
-        def add_models(*models):
-            send(model_state.add_models(None, *models))
-    me = Rank(rank, job, model, device, exchange, batches, conn, packed, add_models)
+    me = Rank(rank, job, model, device, exchange, batches, conn, host)
     first = me.resume()
     model.train()
     me.clock.skip()
@@ -142,25 +92,8 @@ def train(rank: int, job: Job, batches: Batches, evaluator, conn,
         me.clock.skip()
         if stop:
             break
-    if sender is not None:
-        sender.close()  # every model sent before the rank says it is done
+    host.close()
     me.finish()
-
-
-def join(rank: int, job: Job, conn, packed: PackedNode | None):
-    """(device, exchange, model) of the rank: a process of its own joins the process group
-    on its device (the Placement's); a packed node exchanges in memory, on its worker's
-    device."""
-    if packed is not None:
-        device = job.placement.device_of(rank)
-        return device, packed.exchange, copy.deepcopy(job.model).to(device)
-    torch.set_num_threads(job.threads)
-    rendezvous = conn.recv()
-    device = job.placement.device_of(rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # NCCL's communicator and the default CUDA stream
-    exchange = TorchExchange(p2p_group=join_group(rank, job.nodes, rendezvous, device))
-    return device, exchange, job.model.to(device)
 
 
 def seed_rank(seed: int, rank: int, device: torch.device):
@@ -192,14 +125,12 @@ class Rank:
     phases of its steps: train, report to the launcher, checkpoint, finish."""
 
     def __init__(self, rank: int, job: Job, model, device: torch.device, exchange: Exchange,
-                 batches: Batches, conn, packed: PackedNode | None, add_models):
-        """add_models(strategy, rank, step, live, held, replicas, device): where the rank's
-        models go at evaluation steps (engine/model_state.py)."""
+                 batches: Batches, conn, host: NodeHost):
         self.rank, self.job, self.model, self.device = rank, job, model, device
-        self.batches, self.conn, self.add_models = batches, conn, add_models
+        self.batches, self.conn, self.add_models = batches, conn, host.add_models
         self.moving_seconds = 0.0  # folding and sending its models for validation
         self.port = PipeSimPort(conn, rank)
-        self.clock = make_clock(rank, job, self.port, device, packed.timer if packed else None)
+        self.clock = make_clock(rank, job, self.port, device, host.timer)
         self.faults = RankFaults(rank, job.faults.plan(job.nodes, job.seed), job.strategy_name,
                                  job.strategy_cls.survives_failures) if job.faults.active else None
         self.comm = Communicator(rank, job.nodes, self.clock, faults=self.faults,
@@ -291,9 +222,13 @@ class Rank:
 
     def checkpoint(self, step: int):
         """Save at `step` where the run checkpoints then, or where a stop signal asked for it."""
+        late = False
         for wanted in self.port.checkpoint_requests():  # the run was asked to stop
-            if not self.checkpoints.request(wanted, step):
-                self.conn.send(CheckpointLate(self.rank, step))
+            late |= not self.checkpoints.request(wanted, step)
+        if late:  # wait for a later step: going on, the rank would outrun each new ask
+            self.conn.send(CheckpointLate(self.rank, step))
+            while not self.checkpoints.request(self.port.next_checkpoint_request(), step):
+                pass
         if self.checkpoints.save_now(step, self.comm):
             rank_state.save(self.checkpoints.folder.rank_file(step, self.rank),
                             rank_state.capture(step, *self.pieces))

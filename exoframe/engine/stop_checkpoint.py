@@ -1,12 +1,15 @@
 """A stop signal (Ctrl-C, SIGTERM, SIGHUP) in a run that checkpoints: every rank is asked to
-save at the step after the furthest one any rank has reported (CheckpointNow); a rank that
-has already ended a later one says so (CheckpointLate) and it is asked again for a later
-step, so that all save at the same one. The run stops once that checkpoint is committed; a
-second signal stops it at once."""
+save at the step after the furthest one any rank has reported (CheckpointNow). A rank that
+has already ended a later one says so (CheckpointLate) and waits to be asked again, for a
+later step, so that all save at the same one; the ranks that were not late go on meanwhile,
+so each new ask leaves twice the margin of the last (a run of fast steps is not chased to
+its end). The run stops once that checkpoint is committed; a second signal stops it at
+once."""
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 
 from .messages import CheckpointNow
@@ -20,6 +23,7 @@ class StopCheckpoint:
         self.commits, self.nodes, self.last_step, self.send = commits, nodes, last_step, send
         self.signal = None  # the KeyboardInterrupt of a stop signal, while it checkpoints
         self.wanted = None  # the step every rank is asked to save at
+        self.margin = 1  # steps past a late rank's the next ask leaves
 
     @contextlib.contextmanager
     def catching_signals(self):
@@ -48,11 +52,21 @@ class StopCheckpoint:
         """A stop signal came and no checkpoint is asked for yet."""
         return self.signal is not None and self.wanted is None
 
+    def late(self, step: int):
+        """A rank had ended `step` when asked for an earlier one."""
+        if step + self.margin > self.wanted:
+            self.ask(min(step + self.margin, max(step + 1, self.last_step())))
+            self.margin *= 2
+
     def ask(self, step: int):
         if self.wanted is not None and step <= self.wanted:
             return
         if step > self.last_step():
             raise self.signal
+        if self.wanted is None:
+            by = f" ({self.signal.args[0]})" if self.signal.args else ""
+            print(f"exoframe: stopping{by}: every rank saves a checkpoint at step {step} "
+                  "first; signal again to stop at once.", file=sys.stderr, flush=True)
         self.wanted = step
         for rank in range(self.nodes):
             self.send(rank, CheckpointNow(step))
