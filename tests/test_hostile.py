@@ -621,3 +621,47 @@ def test_sigkill_of_the_launcher_leaves_no_rank_and_a_failed_summary(cli):
     assert result["status"] == "failed" and "killed with SIGKILL" in result["error"]
     assert result["steps_completed"] <= len(rows)  # written at most every 10 s
     assert [r["step"] for r in result["rows"]] == [r["step"] for r in rows][:len(result["rows"])]
+
+
+# Round 4 (issue 40): the lock, whole files, signals in a sweep
+
+def hostile_lock(run: Path, outside: Path, kind: str):
+    """<run>/.lock made into `kind`: anything but the plain file the lock is."""
+    lock = run / ".lock"
+    if kind == "link to metrics.jsonl":
+        lock.symlink_to("metrics.jsonl")
+    elif kind == "link outside":
+        lock.symlink_to(outside)
+    elif kind == "dangling link":
+        lock.symlink_to(outside.parent / "made-by-the-lock")
+    elif kind == "hard link to metrics.jsonl":
+        os.link(run / "metrics.jsonl", lock)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    elif kind == "folder":
+        lock.mkdir()
+    return lock
+
+
+@pytest.mark.parametrize("kind", ["link to metrics.jsonl", "link outside", "dangling link",
+                                  "hard link to metrics.jsonl", "fifo", "folder"])
+def test_a_lock_that_is_not_a_plain_file_is_refused_and_nothing_changes(tmp_path, capsys,
+                                                                         kind):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("workload: mlp\nsteps: 40\n")
+    (run / "metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in range(1, 41)))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the run's\n")
+    lock = hostile_lock(run, outside, kind)
+
+    def state():
+        return {p.name: (stat.S_IFMT(p.lstat().st_mode), os.readlink(p) if p.is_symlink()
+                         else p.read_text() if p.is_file() else None)
+                for p in [*run.iterdir(), *tmp_path.iterdir()]}
+
+    before = state()
+    code, _, err = run_main(["resume", run], capsys)
+    assert code == 2
+    assert_one_line(err, str(lock), "nothing was changed")
+    assert state() == before
