@@ -665,3 +665,44 @@ def test_a_lock_that_is_not_a_plain_file_is_refused_and_nothing_changes(tmp_path
     assert code == 2
     assert_one_line(err, str(lock), "nothing was changed")
     assert state() == before
+
+
+def files_up_to(limit: int):
+    """A preexec_fn: files past `limit` bytes cannot be written (EFBIG), a full disk for what
+    exoframe writes (see test_a_full_disk_is_one_line_and_leaves_whole_rows)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_a_full_disk_at_the_end_of_a_run_says_so_in_the_summary_with_every_step(cli):
+    """80 steps: metrics.jsonl fits under the limit; trace.json, written at the end, and a
+    summary holding every row do not. The summary says why the run failed and how many
+    steps it finished (its rows are in metrics.jsonl)."""
+    proc = finish(cli.popen("run", "--nodes", "2", "--steps", "80", *MLP,
+                            preexec_fn=files_up_to(13000)))
+    assert proc.returncode == 2, proc.stderr_text
+    folder = run_folder(cli)
+    assert_one_line(proc.stderr_text, f"{folder.relative_to(cli.cwd)}/trace.json: File too large",
+                    "free some space")
+    rows = [strict_loads(row) for row in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 81))
+    result = strict_json(folder / "summary.json")
+    assert result["status"] == "failed" and result["steps_completed"] == 80
+    assert "trace.json: File too large" in result["error"]
+    assert not (folder / "trace.json").exists() and not list(folder.glob(".*.tmp"))
+    assert cli.leftovers() == []
+
+
+def test_a_full_disk_in_a_sweep_leaves_whole_tables_and_names_the_file(cli):
+    """The runs' files fit under the limit; the sweep's tables (a row per grid point) do
+    not: one line naming the table, and no table cut short."""
+    proc = finish(cli.popen("sweep", "--strategy", "ddp", "--nodes", "2", "--steps", "3",
+                            "--bandwidth", "10mbit..10gbit", "--points", "60", "--no-plots",
+                            *MLP, preexec_fn=files_up_to(20000)))
+    assert proc.returncode == 2, proc.stderr_text
+    (folder,) = (cli.cwd / "runs").iterdir()
+    assert_one_line(proc.stderr_text, f"{folder.relative_to(cli.cwd)}/sweep.json: File too "
+                    "large; free some space")
+    assert not (folder / "sweep.json").exists() and not list(folder.rglob(".*.tmp"))
+    assert (folder / "sweep.csv").read_text().count("\n") == 61  # whole, as it fitted
+    assert cli.leftovers() == []
+

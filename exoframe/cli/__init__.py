@@ -18,6 +18,7 @@ import traceback
 import click
 
 from ..errors import ExoframeError, shorten
+from ..files import describe_os_error
 from .group import cli
 
 MAX_MESSAGE = 1000  # characters of an error line; values inside are cut at 200 already
@@ -85,9 +86,7 @@ def _describe(e: Exception) -> str:
     import yaml
 
     if isinstance(e, OSError):
-        name = e.filename if e.filename is not None else "a file"
-        return (f"{shorten(str(name))}: {e.strerror or e}; check that the path exists and "
-                "can be read and written.")
+        return describe_os_error(e)
     if isinstance(e, UnicodeDecodeError):
         return "a file is not UTF-8 text (binary?); give a text file (--debug names it)."
     if isinstance(e, json.JSONDecodeError):
