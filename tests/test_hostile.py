@@ -625,6 +625,9 @@ def test_sigkill_of_the_launcher_leaves_no_rank_and_a_failed_summary(cli):
 
 # Round 4 (issue 40): the lock, whole files, signals in a sweep
 
+from conftest import wait_for  # noqa: E402 - (this section's own)
+
+
 def hostile_lock(run: Path, outside: Path, kind: str):
     """<run>/.lock made into `kind`: anything but the plain file the lock is."""
     lock = run / ".lock"
@@ -706,3 +709,46 @@ def test_a_full_disk_in_a_sweep_leaves_whole_tables_and_names_the_file(cli):
     assert (folder / "sweep.csv").read_text().count("\n") == 61  # whole, as it fitted
     assert cli.leftovers() == []
 
+
+# The mlp workload, whose making (in the sweep's own process, before a run starts its ranks)
+# waits while the file "gate" exists, once it has said so in the file "making".
+GATED_MAKING = textwrap.dedent('''
+    import os
+    import time
+
+    from exoframe.workloads.mlp import mlp
+
+    def workload(**params):
+        open("making", "w").close()
+        while os.path.exists("gate"):
+            time.sleep(0.01)
+        return mlp(**params)
+''')
+
+
+@pytest.mark.parametrize("phase", ["start", "replays"])
+def test_sigterm_ends_a_sweep_in_every_phase_with_one_line(cli, phase):
+    """Signalled while it makes a run's workload (right after its start, or between runs)
+    or while it replays a trace through a grid's networks, a sweep ends as in a training
+    run: one line, exit 130, nothing left running, what it had written kept whole."""
+    args = ["sweep", "--strategy", "ddp", "--nodes", "2", "--no-plots", "--no-progress",
+            "--out", "runs"]
+    if phase == "start":
+        (cli.cwd / "gated.py").write_text(GATED_MAKING)
+        (cli.cwd / "gate").touch()
+        proc = cli.popen(*args, "--steps", "3", "--workload", "gated:workload")
+        wait_for(lambda: (cli.cwd / "making").exists(), "the workload's making")
+    else:  # (about 70 ms a replay: the sweep is still replaying when the signal comes)
+        proc = cli.popen(*args, "--steps", "100", "--workload", "mlp", "--bandwidth",
+                         "10mbit..10gbit", "--points", "100")
+        wait_for(lambda: any((cli.cwd / "runs").glob("*/runs/*/replays/*.json")),
+                 "the first replay")
+    proc.send_signal(signal.SIGTERM)
+    finish(proc)
+    assert proc.returncode == 130, proc.stderr_text
+    assert proc.stderr_text.strip() == "interrupted by SIGTERM"  # (after click's blank line)
+    assert cli.leftovers() == []
+    for run in (cli.cwd / "runs").glob("*/runs/*"):  # trained whole before the replays
+        assert strict_json(run / "summary.json")["status"] == "completed"
+        for replay in (run / "replays").iterdir():
+            strict_json(replay)

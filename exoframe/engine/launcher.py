@@ -37,8 +37,9 @@ from .messages import EvaluatorDone, EvaluatorStop, Rendezvous
 from .model_state import ModelState
 from .monitor import EVALUATOR, Channel, Monitor
 from .packing import NodeLink, Outbox, closing, raise_open_files_limit, run_nodes
-from .processes import (RankFailed, RunInterrupted, catch_stop_signals,  # noqa: F401 - API
-                        child_entry, interrupted, restore_signals, stack_file, stop_all)
+from ..stop_signals import catch_stop_signals, restore_signals
+from .processes import (RankFailed, RunInterrupted, child_entry,  # noqa: F401 - API
+                        interrupted, stack_file, stop_all)
 from .rank import train
 from .sender import Sender
 from .validation_set import ValidationSet, validation_set
