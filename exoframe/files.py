@@ -8,6 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from .errors import shorten
+
 # What a write fails with when the disk (or the user's quota, or a file-size limit) is full.
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -36,18 +38,24 @@ def write_atomic(path: Path, text: str):
 
 
 @contextlib.contextmanager
-def replacing(path: Path, mode: str = "w"):
+def replacing(path: Path, mode: str = "w", newline: str | None = None):
     """A new file to write (mode "w" or "wb") that replaces `path` once the block ends
-    without error, flushed to disk; on an error `path` is left as it was."""
+    without error, flushed to disk; on an error `path` is left as it was. A write that
+    fails names `path` (the OSError of a write names no file)."""
     path = Path(path)
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, mode) as f:
+        with os.fdopen(fd, mode, newline=newline) as f:
             os.fchmod(f.fileno(), 0o666 & ~UMASK)  # as open() would make it, not mkstemp's 0600
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, path)
+    except OSError as e:
+        os.unlink(temp)
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
     except BaseException:
         os.unlink(temp)
         raise
@@ -63,6 +71,14 @@ def disk_full(error: BaseException | None) -> OSError | None:
             return error
         error = error.__cause__ or error.__context__
     return None
+
+
+def describe_os_error(e: OSError) -> str:
+    """One line: the file, what went wrong and what to do."""
+    name = e.filename if e.filename is not None else "a file"
+    fix = ("free some space, or give --out on another disk" if e.errno in FULL_DISK
+           else "check that the path exists and can be read and written")
+    return f"{shorten(str(name))}: {e.strerror or e}; {fix}."
 
 
 class AppendOnly:

@@ -14,6 +14,7 @@ from pathlib import Path
 from string import Template
 
 from .errors import ExoframeError
+from .files import write_atomic
 
 PYPROJECT = Template('''\
 [build-system]
@@ -139,5 +140,5 @@ def write_skeleton(name: str, parent=".") -> Path:
     for relative, template in files.items():
         path = folder / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(template.substitute(values))
+        write_atomic(path, template.substitute(values))
     return folder

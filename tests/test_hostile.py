@@ -621,3 +621,134 @@ def test_sigkill_of_the_launcher_leaves_no_rank_and_a_failed_summary(cli):
     assert result["status"] == "failed" and "killed with SIGKILL" in result["error"]
     assert result["steps_completed"] <= len(rows)  # written at most every 10 s
     assert [r["step"] for r in result["rows"]] == [r["step"] for r in rows][:len(result["rows"])]
+
+
+# Round 4 (issue 40): the lock, whole files, signals in a sweep
+
+from conftest import wait_for  # noqa: E402 - (this section's own)
+
+
+def hostile_lock(run: Path, outside: Path, kind: str):
+    """<run>/.lock made into `kind`: anything but the plain file the lock is."""
+    lock = run / ".lock"
+    if kind == "link to metrics.jsonl":
+        lock.symlink_to("metrics.jsonl")
+    elif kind == "link outside":
+        lock.symlink_to(outside)
+    elif kind == "dangling link":
+        lock.symlink_to(outside.parent / "made-by-the-lock")
+    elif kind == "hard link to metrics.jsonl":
+        os.link(run / "metrics.jsonl", lock)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    elif kind == "folder":
+        lock.mkdir()
+    return lock
+
+
+@pytest.mark.parametrize("kind", ["link to metrics.jsonl", "link outside", "dangling link",
+                                  "hard link to metrics.jsonl", "fifo", "folder"])
+def test_a_lock_that_is_not_a_plain_file_is_refused_and_nothing_changes(tmp_path, capsys,
+                                                                         kind):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("workload: mlp\nsteps: 40\n")
+    (run / "metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in range(1, 41)))
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the run's\n")
+    lock = hostile_lock(run, outside, kind)
+
+    def state():
+        return {p.name: (stat.S_IFMT(p.lstat().st_mode), os.readlink(p) if p.is_symlink()
+                         else p.read_text() if p.is_file() else None)
+                for p in [*run.iterdir(), *tmp_path.iterdir()]}
+
+    before = state()
+    code, _, err = run_main(["resume", run], capsys)
+    assert code == 2
+    assert_one_line(err, str(lock), "nothing was changed")
+    assert state() == before
+
+
+def files_up_to(limit: int):
+    """A preexec_fn: files past `limit` bytes cannot be written (EFBIG), a full disk for what
+    exoframe writes (see test_a_full_disk_is_one_line_and_leaves_whole_rows)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+def test_a_full_disk_at_the_end_of_a_run_says_so_in_the_summary_with_every_step(cli):
+    """80 steps: metrics.jsonl fits under the limit; trace.json, written at the end, and a
+    summary holding every row do not. The summary says why the run failed and how many
+    steps it finished (its rows are in metrics.jsonl)."""
+    proc = finish(cli.popen("run", "--nodes", "2", "--steps", "80", *MLP,
+                            preexec_fn=files_up_to(13000)))
+    assert proc.returncode == 2, proc.stderr_text
+    folder = run_folder(cli)
+    assert_one_line(proc.stderr_text, f"{folder.relative_to(cli.cwd)}/trace.json: File too large",
+                    "free some space")
+    rows = [strict_loads(row) for row in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 81))
+    result = strict_json(folder / "summary.json")
+    assert result["status"] == "failed" and result["steps_completed"] == 80
+    assert "trace.json: File too large" in result["error"]
+    assert not (folder / "trace.json").exists() and not list(folder.glob(".*.tmp"))
+    assert cli.leftovers() == []
+
+
+def test_a_full_disk_in_a_sweep_leaves_whole_tables_and_names_the_file(cli):
+    """The runs' files fit under the limit; the sweep's tables (a row per grid point) do
+    not: one line naming the table, and no table cut short."""
+    proc = finish(cli.popen("sweep", "--strategy", "ddp", "--nodes", "2", "--steps", "3",
+                            "--bandwidth", "10mbit..10gbit", "--points", "60", "--no-plots",
+                            *MLP, preexec_fn=files_up_to(20000)))
+    assert proc.returncode == 2, proc.stderr_text
+    (folder,) = (cli.cwd / "runs").iterdir()
+    assert_one_line(proc.stderr_text, f"{folder.relative_to(cli.cwd)}/sweep.json: File too "
+                    "large; free some space")
+    assert not (folder / "sweep.json").exists() and not list(folder.rglob(".*.tmp"))
+    assert (folder / "sweep.csv").read_text().count("\n") == 61  # whole, as it fitted
+    assert cli.leftovers() == []
+
+
+# The mlp workload, whose making (in the sweep's own process, before a run starts its ranks)
+# waits while the file "gate" exists, once it has said so in the file "making".
+GATED_MAKING = textwrap.dedent('''
+    import os
+    import time
+
+    from exoframe.workloads.mlp import mlp
+
+    def workload(**params):
+        open("making", "w").close()
+        while os.path.exists("gate"):
+            time.sleep(0.01)
+        return mlp(**params)
+''')
+
+
+@pytest.mark.parametrize("phase", ["start", "replays"])
+def test_sigterm_ends_a_sweep_in_every_phase_with_one_line(cli, phase):
+    """Signalled while it makes a run's workload (right after its start, or between runs)
+    or while it replays a trace through a grid's networks, a sweep ends as in a training
+    run: one line, exit 130, nothing left running, what it had written kept whole."""
+    args = ["sweep", "--strategy", "ddp", "--nodes", "2", "--no-plots", "--no-progress",
+            "--out", "runs"]
+    if phase == "start":
+        (cli.cwd / "gated.py").write_text(GATED_MAKING)
+        (cli.cwd / "gate").touch()
+        proc = cli.popen(*args, "--steps", "3", "--workload", "gated:workload")
+        wait_for(lambda: (cli.cwd / "making").exists(), "the workload's making")
+    else:  # (about 70 ms a replay: the sweep is still replaying when the signal comes)
+        proc = cli.popen(*args, "--steps", "100", "--workload", "mlp", "--bandwidth",
+                         "10mbit..10gbit", "--points", "100")
+        wait_for(lambda: any((cli.cwd / "runs").glob("*/runs/*/replays/*.json")),
+                 "the first replay")
+    proc.send_signal(signal.SIGTERM)
+    finish(proc)
+    assert proc.returncode == 130, proc.stderr_text
+    assert proc.stderr_text.strip() == "interrupted by SIGTERM"  # (after click's blank line)
+    assert cli.leftovers() == []
+    for run in (cli.cwd / "runs").glob("*/runs/*"):  # trained whole before the replays
+        assert strict_json(run / "summary.json")["status"] == "completed"
+        for replay in (run / "replays").iterdir():
+            strict_json(replay)

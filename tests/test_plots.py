@@ -9,9 +9,9 @@ import statistics
 from pathlib import Path
 
 import pytest
-from matplotlib.figure import Figure
 
 from exoframe.cli import main
+from exoframe.report import plots
 from exoframe.report.plots import line_styles
 from exoframe.report.summary import format_seconds
 from exoframe.report.sweep import COLUMNS, table, write_outputs
@@ -55,9 +55,10 @@ def drawn(monkeypatch):
     """What each saved figure drew, by file name: its lines, bands, title, and whether the
     legend lies right of the axes."""
     figures = {}
-    save = Figure.savefig
+    save = plots._save
 
-    def spy(fig, path, *args, **kwargs):
+    def spy(plt, fig, ax, path, legend_title):
+        save(plt, fig, ax, path, legend_title)  # (written through a temporary file)
         fig.canvas.draw()
         ax = fig.axes[0]
         figures[Path(path).name] = {
@@ -70,9 +71,8 @@ def drawn(monkeypatch):
             "xticks": [t.get_text() for t in ax.get_xticklabels() if t.get_text()],
             "legend_outside": ax.get_legend().get_window_extent().x0
             >= ax.get_window_extent().x1}
-        return save(fig, path, *args, **kwargs)
 
-    monkeypatch.setattr(Figure, "savefig", spy)
+    monkeypatch.setattr(plots, "_save", spy)
     return figures
 
 

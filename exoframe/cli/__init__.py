@@ -18,6 +18,8 @@ import traceback
 import click
 
 from ..errors import ExoframeError, shorten
+from ..files import describe_os_error
+from ..stop_signals import catch_stop_signals, restore_signals, stopped_by
 from .group import cli
 
 MAX_MESSAGE = 1000  # characters of an error line; values inside are cut at 200 already
@@ -26,13 +28,15 @@ MAX_MESSAGE = 1000  # characters of an error line; values inside are cut at 200 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
+    previous = catch_stop_signals()  # (in every phase of every command, not only in a run)
     try:
         cli.main(args=argv, prog_name="exoframe", standalone_mode=False)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except (click.Abort, KeyboardInterrupt):
-        click.echo("interrupted", err=True)
+    except (click.Abort, KeyboardInterrupt) as e:
+        stop = e.__cause__ if isinstance(e, click.Abort) else e  # (click wraps it in Abort)
+        click.echo(f"interrupted{stopped_by(stop) if stop is not None else ''}", err=True)
         sys.exit(130)
     except ExoframeError as e:
         details = getattr(e, "details", "")
@@ -49,6 +53,8 @@ def main(argv=None):
         _error_line(_describe(e))
         sys.exit(2 if isinstance(e, (OSError, UnicodeDecodeError, json.JSONDecodeError))
                  else 1)
+    finally:
+        restore_signals(previous)
 
 
 def entry():
@@ -85,9 +91,7 @@ def _describe(e: Exception) -> str:
     import yaml
 
     if isinstance(e, OSError):
-        name = e.filename if e.filename is not None else "a file"
-        return (f"{shorten(str(name))}: {e.strerror or e}; check that the path exists and "
-                "can be read and written.")
+        return describe_os_error(e)
     if isinstance(e, UnicodeDecodeError):
         return "a file is not UTF-8 text (binary?); give a text file (--debug names it)."
     if isinstance(e, json.JSONDecodeError):

@@ -37,9 +37,9 @@ from .messages import EvaluatorDone, EvaluatorStop, Rendezvous
 from .model_state import ModelState
 from .monitor import EVALUATOR, Channel, Monitor
 from .hosting import Hosting, hosting_for
-from .processes import (RankFailed, RunInterrupted, catch_stop_signals,  # noqa: F401 - API
-                        child_entry, closing, interrupted, restore_signals, stack_file,
-                        stop_all)
+from ..stop_signals import catch_stop_signals, restore_signals
+from .processes import (RankFailed, RunInterrupted, child_entry, closing,  # noqa: F401 - API
+                        interrupted, stack_file, stop_all)
 from .rank import run_rank
 from .sender import Sender
 from .validation_set import ValidationSet, validation_set

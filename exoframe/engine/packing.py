@@ -37,6 +37,7 @@ import torch
 from greenlet import greenlet
 
 from .. import distributed
+from ..files import write_atomic
 from ..comm.memory import Contribution, MemoryExchange, Pack
 from . import model_state
 from .messages import Bundle, CheckpointLate, NodeMessage, StepDone
@@ -350,9 +351,8 @@ def write_stacks_on(signum: int, path: str, hub: Hub):
             traceback.format_stack(node.glet.gr_frame))
 
     def write(_signum, frame):
-        with open(path, "w") as f:
-            f.write("\n".join(stack(node, frame) for node in hub.nodes.values())
-                    or "no node left\n")
+        write_atomic(path, "\n".join(stack(node, frame) for node in hub.nodes.values())
+                     or "no node left\n")
     faulthandler.unregister(signum)
     signal.signal(signum, write)
 

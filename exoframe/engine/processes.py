@@ -1,5 +1,5 @@
-"""The child processes of a run: how each starts and reports a failure, how the launcher
-stops them all, and how SIGTERM and SIGHUP become an interruption."""
+"""The child processes of a run: how each starts and reports a failure, and how the launcher
+stops them all (SIGTERM and SIGHUP become an interruption: exoframe/stop_signals.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -7,11 +7,11 @@ import faulthandler
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 
 from ..errors import ExoframeError
+from ..stop_signals import stopped_by
 from .messages import ChildFailed
 
 
@@ -101,27 +101,7 @@ def _launcher_gone(conn) -> bool:
 
 
 def interrupted(e: KeyboardInterrupt) -> RunInterrupted:
-    by = f" by {e.args[0]}" if e.args else ""  # the signal's name, but for Ctrl-C
-    return RunInterrupted(f"interrupted{by}: every rank was stopped.")
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-def catch_stop_signals():
-    """SIGTERM and SIGHUP stop the run as Ctrl-C does. Returns the previous handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    previous = {}
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        previous[signum] = signal.signal(signum, _raise_interrupt)
-    return previous
-
-
-def restore_signals(previous):
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
+    return RunInterrupted(f"interrupted{stopped_by(e)}: every rank was stopped.")
 
 
 def stop_all(processes):

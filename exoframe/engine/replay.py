@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ExoframeError, shorten
+from ..files import write_atomic
 from ..plugins import get_plugin_manager
 from ..sim import SimSetup, resolve_sim
 from ..sim.collectives import Plans
@@ -142,7 +143,7 @@ def save_replay(run_dir, record: dict) -> Path:
     folder.mkdir(exist_ok=True)
     name = record["net"] + (f" [{record['projection']}]" if record["projection"] else "")
     path = folder / (re.sub(r"[^\w.@+-]+", "_", name) + ".json")  # "/" in "s/step"
-    path.write_text(strict_json.dumps(record, indent=1) + "\n")
+    write_atomic(path, strict_json.dumps(record, indent=1) + "\n")
     return path
 
 

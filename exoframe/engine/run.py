@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from ..errors import ExoframeError
+from ..files import describe_os_error, disk_full
 from ..report import build_summary
 from .job import Job
 from . import rank_state
@@ -121,8 +122,8 @@ def _execute(job, folder, config_record, progress, progress_every, on_row, clust
         if folder and job.checkpoint_every is not None:
             CheckpointFolder(folder.path).remove_partial()  # (no rank is left to finish one)
             _name_the_checkpoint(e, folder)
-        summary = partial_summary(job, getattr(e, "rows", rows), status,
-                                  str(e) or type(e).__name__)
+        said = describe_os_error(e) if disk_full(e) is e else str(e) or type(e).__name__
+        summary = partial_summary(job, getattr(e, "rows", rows), status, said)
         if folder and records_replaced:
             _write_failed_summary(folder, summary, e)
         raise
@@ -164,7 +165,7 @@ class Provisional:
             return
         self.written_at = time.monotonic()
         try:
-            self.folder.write_summary(partial_summary(
+            write_summary_or_its_head(self.folder, partial_summary(
                 self.job, self.rows, "failed", "the run stopped before its launcher could end "
                 "it (killed with SIGKILL, or the machine stopped); the steps below had finished."))
         except OSError:
@@ -187,10 +188,22 @@ def _write_failed_summary(folder: RunFolder, summary: dict, error: BaseException
     """Best effort: on a full disk the summary cannot be written either; the error says so
     instead of being replaced by the write's own error."""
     try:
-        folder.write_summary(summary)
+        write_summary_or_its_head(folder, summary)
     except OSError as e:
         said = error.args[0] if error.args else type(error).__name__
         error.args = (f"{said} (and summary.json could not be written: {e.strerror or e})",)
+
+
+def write_summary_or_its_head(folder: RunFolder, summary: dict):
+    """A failed run's summary; where a full disk has no room for its rows (a summary holds
+    every one), without them ("rows": null): steps_completed and the error still say how the
+    run ended, and the rows are in the metrics sinks' files."""
+    try:
+        folder.write_summary(summary)
+    except OSError as e:
+        if disk_full(e) is None or summary.get("rows") is None:
+            raise
+        folder.write_summary({**summary, "rows": None})
 
 
 def partial_summary(job: Job, rows: list, status: str, error: str) -> dict:

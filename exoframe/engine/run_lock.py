@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ class RunLock:
         """The folder's lock, or one line naming who holds it."""
         path = Path(folder) / LOCK_FILE
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = _open_regular(path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -74,9 +75,39 @@ class RunLock:
         self.release()
 
 
-def _same_file(fd: int, path: Path) -> bool:
+def _open_regular(path: Path) -> int:
+    """The lock file, opened or made. Anything else at its path (a link, which would have us
+    write where it points; a FIFO, whose open would block; a folder) is refused untouched."""
     try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
+        regular = stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        regular = True  # (the open makes it)
+    if regular:  # O_NOFOLLOW, O_NONBLOCK: in case it was replaced since
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                     | os.O_NONBLOCK, 0o666)
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_nlink <= 1:  # (not a hard link to a record)
+            return fd
+        os.close(fd)
+    raise ExoframeError(
+        f"{path}: {_kind(path)}, not the plain file exoframe keeps as the run folder's lock; "
+        "nothing was changed. Remove it, then try again.")
+
+
+def _kind(path: Path) -> str:
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "replaced as it was opened"
+    kinds = [(stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"),
+             (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")]
+    return next((name for test, name in kinds if test(mode)),
+                "a hard link to another file" if stat.S_ISREG(mode) else "a device")
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:  # (lstat: a link put in its place is not it)
+        return os.path.samestat(os.fstat(fd), os.lstat(path))
     except FileNotFoundError:
         return False
 

@@ -13,6 +13,7 @@ import sys
 import threading
 
 from .messages import CheckpointNow
+from ..stop_signals import stopped_by
 from .processes import STOP_SIGNALS, RunInterrupted, interrupted
 
 
@@ -64,8 +65,7 @@ class StopCheckpoint:
         if step > self.last_step():
             raise self.signal
         if self.wanted is None:
-            by = f" ({self.signal.args[0]})" if self.signal.args else ""
-            print(f"exoframe: stopping{by}: every rank saves a checkpoint at step {step} "
+            print(f"exoframe: stopping{stopped_by(self.signal)}: every rank saves a checkpoint at step {step} "
                   "first; signal again to stop at once.", file=sys.stderr, flush=True)
         self.wanted = step
         for rank in range(self.nodes):

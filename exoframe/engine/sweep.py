@@ -20,6 +20,7 @@ import yaml
 
 from ..config import SWEEP_NETS, SWEEP_OUT, SWEEP_STRATEGIES, RunConfig
 from ..errors import ExoframeError
+from ..files import write_atomic
 from ..plugins import get_plugin_manager
 from ..report.sweep import collect_rows, write_outputs
 from ..sim import resolve_sim
@@ -83,7 +84,7 @@ def grid_networks(base: str, bandwidths: list[float], folder: Path, pm) -> list[
             values["sites"] = {}
             values["links"] = []
         path = folder / f"{network.name}@{text}.yaml"
-        path.write_text(yaml.safe_dump(values, sort_keys=False))
+        write_atomic(path, yaml.safe_dump(values, sort_keys=False))
         paths.append(str(path))
     return paths
 

@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..errors import ExoframeError
+from ..files import replacing
 from .plot_style import (common, file_name, line_styles, readable_log_axis, seeds_note,
                          smoothed, smoothing_label, smoothing_window, time_label, title)
 from .setups import by_setup, setup_label
@@ -222,7 +223,8 @@ def _save(plt, fig, ax, path, legend_title):
     ax.legend(title=legend_title, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1),
               borderaxespad=0, ncol=1 + (entries - 1) // 25)
     # "tight" grows the saved image to take in the legend beside the axes
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with replacing(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

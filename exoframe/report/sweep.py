@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 
 from ..errors import ExoframeError
+from ..files import replacing, write_atomic
 from . import strict_json
 from .setups import by_setup, row_order, setup_label
 from .summary import LOW_UTILIZATION, format_bytes, format_seconds
@@ -241,17 +242,17 @@ def write_outputs(rows: list[dict], folder, plots: bool = True,
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rows = sorted(rows, key=row_order)
-    with open(folder / "sweep.csv", "w", newline="") as f:
+    with replacing(folder / "sweep.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    (folder / "sweep.json").write_text(strict_json.dumps(rows, indent=1) + "\n")
+    write_atomic(folder / "sweep.json", strict_json.dumps(rows, indent=1) + "\n")
     summaries = summarize(rows)
-    with open(folder / "sweep_summary.csv", "w", newline="") as f:
+    with replacing(folder / "sweep_summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, SUMMARY_COLUMNS)
         writer.writeheader()
         writer.writerows(summaries)
-    (folder / "sweep_summary.json").write_text(strict_json.dumps(summaries, indent=1) + "\n")
+    write_atomic(folder / "sweep_summary.json", strict_json.dumps(summaries, indent=1) + "\n")
     written = [folder / name for name in
                ("sweep.csv", "sweep.json", "sweep_summary.csv", "sweep_summary.json")]
     if plots:
