@@ -621,3 +621,60 @@ def test_sigkill_of_the_launcher_leaves_no_rank_and_a_failed_summary(cli):
     assert result["status"] == "failed" and "killed with SIGKILL" in result["error"]
     assert result["steps_completed"] <= len(rows)  # written at most every 10 s
     assert [r["step"] for r in result["rows"]] == [r["step"] for r in rows][:len(result["rows"])]
+
+
+# Round 4 (issue 40): options and sweep points checked up front, resume checks
+
+TWO_STEPS = ["--nodes", "2", "--steps", "2"]
+SWEEP_TWO_STEPS = [*TWO_STEPS, "--no-plots"]
+# (argv, files to write first, the names the one line must contain): each once trained, or
+# made a run or sweep folder, before a rank refused it.
+REFUSED_UP_FRONT = [
+    (["sweep", "--strategy", "ddp,param-server,diloco", "-p", "param-server.servers=5",
+      *SWEEP_TWO_STEPS], {}, ["param-server", "'servers' is 5", "2 nodes"]),
+    (["run", "--strategy", "param-server", "-p", "servers=5", *TWO_STEPS], {},
+     ["param-server", "'servers' is 5", "2 nodes"]),
+    (["run", "--optimizer", "muon", "-o", "ns_dtype=float64", *TWO_STEPS], {},
+     ["optimizer 'muon'", "ns_dtype", "float32 or bfloat16"]),
+    (["sweep", "--optimizer", "muon", "-o", "ns_dtype=float64", *SWEEP_TWO_STEPS], {},
+     ["optimizer 'muon'", "ns_dtype"]),
+    (["run", "--optimizer", "muon", "-o", "adjust_lr=bad", *TWO_STEPS], {},
+     ["optimizer 'muon'", "adjust_lr", "spectral_norm"]),
+    (["run", "--optimizer", "muon", "-o", "muon_momentum=-1", *TWO_STEPS], {},
+     ["optimizer 'muon'", "muon_momentum", "[0, 1)"]),
+    (["run", "--optimizer", "muon", "-o", "nesterov=maybe", *TWO_STEPS], {},
+     ["optimizer 'muon'", "nesterov"]),
+    (["sweep", "--workload", "gpt", "-w", "data=missing.bin", *SWEEP_TWO_STEPS], {},
+     ["data", "missing.bin"]),
+    (["sweep", "--workload", "mlp", "-w", "hiden=3", *SWEEP_TWO_STEPS], {},
+     ["workload 'mlp'", "hiden", "hidden"]),
+    (["run", "--strategy", "streaming-diloco", "-p", "H=100000", "-p", "fragments=100000",
+      *TWO_STEPS], {}, ["streaming-diloco", "'fragments' is 100000"]),
+    (["run", "--nodes", "2", "--net", "ideal", "--steps", "100000000000000000000"], {},
+     ["steps: 100000000000000000000", "at most"]),
+    (["sweep", "--nodes", "2", "--net", "ideal", "--steps", "100000000000000000000",
+      "--no-plots"], {}, ["steps: 100000000000000000000", "at most"]),
+]
+
+
+@pytest.mark.parametrize("argv, files, names", REFUSED_UP_FRONT)
+def test_options_and_sweep_points_are_refused_before_any_folder(here, capsys, argv, files,
+                                                                names):
+    for name, content in files.items():
+        (here / name).write_text(content)
+    before = folders(here)
+    code, out, err = run_main(argv, capsys)
+    assert code == 2, (argv, err)
+    assert_one_line(err, *names)
+    assert [p for p in folders(here) if p not in before and "__pycache__" not in p] == []
+
+
+def test_exponents_without_a_dot_are_floats(here):
+    """YAML 1.1 reads 1e-12 as text ("must be float"); YAML 1.2 and users read a float."""
+    from exoframe.config import parse_assignments, resolve_config
+    from exoframe.engine.job import resolve_names
+
+    (here / "c.yaml").write_text("lr: 1e-3\nstrategy: sparta\nstrategy_params: {p: 1E-12}\n")
+    config = resolve_config("c.yaml", {"strategy_params": parse_assignments(["p=2e-12"], "-p")})
+    assert config.lr == 1e-3
+    assert resolve_names(config).strategy_params.p == 2e-12
