@@ -20,7 +20,9 @@ case); the cases that need ranks run `python -m exoframe` (the cli fixture).
 """
 import json
 import os
+import re
 import resource
+import shutil
 import signal
 import socket
 import stat
@@ -30,8 +32,11 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import REPO, write_crashy_plugin, write_plugin
+from conftest import metric_lines, only_run
 
+from exoframe.cli import cli as exoframe_cli
 from exoframe.cli import main
 from exoframe.engine.sweep import _bandwidth_texts, grid_networks, parse_grid
 from exoframe.plugins import get_plugin_manager
@@ -752,3 +757,142 @@ def test_sigterm_ends_a_sweep_in_every_phase_with_one_line(cli, phase):
         assert strict_json(run / "summary.json")["status"] == "completed"
         for replay in (run / "replays").iterdir():
             strict_json(replay)
+
+# Round 4 (issue 40): options and sweep points checked up front, resume checks
+
+TWO_STEPS = ["--nodes", "2", "--steps", "2"]
+SWEEP_TWO_STEPS = [*TWO_STEPS, "--no-plots"]
+# (argv, files to write first, the names the one line must contain): each once trained, or
+# made a run or sweep folder, before a rank refused it.
+REFUSED_UP_FRONT = [
+    (["sweep", "--strategy", "ddp,param-server,diloco", "-p", "param-server.servers=5",
+      *SWEEP_TWO_STEPS], {}, ["param-server", "'servers' is 5", "2 nodes"]),
+    (["run", "--strategy", "param-server", "-p", "servers=5", *TWO_STEPS], {},
+     ["param-server", "'servers' is 5", "2 nodes"]),
+    (["run", "--optimizer", "muon", "-o", "ns_dtype=float64", *TWO_STEPS], {},
+     ["optimizer 'muon'", "ns_dtype", "float32 or bfloat16"]),
+    (["sweep", "--optimizer", "muon", "-o", "ns_dtype=float64", *SWEEP_TWO_STEPS], {},
+     ["optimizer 'muon'", "ns_dtype"]),
+    (["run", "--optimizer", "muon", "-o", "adjust_lr=bad", *TWO_STEPS], {},
+     ["optimizer 'muon'", "adjust_lr", "spectral_norm"]),
+    (["run", "--optimizer", "muon", "-o", "muon_momentum=-1", *TWO_STEPS], {},
+     ["optimizer 'muon'", "muon_momentum", "[0, 1)"]),
+    (["run", "--optimizer", "muon", "-o", "nesterov=maybe", *TWO_STEPS], {},
+     ["optimizer 'muon'", "nesterov"]),
+    (["sweep", "--workload", "gpt", "-w", "data=missing.bin", *SWEEP_TWO_STEPS], {},
+     ["data", "missing.bin"]),
+    (["sweep", "--workload", "mlp", "-w", "hiden=3", *SWEEP_TWO_STEPS], {},
+     ["workload 'mlp'", "hiden", "hidden"]),
+    (["run", "--strategy", "streaming-diloco", "-p", "H=100000", "-p", "fragments=100000",
+      *TWO_STEPS], {}, ["streaming-diloco", "'fragments' is 100000"]),
+    (["run", "--nodes", "2", "--net", "ideal", "--steps", "100000000000000000000"], {},
+     ["steps: 100000000000000000000", "at most"]),
+    (["sweep", "--nodes", "2", "--net", "ideal", "--steps", "100000000000000000000",
+      "--no-plots"], {}, ["steps: 100000000000000000000", "at most"]),
+]
+
+
+@pytest.mark.parametrize("argv, files, names", REFUSED_UP_FRONT)
+def test_options_and_sweep_points_are_refused_before_any_folder(here, capsys, argv, files,
+                                                                names):
+    for name, content in files.items():
+        (here / name).write_text(content)
+    before = folders(here)
+    code, out, err = run_main(argv, capsys)
+    assert code == 2, (argv, err)
+    assert_one_line(err, *names)
+    assert [p for p in folders(here) if p not in before and "__pycache__" not in p] == []
+
+
+def test_exponents_without_a_dot_are_floats(here):
+    """YAML 1.1 reads 1e-12 as text ("must be float"); YAML 1.2 and users read a float."""
+    from exoframe.config import parse_assignments, resolve_config
+    from exoframe.engine.job import resolve_names
+
+    (here / "c.yaml").write_text("lr: 1e-3\nstrategy: sparta\nstrategy_params: {p: 1E-12}\n")
+    config = resolve_config("c.yaml", {"strategy_params": parse_assignments(["p=2e-12"], "-p")})
+    assert config.lr == 1e-3
+    assert resolve_names(config).strategy_params.p == 2e-12
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory):
+    """A run of 8 steps with its checkpoint at step 8."""
+    out = tmp_path_factory.mktemp("runs")
+    result = CliRunner().invoke(exoframe_cli, [
+        "run", "--workload", "mlp", "--nodes", "2", "--compute", "fixed:10ms", "--steps", "8",
+        "--checkpoint-every", "4", "--no-progress", "--out", str(out),
+        "--hang-timeout", "20"])  # (bounds the hang a resume of too few rows once was)
+    assert result.exit_code == 0, result.output
+    return only_run(out)
+
+
+def edit_checkpoint(run, change):
+    path = run / "checkpoints" / "step-8" / "launcher.json"
+    state = json.loads(path.read_text())
+    change(state)
+    path.write_text(json.dumps(state))
+
+
+def _fewer_rows(run):
+    edit_checkpoint(run, lambda state: state.update(rows=state["rows"][:5]))
+    return "holds 5 rows that are not the rows of steps 1..8"
+
+
+def _rows_again(run):
+    edit_checkpoint(run, lambda state: state.update(rows=state["rows"] + state["rows"][:5]))
+    return "holds 13 rows that are not the rows of steps 1..8"
+
+
+def _no_config(run):
+    """As the version before the config and model were recorded wrote it."""
+    def drop(state):
+        del state["run"]["config"], state["run"]["model"]
+    edit_checkpoint(run, drop)
+
+
+def _no_config_another_optimizer(run):
+    _no_config(run)
+    config = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(config.replace("optimizer: adamw", "optimizer: sgd"))
+    return "records no config .* has betas=.* optimizer 'sgd' has no betas"
+
+
+def _no_config_another_weight_decay(run):
+    _no_config(run)
+    config = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(config.replace("weight_decay: 0.0", "weight_decay: 0.1"))
+    return "records no config .* has weight_decay=0.0, .* 'adamw' has weight_decay=0.1"
+
+
+def _no_config_another_model(run):
+    _no_config(run)
+    config = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(config.replace("workload_params: {}",
+                                                    "workload_params: {hidden: 64}"))
+    return "records no config .* model's tensors are named or shaped otherwise"
+
+
+@pytest.mark.parametrize("damage", [_fewer_rows, _rows_again, _no_config_another_optimizer,
+                                    _no_config_another_weight_decay, _no_config_another_model])
+def test_a_resume_checks_the_checkpoints_rows_and_the_state_it_holds(tmp_path, capsys,
+                                                                    checkpointed, damage):
+    run = tmp_path / "run"
+    shutil.copytree(checkpointed, run)
+    expected = damage(run)
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    code, out, err = run_main(["resume", run, "--steps", "12"], capsys)
+    assert code == 2, err
+    assert_one_line(err, f"checkpoint {run / 'checkpoints' / 'step-8'}")
+    assert re.search(expected, err), err
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
+
+
+def test_a_checkpoint_without_a_config_resumes_when_it_holds_this_runs_state(tmp_path,
+                                                                              checkpointed):
+    run = tmp_path / "run"
+    shutil.copytree(checkpointed, run)
+    _no_config(run)
+    result = CliRunner().invoke(exoframe_cli, ["resume", str(run), "--steps", "10"])
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["step"] for line in metric_lines(run)] == list(range(1, 11))

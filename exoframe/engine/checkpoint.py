@@ -107,7 +107,16 @@ class CheckpointFolder:
             raise ExoframeError(f"checkpoint {path}: launcher.json is not one this version of "
                                 "exoframe wrote (format 1); resume it with the version that "
                                 "made it.")
-        return Checkpoint(path, step, state["run"], state["sim_inputs"], state["rows"])
+        rows = state.get("rows")
+        # The rows of steps 1..step, in order: others would leave the resumed metrics out of
+        # order, or the launcher waiting for rows that never come.
+        if not (isinstance(rows, list) and [isinstance(r, dict) and r.get("step")
+                                            for r in rows] == list(range(1, step + 1))):
+            count = len(rows) if isinstance(rows, list) else 0
+            raise ExoframeError(f"checkpoint {path}: launcher.json holds {count} rows that are "
+                                f"not the rows of steps 1..{step}, its step; the checkpoint is "
+                                "damaged and the run cannot be resumed from it.")
+        return Checkpoint(path, step, state["run"], state["sim_inputs"], rows)
 
     def _entries(self):
         return self.path.iterdir() if self.path.is_dir() else ()

@@ -31,6 +31,7 @@ from .node_memory import node_memory
 from .placement import Placement, place
 from .target import LAG
 
+MAX_STEPS = 10 ** 8
 CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig))
 
 
@@ -226,6 +227,14 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
     dataset, partition = partition_data(workload.dataset, config.partition, config.seed,
                                         config.nodes)
     steps = config.steps if config.epochs is None else epoch_steps(config, dataset, batch_size)
+    if steps > MAX_STEPS:
+        given = (f"steps: {steps} steps are" if config.epochs is None
+                 else f"epochs: {config.epochs:g} epochs are {steps} steps,")
+        raise ExoframeError(f"{given} more than a run can take (each step is a row the run "
+                            f"keeps and writes); give at most {MAX_STEPS} steps.")
+    problem = strategy_cls.params_problem(strategy_params, config.nodes, model)
+    if problem:
+        raise ExoframeError(f"strategy '{strategy_name}': {problem}.")
     if config.warmup_steps >= steps:
         raise ExoframeError(f"warmup_steps ({config.warmup_steps}) must be fewer than the "
                             f"run's steps ({steps}): the learning rate would never reach its "
@@ -334,11 +343,16 @@ def job_from_config(config: RunConfig, pm: PluginManager | None = None) -> Job:
     """The Job of a validated config, with a network setup of its own."""
     pm = pm or get_plugin_manager()
     sim = resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)
+    return build_job(config, *workload_and_model(config, pm), pm=pm, sim=sim)
+
+
+def workload_and_model(config: RunConfig, pm: PluginManager) -> tuple[Workload, torch.nn.Module]:
+    """The config's workload and the model it builds (seeded by config.seed)."""
     workload = load_workload(config.workload, config.workload_params, pm)
     torch.manual_seed(config.seed)
     model = _user_code(workload.build_model, f"workload '{config.workload}': building the model",
                        config.workload_params)
-    return build_job(config, workload, model, pm=pm, sim=sim)
+    return workload, model
 
 
 def _user_code(call, what: str, params: dict):

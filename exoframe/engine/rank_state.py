@@ -113,9 +113,10 @@ def save(path: Path, state: dict):
                             "often (--checkpoint-every).") from None
 
 
-def load(path, device: torch.device) -> dict:
+def load(path, device: torch.device, mmap: bool = False) -> dict:
+    """mmap: leave the tensors in the file, read only where used (the launcher's checks)."""
     try:
-        return torch.load(path, map_location=device, weights_only=True)
+        return torch.load(path, map_location=device, weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise ExoframeError(f"checkpoint file {path} is missing: the checkpoint is incomplete "
                             "(a machine crash before it reached the disk?); the run cannot "

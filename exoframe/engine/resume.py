@@ -6,16 +6,21 @@ every rank starts from its saved state and the simulator from the inputs it had 
 stopped. Sinks go on in the same folder.
 
 A resume touches nothing until it can resume: it takes the folder's lock (a run still going
-there refuses it, engine/run_lock.py), reads the checkpoint back whole and checks that the
-config is the one it was made with. The folder's records (config.yaml, metrics, summary) are
-replaced only once the resume has finished its first step (engine/run.py)."""
+there refuses it, engine/run_lock.py), reads the checkpoint back whole (its rows those of
+steps 1..its step) and checks that the config is the one it was made with (a checkpoint of
+an earlier version records none: the model and optimizer state it holds are checked). The
+folder's records (config.yaml, metrics, summary) are replaced only once the resume has
+finished its first step (engine/run.py)."""
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+import torch
+
 from ..config import config_to_dict, resolve_config
-from ..errors import ExoframeError
+from ..errors import ExoframeError, shorten
+from . import rank_state
 from .checkpoint import (MAY_CHANGE_ON_RESUME, Checkpoint, CheckpointFolder, config_difference,
                          identity)
 from .job import job_from_config
@@ -44,6 +49,8 @@ def resume_job(job, config_record: dict, run_dir, **execute_options) -> RunResul
         checkpoint = latest_checkpoint(run_dir)
         checkpoint.verify()
         job = check_resumable(job, checkpoint, run_dir, config_record)
+        if "config" not in checkpoint.run:
+            check_held_state(job, checkpoint)
         return execute(job, config_record=config_record, resume_dir=run_dir,
                        **execute_options)
 
@@ -62,6 +69,10 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint:
     return checkpoint
 
 
+ONLY_THE_RUN = (f"a checkpoint resumes only the run that made it (a resume may change only "
+                f"{', '.join(MAY_CHANGE_ON_RESUME)})")
+
+
 def check_resumable(job, checkpoint, run_dir, config: dict | None = None):
     """`job`, to resume from `checkpoint`, once they agree. config: the resume's config
     as logged, compared field by field with the one the checkpoint was made with."""
@@ -70,21 +81,19 @@ def check_resumable(job, checkpoint, run_dir, config: dict | None = None):
                             f"run asks for {job.steps} steps; give more steps (--steps M) to "
                             "train on.")
     made, now = checkpoint.run, identity(job, config)
-    only_the_run = (f"a checkpoint resumes only the run that made it (a resume may change "
-                    f"only {', '.join(MAY_CHANGE_ON_RESUME)})")
     if (made["nodes"], made["strategy"]) != (now["nodes"], now["strategy"]):
         raise ExoframeError(
             f"{run_dir}: its checkpoint is of '{made['strategy']}' on {made['nodes']} nodes, "
-            f"but the run now asks for '{now['strategy']}' on {now['nodes']}; {only_the_run}.")
+            f"but the run now asks for '{now['strategy']}' on {now['nodes']}; {ONLY_THE_RUN}.")
     changed = config_difference(made, now)
     if changed is not None:
         raise ExoframeError(f"{run_dir}: {changed} when the checkpoint at step "
-                            f"{checkpoint.step} was made; {only_the_run}.")
+                            f"{checkpoint.step} was made; {ONLY_THE_RUN}.")
     if "model" in made and made["model"] != now["model"]:
         before, after = made["model"]["parameters"], now["model"]["parameters"]
         raise ExoframeError(
             f"{run_dir}: model: the checkpoint's model has {before:,} parameters and this "
-            f"run's {after:,}{' in other shapes' if before == after else ''}; {only_the_run}.")
+            f"run's {after:,}{' in other shapes' if before == after else ''}; {ONLY_THE_RUN}.")
     if made["setup"] != now["setup"]:
         raise ExoframeError(
             f"{run_dir}: its network, stragglers, faults or seed differ from those the "
@@ -97,3 +106,46 @@ def check_resumable(job, checkpoint, run_dir, config: dict | None = None):
             "the steps to come (a schedule is set by the run's length). Extend runs with a "
             "constant schedule, or start a longer run.")
     return dataclasses.replace(job, resume_from=checkpoint)
+
+
+def check_held_state(job, checkpoint: Checkpoint):
+    """A checkpoint that records no config (an earlier version made it), checked against the
+    state it holds: rank 0's model tensors, and its optimizer's groups and settings (all but
+    the lr, which the schedule sets), must be those this run builds. Otherwise the ranks
+    would fail loading them, or train on with the checkpoint's settings."""
+    path = checkpoint.rank_file(0)
+    state = rank_state.load(path, torch.device("cpu"), mmap=True)
+    where = f"checkpoint {checkpoint.path} records no config (an earlier version made it), and"
+    try:
+        made_shapes = {name: list(t.shape) for name, t in state["model"].items()}
+        made = state["strategy"]["optimizer"]["param_groups"]
+        made_sizes = [len(group["params"]) for group in made]
+    except (KeyError, TypeError, AttributeError):
+        raise ExoframeError(f"checkpoint file {path} does not hold a rank's state as exoframe "
+                            "writes it; the run cannot be resumed from it.") from None
+    if made_shapes != {name: list(t.shape) for name, t in job.model.state_dict().items()}:
+        raise ExoframeError(f"{where} its model's tensors are named or shaped otherwise than "
+                            f"this run's; {ONLY_THE_RUN}.")
+    name = job.optimizer.name
+    trainable = [p for p in job.model.parameters() if p.requires_grad]
+    now = job.optimizer.build(trainable, model=job.model).state_dict()["param_groups"]
+    if made_sizes != [len(group["params"]) for group in now]:
+        raise ExoframeError(f"{where} its optimizer's parameter groups are not those of this "
+                            f"run's optimizer '{name}'; {ONLY_THE_RUN}.")
+    for before, after in zip(made, now):
+        for key in dict.fromkeys([*before, *after]):
+            if key not in ("params", "lr") and _plain(before.get(key)) != _plain(after.get(key)):
+                raise ExoframeError(
+                    f"{where} its optimizer {_setting(before, key)}, but this run's optimizer "
+                    f"'{name}' {_setting(after, key)}; {ONLY_THE_RUN}.")
+
+
+def _setting(group: dict, key: str) -> str:
+    return f"has {key}={shorten(group[key])}" if key in group else f"has no {key}"
+
+
+def _plain(value):
+    """A setting as compared: tensors and tuples as lists."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return list(map(_plain, value)) if isinstance(value, (tuple, list)) else value

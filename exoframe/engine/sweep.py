@@ -29,7 +29,7 @@ from ..sim.setup import REAL
 from ..sim.netconfig import load_network
 from ..sim.units import format_bandwidth, parse_bandwidth
 from .executors import SweepPoint, check_executor, run_points
-from .job import resolve_names
+from .job import build_job, workload_and_model
 from .progress import progress_display
 from .replay import Projection
 from .run_folder import RunFolder
@@ -130,12 +130,18 @@ def _parameter_names(strategy: str, pm) -> set[str]:
 
 
 def check_points(points: list, pm):
-    """Every run of every point, as `exoframe run` would check it (strategy and parameters,
-    network, compute model, stragglers, faults, sinks, ...), and every network replayed."""
-    checked = set()
+    """Every run of every point, as `exoframe run` checks it before any folder (strategy,
+    optimizer and workload with their parameters, network, compute model, stragglers,
+    faults, sinks, ...), and every network replayed. Each workload is loaded, and its model
+    built, once."""
+    checked, built = set(), {}
     for point in points:
         for config in point.configs:
-            resolve_names(config.validate(), pm=pm)
+            config.validate()
+            key = (config.workload, repr(config.workload_params))
+            if key not in built:
+                built[key] = workload_and_model(config, pm)
+            build_job(config, *built[key], pm=pm)
         first = point.configs[0]
         for net in point.replays:
             if net not in checked:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -123,6 +124,13 @@ class _NoAliasLoader(yaml.SafeLoader):
                 None, None, "aliases (*name) are not allowed; write the value out",
                 event.start_mark)
         return super().compose_node(parent, index)
+
+
+# YAML 1.1 reads a float only with a dot (1.0e-12); 1e-12 and 1E5 would stay text and be
+# refused as "must be float". Read them as YAML 1.2 does.
+_NoAliasLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
 
 
 def safe_load(text: str):

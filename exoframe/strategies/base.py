@@ -123,6 +123,13 @@ class Strategy(metaclass=StrategyType):
         except (ValueError, TypeError) as e:
             raise ExoframeError(f"strategy '{name}': {e}") from None
 
+    @classmethod
+    def params_problem(cls, params, nodes: int, model: torch.nn.Module) -> str | None:
+        """What is wrong with these parameters for a run of `nodes` nodes training `model`
+        (a phrase naming the parameter and the fix), or None. The launcher asks before any
+        folder is made or rank starts: checks that need the run go here, not in setup()."""
+        return None
+
     # -- to override -----------------------------------------------------------------------
     def setup(self):
         """Called once after the optimizer is built; create extra state here."""

@@ -51,6 +51,7 @@ NS_COEFFICIENTS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377),
                    (3.7418, -5.5913, 2.3037), (2.8769, -3.1427, 1.2046),
                    (2.8366, -3.0525, 1.2012))
 ADJUST_LR = ("spectral_norm", "rms_norm", "original", None)
+NS_DTYPES = ("float32", "bfloat16")
 
 
 def orthogonalize(update: torch.Tensor, eps: float = 1e-8,
@@ -77,6 +78,23 @@ def adjusted_lr(lr: float, shape, rule: str | None) -> float:
                  "original": math.sqrt(max(1.0, fan_out / fan_in)), None: 1.0}[rule]
 
 
+def check_options(momentum, nesterov, adjust_lr, ns_dtype, eps, momentum_name="momentum"):
+    """Muon's keyword arguments, a ValueError naming the first bad one: checked when the
+    optimizer is made, which the launcher does before any rank starts (OptimizerSpec)."""
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) \
+            or not 0 <= momentum < 1:
+        raise ValueError(f"{momentum_name} must be a number in [0, 1), got {momentum!r}")
+    if not isinstance(nesterov, bool):
+        raise ValueError(f"nesterov must be true or false, got {nesterov!r}")
+    if adjust_lr not in ADJUST_LR:
+        raise ValueError(f"adjust_lr must be one of {', '.join(map(str, ADJUST_LR))}, "
+                         f"got {adjust_lr!r}")
+    if ns_dtype not in NS_DTYPES:
+        raise ValueError(f"ns_dtype must be {' or '.join(NS_DTYPES)}, got {ns_dtype!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+
+
 class Muon(torch.optim.Optimizer):
     """Muon as MuLoCo's reference implements it, on 2-D parameters:
     M ← μM + G;  U = G + μM (nesterov) or M;  W ← W(1 − lr·wd) − adjusted_lr · NS(U)."""
@@ -85,11 +103,8 @@ class Muon(torch.optim.Optimizer):
                  momentum: float = 0.95, nesterov: bool = False,
                  adjust_lr: str | None = "spectral_norm", eps: float = 1e-8,
                  ns_dtype: str = "float32"):
-        if adjust_lr not in ADJUST_LR:
-            raise ValueError(f"adjust_lr must be one of {', '.join(map(str, ADJUST_LR))}, "
-                             f"got {adjust_lr!r}")
-        if ns_dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"ns_dtype must be float32 or bfloat16, got {ns_dtype!r}")
+        check_options(momentum=momentum, nesterov=nesterov, adjust_lr=adjust_lr,
+                      ns_dtype=ns_dtype, eps=eps)
         params = list(params)
         for p in params:
             if p.dim() != 2:
@@ -124,6 +139,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
                  muon_momentum: float = 0.95, nesterov: bool = False,
                  adjust_lr: str | None = "spectral_norm", ns_dtype: str = "float32",
                  betas=(0.9, 0.95), eps: float = 1e-8):
+        check_options(muon_momentum, nesterov, adjust_lr, ns_dtype, eps, "muon_momentum")
         params = list(params)
         names = {id(p): n for n, p in model.named_parameters()} if model is not None else {}
         matrices = [p for p in params if rule(names.get(id(p), ""), p, model)]

@@ -33,7 +33,6 @@ import torch
 
 from .. import distributed
 from ..comm import flatten, unflatten_into
-from ..errors import ExoframeError
 from .base import Strategy
 
 # rank -> its ParameterServer, for the ranks that hold a shard (one in a rank's process;
@@ -77,10 +76,14 @@ class ParameterServer(Strategy):
                 raise ValueError(f"staleness must be an integer of at least 0, got "
                                  f"{self.staleness!r}")
 
+    @classmethod
+    def params_problem(cls, params, nodes, model):
+        if params.servers > nodes:
+            return (f"parameter 'servers' is {params.servers} but the run has {nodes} nodes "
+                    "(each server is a node); give at most that many")
+        return None
+
     def setup(self):
-        if self.params.servers > self.world_size:
-            raise ExoframeError(f"strategy 'param-server': servers={self.params.servers} but "
-                                f"the run has {self.world_size} nodes; use at most that many.")
         sizes = [p.numel() for p in self.trainable_parameters()]
         self.bounds = _shard_bounds(sum(sizes), self.params.servers)
         self.cached = 0  # the last update in the weights this worker trains on

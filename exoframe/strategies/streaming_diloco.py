@@ -74,15 +74,18 @@ class StreamingDiLoCo(Strategy):
         def format(self) -> str:
             return self.quantizer if self.quantizer != "none" else BITS[self.bits]
 
+    @classmethod
+    def params_problem(cls, params, nodes, model):
+        values = sum(q.numel() for q in model.parameters() if q.requires_grad)
+        if len(fragment_bounds(values, params.fragments)) < params.fragments:
+            return (f"parameter 'fragments' is {params.fragments}, which leaves some empty on "
+                    f"a model of {values} values; give fewer")
+        return None
+
     def setup(self):
         p = self.params
         flat = flatten(self.trainable_parameters())
-        size = math.ceil(flat.numel() / p.fragments)
-        self.bounds = [(start, min(start + size, flat.numel()))
-                       for start in range(0, flat.numel(), size)]
-        if len(self.bounds) < p.fragments:
-            raise ExoframeError(f"streaming-diloco: {p.fragments} fragments for a model of "
-                                f"{flat.numel()} values leaves some empty.")
+        self.bounds = fragment_bounds(flat.numel(), p.fragments)
         self.sync_offsets = [((f + 1) * p.H // p.fragments) % p.H for f in range(p.fragments)]
         self.global_fragments = [torch.nn.Parameter(flat[a:b].clone()) for a, b in self.bounds]
         self.outer_optimizer = p.outer_spec().build(self.global_fragments)
@@ -162,3 +165,10 @@ class StreamingDiLoCo(Strategy):
         self.outer_optimizer.load_state_dict(state["outer_optimizer"])
         self.synced_buffers = state.get("synced_buffers", self.synced_buffers)
         self.quantizer.load(state)
+
+
+def fragment_bounds(values: int, fragments: int) -> list[tuple[int, int]]:
+    """[start, end) of each fragment of ceil(values / fragments) values (the last may be
+    shorter; fewer than `fragments` when they do not all get one)."""
+    size = max(1, math.ceil(values / fragments))
+    return [(start, min(start + size, values)) for start in range(0, values, size)]
