@@ -621,3 +621,23 @@ def test_sigkill_of_the_launcher_leaves_no_rank_and_a_failed_summary(cli):
     assert result["status"] == "failed" and "killed with SIGKILL" in result["error"]
     assert result["steps_completed"] <= len(rows)  # written at most every 10 s
     assert [r["step"] for r in result["rows"]] == [r["step"] for r in rows][:len(result["rows"])]
+
+
+# Round 4 (issue 40): memory bounded by input, sockets on the given address
+
+def test_a_token_file_that_shrinks_under_a_run_is_named(cli):
+    import numpy as np
+    tokens = cli.cwd / "ids.bin"
+    (np.arange(200_000) % 50).astype(np.uint16).tofile(tokens)
+    proc = cli.popen("run", "--workload", "gpt", "-w", "data=ids.bin", "-w", "block_size=16",
+                     "--nodes", "2", *LONG, "--no-progress", "--out", "runs")
+    try:
+        wait_for_steps(cli)
+        os.truncate(tokens, 64)
+    finally:
+        finish(proc)
+    assert proc.returncode == 2, proc.stderr_text
+    assert "Traceback" not in proc.stderr_text
+    line = last_line(proc)
+    assert "ids.bin" in line and "shrank" in line and "NaN" not in line, line
+    assert cli.leftovers() == []

@@ -75,9 +75,14 @@ class FileWindows:
             self.fd, self.pid = os.open(self.path, os.O_RDONLY), os.getpid()
             weakref.finalize(self, os.close, self.fd)  # closed with the reader
         width = self.dtype.itemsize
-        return np.stack([np.frombuffer(os.pread(self.fd, self.length * width,
-                                                self.offset + int(start) * width), self.dtype)
-                         for start in starts])
+        windows = [os.pread(self.fd, self.length * width, self.offset + int(start) * width)
+                   for start in starts]
+        if any(len(window) < self.length * width for window in windows):
+            raise ExoframeError(
+                f"the token file '{self.path}' shrank while the run read it (now "
+                f"{os.fstat(self.fd).st_size} bytes): leave a data file unchanged during a "
+                "run (write a new one under another name).")
+        return np.stack([np.frombuffer(window, self.dtype) for window in windows])
 
     def __getstate__(self):
         return {**self.__dict__, "fd": None, "pid": None}
