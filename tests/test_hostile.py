@@ -641,3 +641,31 @@ def test_a_token_file_that_shrinks_under_a_run_is_named(cli):
     line = last_line(proc)
     assert "ids.bin" in line and "shrank" in line and "NaN" not in line, line
     assert cli.leftovers() == []
+
+
+def test_ranks_started_by_hand_listen_on_loopback_and_publish_no_token(cli):
+    """RANK/WORLD_SIZE/MASTER_ADDR=127.0.0.1 without torchrun: rank 0 serves the rendezvous
+    store itself (torch's TCPStore would listen on every interface), and the run's token is
+    not in it, where any local process could read it."""
+    import datetime
+    import torch.distributed as dist
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    ranks = [cli.popen("run", "--net", "real", "--nodes", "2", *LONG, *MLP,
+                       env={**env, "RANK": str(rank)}) for rank in (0, 1)]
+    try:
+        wait_for_steps(cli)
+        sockets = [s for pid in cli.leftovers() for s in listening(pid)]
+        assert sockets and all(is_loopback(address) for address, _ in sockets), sockets
+        store = dist.PrefixStore("exoframe/none/0/", dist.TCPStore(
+            "127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=HANG_GUARD)))
+        published = json.loads(store.get("service"))
+        assert "token" not in published, published
+    finally:
+        ranks[0].send_signal(signal.SIGINT)
+        for rank in ranks:
+            finish(rank)
+    assert ranks[0].returncode == 130, ranks[0].stderr_text
+    assert cli.leftovers() == []
