@@ -677,13 +677,13 @@ def capped_memory():
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
 
-@pytest.mark.parametrize("dtype", ["uint32", "saved-dataset"])
-def test_one_huge_token_id_is_refused_before_the_model_is_built(cli, dtype):
+@pytest.mark.parametrize("source", ["uint32-file", "saved-dataset"])
+def test_one_huge_token_id_is_refused_before_the_model_is_built(cli, source):
     """One id of 4e9 makes a vocabulary whose embedding alone is ~1 TB."""
     import numpy as np
     tokens = np.arange(4000) % 50
     tokens[7] = 4_000_000_000
-    if dtype == "uint32":
+    if source == "uint32-file":
         tokens.astype(np.uint32).tofile(cli.cwd / "ids.bin")
         data = ["-w", "data=ids.bin", "-w", "dtype=uint32"]
     else:
