@@ -896,3 +896,127 @@ def test_a_checkpoint_without_a_config_resumes_when_it_holds_this_runs_state(tmp
     result = CliRunner().invoke(exoframe_cli, ["resume", str(run), "--steps", "10"])
     assert result.exit_code == 0, result.output
     assert [json.loads(line)["step"] for line in metric_lines(run)] == list(range(1, 11))
+
+# Round 4 (issue 40): memory bounded by input, sockets on the given address
+
+def test_a_token_file_that_shrinks_under_a_run_is_named(cli):
+    import numpy as np
+    tokens = cli.cwd / "ids.bin"
+    (np.arange(200_000) % 50).astype(np.uint16).tofile(tokens)
+    proc = cli.popen("run", "--workload", "gpt", "-w", "data=ids.bin", "-w", "block_size=16",
+                     "--nodes", "2", *LONG, "--no-progress", "--out", "runs")
+    try:
+        wait_for_steps(cli)
+        os.truncate(tokens, 64)
+    finally:
+        finish(proc)
+    assert proc.returncode == 2, proc.stderr_text
+    assert "Traceback" not in proc.stderr_text
+    line = last_line(proc)
+    assert "ids.bin" in line and "shrank" in line and "NaN" not in line, line
+    assert cli.leftovers() == []
+
+
+def test_ranks_started_by_hand_listen_on_loopback_and_publish_no_token(cli):
+    """RANK/WORLD_SIZE/MASTER_ADDR=127.0.0.1 without torchrun: rank 0 serves the rendezvous
+    store itself (torch's TCPStore would listen on every interface), and the run's token is
+    not in it, where any local process could read it."""
+    import datetime
+    import torch.distributed as dist
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    ranks = [cli.popen("run", "--net", "real", "--nodes", "2", *LONG, *MLP,
+                       env={**env, "RANK": str(rank)}) for rank in (0, 1)]
+    try:
+        wait_for_steps(cli)
+        sockets = [s for pid in cli.leftovers() for s in listening(pid)]
+        assert sockets and all(is_loopback(address) for address, _ in sockets), sockets
+        store = dist.PrefixStore("exoframe/none/0/", dist.TCPStore(
+            "127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=HANG_GUARD)))
+        published = json.loads(store.get("service"))
+        assert "token" not in published, published
+    finally:
+        ranks[0].send_signal(signal.SIGINT)
+        for rank in ranks:
+            finish(rank)
+    assert ranks[0].returncode == 130, ranks[0].stderr_text
+    assert cli.leftovers() == []
+
+
+def capped_memory():
+    """A safety net under the memory tests: a process past 2 GB of address space fails to
+    allocate (before the estimates, these cases took all the machine's memory)."""
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+@pytest.mark.parametrize("source", ["uint32-file", "saved-dataset"])
+def test_one_huge_token_id_is_refused_before_the_model_is_built(cli, source):
+    """One id of 4e9 makes a vocabulary whose embedding alone is ~1 TB."""
+    import numpy as np
+    tokens = np.arange(4000) % 50
+    tokens[7] = 4_000_000_000
+    if source == "uint32-file":
+        tokens.astype(np.uint32).tofile(cli.cwd / "ids.bin")
+        data = ["-w", "data=ids.bin", "-w", "dtype=uint32"]
+    else:
+        datasets = pytest.importorskip("datasets")
+        datasets.Dataset.from_dict({"input_ids": [tokens[:2000], tokens[2000:]]}).save_to_disk(
+            str(cli.cwd / "ids"))
+        data = ["-w", "data=ids"]
+    proc = cli.popen("run", "--workload", "gpt", *data, "--steps", "2", "--no-progress",
+                     "--out", "runs", preexec_fn=capped_memory)
+    finish(proc)
+    assert proc.returncode == 2, proc.stderr_text
+    assert_one_line(proc.stderr_text, "data: the largest token id 4000000000 makes a "
+                    "vocabulary of 4000000001", "GB free")
+    assert not (cli.cwd / "runs").exists()
+
+
+def test_nodes_times_the_model_beyond_free_memory_are_refused(cli):
+    """1024 nodes of a 100 MB model, each with its gradients and AdamW's state: ~600 GB."""
+    proc = cli.popen("run", "--nodes", "1024", "-w", "hidden=5000", "--steps", "2", *MLP,
+                     preexec_fn=capped_memory)
+    finish(proc)
+    assert proc.returncode == 2, proc.stderr_text
+    assert_one_line(proc.stderr_text, "workload 'mlp'", "1024 nodes with adamw's state",
+                    "GB free", "--nodes")
+    assert not (cli.cwd / "runs").exists()
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--workload", "mlp", "-w", "train_examples=10000000000"], ["train_examples", "examples"]),
+    (["--workload", "image", "-w", "train_examples=1000000000"], ["train_examples", "images"]),
+    (["--workload", "gpt", "-w", "train_tokens=100000000000"], ["train_tokens", "tokens"]),
+    (["--workload", "gpt", "-w", "vocab_size=1000", "-w", "order=5"], ["1000^6 transitions"]),
+], ids=["mlp-examples", "image-examples", "markov-tokens", "markov-table"])
+def test_generated_data_beyond_free_memory_is_refused_before_it_is_made(cli, argv, names):
+    proc = cli.popen("run", *argv, "--steps", "2", "--no-progress", "--out", "runs",
+                     preexec_fn=capped_memory)
+    finish(proc)
+    assert proc.returncode == 2, proc.stderr_text
+    assert_one_line(proc.stderr_text, *names, "GB free")
+    assert not (cli.cwd / "runs").exists()
+
+
+@pytest.mark.parametrize("kind", ["text", "saved-dataset"])
+def test_data_read_whole_is_sized_before_it_is_read(here, capsys, monkeypatch, kind):
+    """Text numbered by character and a saved dataset's ids are read whole: here against a
+    machine with 1 kB free (the files are small; what they would take is not)."""
+    if kind == "text":
+        (here / "book.txt").write_text("to be or not to be\n" * 100)
+        data = "book.txt"
+    else:
+        datasets = pytest.importorskip("datasets")
+        datasets.Dataset.from_dict({"input_ids": [list(range(500))] * 4}).save_to_disk(
+            str(here / "ids"))
+        data = "ids"
+    capsys.readouterr()  # (datasets' progress bar)
+    monkeypatch.setattr("exoframe.host_memory.free_bytes", lambda: 1000)
+    before = folders(here)
+    code, _, err = run_main(["run", "--workload", "gpt", "-w", f"data={data}", "--steps", "2",
+                             "--no-progress"], capsys)
+    assert code == 2
+    assert_one_line(err, "data: ", f"'{data}'", "this machine has 0 MB free")
+    assert folders(here) == before

@@ -17,7 +17,9 @@ run's pipes, so the metrics and simulated clocks equal a local run's.
 The connection proves the run's token both ways (exoframe/sim/transport.py): the
 EXOFRAME_TOKEN environment variable, which a run across machines requires (set the same on
 every machine: it never crosses the network); on one machine (the rendezvous on loopback)
-rank 0 may instead make one and publish it in the rendezvous store.
+rank 0 may instead make one, write it to a file only its user can read, in its private
+folder, and publish that file's path in the rendezvous store (which anyone on the machine
+can read). A store rank 0 serves itself listens on MASTER_ADDR only.
 """
 from __future__ import annotations
 
@@ -136,7 +138,7 @@ class ClusterEnv:
 
     def token(self, published: str | None = None) -> bytes:
         """The run's token: EXOFRAME_TOKEN, else (every rank on this machine) one that rank 0
-        makes and publishes in the rendezvous store (`published`, on the other ranks)."""
+        makes and writes to a private file (`published`: its content, on the other ranks)."""
         if self.shared_token is not None:
             return self.shared_token
         if not self.is_loopback():
@@ -163,14 +165,29 @@ def open_store(env: ClusterEnv, timeout: float) -> dist.Store:
             connect_raw(env.master_addr, env.master_port, timeout).close()
         except TransportError as e:
             raise unreachable(str(e)) from None
+    listen_fd = served_on_loopback(env) if host_it and env.is_loopback() else None
     try:
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size if host_it
                               else None, is_master=host_it, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=timeout))
+                              timeout=datetime.timedelta(seconds=timeout),
+                              master_listen_fd=listen_fd)
     except (RuntimeError, TimeoutError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise unreachable(f"{env.master_addr}:{env.master_port}: {first[:200]}") from None
     return dist.PrefixStore(env.prefix, store)
+
+
+def served_on_loopback(env: ClusterEnv) -> int:
+    """The listening socket of the store rank 0 serves, bound to MASTER_ADDR (torch's own
+    would listen on every interface), as a descriptor for TCPStore."""
+    family = socket.AF_INET6 if ":" in env.master_addr else socket.AF_INET
+    try:
+        return socket.create_server((env.master_addr, env.master_port), family=family,
+                                    backlog=128).detach()
+    except OSError as e:
+        raise ExoframeError(f"rank 0: cannot serve the rendezvous store on "
+                            f"{env.master_addr}:{env.master_port}: {e.strerror}; give a free "
+                            "MASTER_PORT.") from None
 
 
 def config_difference(mine: dict, theirs: dict) -> str | None:
@@ -184,15 +201,20 @@ def config_difference(mine: dict, theirs: dict) -> str | None:
 class Service:
     """Rank 0's side: listen, publish where, accept every other rank's Hello."""
 
-    def __init__(self, env: ClusterEnv, timeout: float, config: dict, device: str):
-        """config: the run's configuration; device: the device it resolved to here."""
+    def __init__(self, env: ClusterEnv, timeout: float, config: dict, device: str,
+                 folder: str):
+        """config: the run's configuration; device: the device it resolved to here;
+        folder: the launcher's private folder (mode 0700), for the token file."""
         self.env, self.timeout, self.config, self.device = env, timeout, config, device
         token = env.token()
         self.store = open_store(env, timeout)
         self.listener = Listener(env.listen_address(), token)
         published = {"port": self.listener.address[1]}
         if env.shared_token is None:
-            published["token"] = token.hex()
+            published["token_file"] = os.path.join(folder, "token")
+            fd = os.open(published["token_file"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with open(fd, "w") as f:
+                f.write(token.hex())
         self.store.set(SERVICE_KEY, json.dumps(published))
         self.hosts = {}  # rank -> its machine, for the ranks that joined
 
@@ -271,6 +293,23 @@ def _first_message(conn):
     return None
 
 
+def read_token(env: ClusterEnv, published: dict) -> str:
+    """The token rank 0 wrote to the file it published, if that file is this user's alone
+    (anyone on the machine may write the store)."""
+    path = published.get("token_file", "")
+    try:
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
+            info = os.fstat(f.fileno())
+            if info.st_uid == os.getuid() and not info.st_mode & 0o077:
+                return f.read()
+        why = "not this user's alone"
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or str(e)
+    raise ExoframeError(f"rank {env.rank}: cannot read the run's token from rank 0's file "
+                        f"'{path}' ({why}): start every rank as the same user on this "
+                        "machine, or set the same EXOFRAME_TOKEN for every rank.")
+
+
 def join(env: ClusterEnv, timeout: float, config: dict, device: str):
     """Another rank's side: find rank 0's launcher, say Hello; the connection once welcome.
     config: the run's configuration; device: the device it resolved to here."""
@@ -281,7 +320,7 @@ def join(env: ClusterEnv, timeout: float, config: dict, device: str):
         raise ExoframeError(f"rank {env.rank}: rank 0 did not open the run within {timeout:g} s "
                             "(--connect-timeout): check that rank 0 started, with the same "
                             f"command ({str(e).strip()[:200]}).") from None
-    token = env.token(published.get("token", ""))
+    token = env.token(None if env.shared_token else read_token(env, published))
     try:
         conn = connect(env.master_addr, published["port"], token, timeout)
     except TransportError as e:

@@ -27,7 +27,7 @@ from ..strategies.base import Strategy
 from ..strategies.optimizers import OptimizerSpec
 from ..workloads.base import DatasetFactory, Shards, Workload, call_with_params
 from . import devices
-from .node_memory import node_memory
+from .node_memory import check_host_memory, node_memory
 from .placement import Placement, place
 from .target import LAG
 
@@ -349,10 +349,24 @@ def job_from_config(config: RunConfig, pm: PluginManager | None = None) -> Job:
 def workload_and_model(config: RunConfig, pm: PluginManager) -> tuple[Workload, torch.nn.Module]:
     """The config's workload and the model it builds (seeded by config.seed)."""
     workload = load_workload(config.workload, config.workload_params, pm)
+    check_model_memory(config, workload)
     torch.manual_seed(config.seed)
     model = _user_code(workload.build_model, f"workload '{config.workload}': building the model",
                        config.workload_params)
     return workload, model
+
+
+def check_model_memory(config: RunConfig, workload: Workload):
+    """The model, built on the meta device (no memory), and what the run keeps of it on this
+    machine, refused before the real build when beyond the free memory."""
+    try:
+        with torch.device("meta"):
+            model = workload.build_model()
+    except Exception:  # a model that needs real tensors to be built: built as it is
+        return
+    on_host = not devices.resolve(config.device).startswith("cuda")  # (else GPU admission)
+    check_host_memory(model, config.optimizer, config.nodes, on_host,
+                      workload.sized_by or f"workload '{config.workload}'")
 
 
 def _user_code(call, what: str, params: dict):

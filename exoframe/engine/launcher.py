@@ -242,7 +242,8 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
         for end in [*hosting.inherited, *readers, *writers]:  # (the children's own)
             end.close()
         if cluster is not None:  # (after the forks: no child holds the listening socket)
-            service = Service(cluster, job.connect_timeout, config or {}, job.device)
+            service = Service(cluster, job.connect_timeout, config or {}, job.device,
+                              folder)
             remote = service.accept_ranks()  # every rank's connection, in rank order
         rank_conns, rank_processes, channels = hosting.rank_ends(job, conns[:-1],
                                                                  processes[:-1], remote)

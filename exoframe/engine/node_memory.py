@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..host_memory import check_fits, gigabytes
+
 # Optimizer state, in parameter-sized slots: Adam's two moments; SGD's momentum buffer.
 OPTIMIZER_SLOTS = {"adamw": 2, "adam": 2, "nadam": 2, "radam": 2, "adamax": 2, "muon": 2,
                    "sgd": 1, "rmsprop": 1, "adagrad": 1}
@@ -36,3 +38,16 @@ def node_memory(model: torch.nn.Module, optimizer: str) -> NodeMemory:
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     slots = 2 + OPTIMIZER_SLOTS.get(optimizer.lower(), 2) + STRATEGY_SLOTS  # weights, grads
     return NodeMemory(params * slots + buffers, params * WORKER_SLOTS)
+
+
+def check_host_memory(model: torch.nn.Module, optimizer: str, nodes: int, nodes_on_host: bool,
+                      sized_by: str):
+    """The launcher's and the evaluator's copies of `model` and, for nodes on the CPU (or
+    an Apple GPU, which shares its memory), every node's (node_memory), against this
+    machine's free memory. sized_by: the input that decided the model's size."""
+    size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    who = f"{nodes} nodes with {optimizer}'s state" if nodes_on_host else "its copies"
+    check_fits(f"{sized_by}, a model of {sum(p.numel() for p in model.parameters()):,} "
+               f"parameters (~{gigabytes(size)}); {who} need",
+               2 * size + (nodes * node_memory(model, optimizer).node if nodes_on_host else 0),
+               "give a smaller model (-w) or fewer nodes (--nodes)")

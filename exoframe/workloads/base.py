@@ -32,6 +32,9 @@ class Workload:
     # reported next to val_loss as val_<name>, averaged over examples.
     metrics: Optional[Callable[[torch.nn.Module, object], dict]] = None
     tokens_per_sample: Optional[int] = None  # for "tokens seen" in the summary
+    # The input that decided the model's size, named where the run would not fit in memory
+    # (e.g. "data: the largest token id 9 makes a vocabulary of 10").
+    sized_by: Optional[str] = None
 
     def __post_init__(self):
         self.dataset = split_factory(self.dataset)

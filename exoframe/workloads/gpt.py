@@ -7,6 +7,7 @@ cross-entropy of a batch of (block_size + 1)-symbol windows.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional
 
 import torch
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from ..errors import ExoframeError
+from ..host_memory import check_fits
 from .base import Workload, shard_factory
 from .markov import MarkovSource
 from .tokens import token_windows
@@ -114,13 +116,36 @@ def gpt(vocab_size: Optional[int] = None, order: int = 1, alpha: float = 0.1,
     """Char-level GPT on a seeded Markov source (best loss known), or on -w data=your tokens.
 
     data: a nanoGPT .bin, a text file or a save_to_disk dataset folder (tokens.py)."""
+    given = vocab_size
     dataset, vocab_size, best = language_data(
         vocab_size, order, alpha, block_size, train_tokens, val_tokens, data_seed, domains,
         data, val_data, dtype, tokenizer, column)
     return Workload(
         build_model=lambda: GPT(vocab_size, block_size, n_layer, n_head, n_embd),
         dataset=dataset, batch_size=16, lr=3e-3, best_loss=best, name="gpt",
-        tokens_per_sample=block_size)
+        tokens_per_sample=block_size, sized_by=vocabulary_source(given, data, vocab_size))
+
+
+def vocabulary_source(given, data, vocab_size) -> Optional[str]:
+    """What decided a language model's vocabulary, for a refusal (Workload.sized_by)."""
+    if given is None and data is not None:
+        return (f"data: the largest token id {vocab_size - 1} makes a vocabulary of "
+                f"{vocab_size}")
+    return None if given is None else f"vocab_size: a vocabulary of {vocab_size}"
+
+
+def check_markov_memory(domains, vocab_size, order, block_size, train_tokens, val_tokens):
+    """The Markov sources' tables (float64 transitions, their sums, the next states) and
+    their text (int64, at least one chain of 8 windows per split), before any is made."""
+    try:
+        table = 24 * domains * float(vocab_size) ** (order + 1)
+    except OverflowError:
+        table = math.inf
+    chain = 8 * (block_size + 1)
+    tokens = max(train_tokens, chain) + max(val_tokens, chain)
+    check_fits(f"vocab_size, order, train_tokens, val_tokens, block_size: the Markov source's "
+               f"{vocab_size}^{order + 1} transitions and {tokens:,} tokens take",
+               table + 8 * tokens, "give smaller values")
 
 
 def language_data(vocab_size, order, alpha, block_size, train_tokens, val_tokens, data_seed,
@@ -134,6 +159,7 @@ def language_data(vocab_size, order, alpha, block_size, train_tokens, val_tokens
         if not isinstance(domains, int) or domains < 1:
             raise ExoframeError(f"domains: a whole number of Markov sources >= 1, got {domains}.")
         vocab_size = 32 if vocab_size is None else vocab_size
+        check_markov_memory(domains, vocab_size, order, block_size, train_tokens, val_tokens)
         train, val, labels, best = markov_domains(domains, vocab_size, order, alpha, block_size,
                                                   train_tokens, val_tokens, data_seed)
         return shard_factory(TensorDataset(train), TensorDataset(val), labels), vocab_size, best

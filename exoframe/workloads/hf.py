@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..errors import ExoframeError, did_you_mean
 from .base import Workload
-from .gpt import language_data
+from .gpt import language_data, vocabulary_source
 
 def transformers_module():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing reaches the network at run time
@@ -81,6 +81,7 @@ def hf_lm(model_type: str = "gpt2", config: Optional[str] = None,
           val_tokens: int = 65_000, data_seed: int = 0, domains: int = 1,
           **model_params) -> Workload:
     """A transformers causal LM from a config, randomly initialized; the gpt workload's data."""
+    given = vocab_size
     dataset, vocab_size, best = language_data(
         vocab_size, order, alpha, block_size, train_tokens, val_tokens, data_seed, domains,
         data, val_data, dtype, tokenizer, column)
@@ -103,4 +104,5 @@ def hf_lm(model_type: str = "gpt2", config: Optional[str] = None,
                             f"the windows' {block_size}; give -w block_size={positions} or "
                             "a config with more positions.")
     return Workload(build_model=lambda: CausalLM(built), dataset=dataset, batch_size=16,
-                    lr=3e-3, best_loss=best, name="hf-lm", tokens_per_sample=block_size)
+                    lr=3e-3, best_loss=best, name="hf-lm", tokens_per_sample=block_size,
+                    sized_by=vocabulary_source(given, data, vocab_size))

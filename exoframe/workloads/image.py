@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from ..errors import ExoframeError
+from ..host_memory import check_fits
 from .base import Workload, shard_factory
 
 
@@ -62,8 +63,11 @@ def image(classes: int = 10, channels: int = 1, size: int = 16, noise: float = 1
                             f"of 4, got {size}.")
     if classes < 2:
         raise ExoframeError(f"classes: at least 2, got {classes}.")
-    data = generated_images(train_examples + val_examples, classes, channels, size, noise, shift,
-                            data_seed)
+    examples = train_examples + val_examples
+    # float32 images, made three times over (scaled prototypes, shifted, noise), and labels
+    check_fits(f"train_examples, val_examples, channels, size: {examples:,} images take",
+               examples * (12 * channels * size * size + 32), "give fewer or smaller ones")
+    data = generated_images(examples, classes, channels, size, noise, shift, data_seed)
     images, labels = data.tensors
     train = TensorDataset(images[:train_examples], labels[:train_examples])
     val = TensorDataset(images[train_examples:], labels[train_examples:])

@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
+from ..host_memory import check_fits
 from .base import Workload, shard_factory
 
 
@@ -51,7 +52,11 @@ def best_loss(classes: int, eps: float) -> float:
 def mlp(in_dim: int = 32, hidden: int = 128, classes: int = 10, label_noise: float = 0.1,
         train_examples: int = 20_000, val_examples: int = 2_000, data_seed: int = 0) -> Workload:
     """MLP classifier on teacher-labelled Gaussian data; best achievable loss is known."""
-    data = teacher_data(train_examples + val_examples, in_dim, classes, label_noise, data_seed)
+    examples = train_examples + val_examples
+    # float32 inputs, the teacher's hidden layer twice, its logits twice, labels and flips
+    check_fits(f"train_examples, val_examples, in_dim: {examples:,} examples take",
+               4 * examples * (in_dim + 2 * 64 + 2 * classes + 8), "give fewer or smaller ones")
+    data = teacher_data(examples, in_dim, classes, label_noise, data_seed)
     x, y = data.tensors
     train = TensorDataset(x[:train_examples], y[:train_examples])
     val = TensorDataset(x[train_examples:], y[train_examples:])

@@ -22,10 +22,15 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import ExoframeError
+from ..host_memory import check_fits, gigabytes
 
 TOKEN_DTYPES = ("uint16", "uint32")
 TOKENIZERS = ("char", "byte")
 SCAN_CHUNK = 1 << 24  # tokens read at a time to find the largest (not mapped: no resident pages)
+# Bytes of memory per byte of text numbered by character (the text, its UTF-32 codes, their
+# sorted copy, their 8-byte places) and per byte of a saved dataset's token ids (the lists,
+# joined, narrowed).
+CHAR_TEXT_FACTOR, IDS_FACTOR = 24, 3
 
 
 class TokenWindows(Dataset):
@@ -75,9 +80,14 @@ class FileWindows:
             self.fd, self.pid = os.open(self.path, os.O_RDONLY), os.getpid()
             weakref.finalize(self, os.close, self.fd)  # closed with the reader
         width = self.dtype.itemsize
-        return np.stack([np.frombuffer(os.pread(self.fd, self.length * width,
-                                                self.offset + int(start) * width), self.dtype)
-                         for start in starts])
+        windows = [os.pread(self.fd, self.length * width, self.offset + int(start) * width)
+                   for start in starts]
+        if any(len(window) < self.length * width for window in windows):
+            raise ExoframeError(
+                f"the token file '{self.path}' shrank while the run read it (now "
+                f"{os.fstat(self.fd).st_size} bytes): leave a data file unchanged during a "
+                "run (write a new one under another name).")
+        return np.stack([np.frombuffer(window, self.dtype) for window in windows])
 
     def __getstate__(self):
         return {**self.__dict__, "fd": None, "pid": None}
@@ -100,6 +110,10 @@ def load_tokens(path: str, what: str, dtype: str, tokenizer: str, column=None,
     if tokenizer == "byte":
         return np.memmap(file, dtype=np.uint8, mode="r") if file.stat().st_size else \
             np.zeros(0, np.uint8), None
+    size = file.stat().st_size
+    check_fits(f"{what}: numbering the characters of '{path}' ({gigabytes(size)}) takes",
+               CHAR_TEXT_FACTOR * size, "read it byte by byte (-w tokenizer=byte) or give a "
+               "nanoGPT token file (.bin)")
     return encode_chars(file.read_text(encoding="utf-8", errors="replace"), vocab)
 
 
@@ -164,6 +178,11 @@ def dataset_tokens(folder: Path, what: str, tokenizer: str, column, vocab):
     if column not in names:
         raise ExoframeError(f"column: '{folder}' has no column '{column}'; it has "
                             f"{', '.join(names)} (-w column=NAME).")
+    size = data.data.column(column).nbytes  # (memory-mapped: nothing read yet)
+    check_fits(f"{what}: reading column '{column}' of '{folder}' ({gigabytes(size)} on disk) "
+               "takes", (IDS_FACTOR if column == "input_ids" else CHAR_TEXT_FACTOR) * size,
+               "give a smaller dataset, or write its tokens to a nanoGPT token file (.bin), "
+               "which is read window by window")
     values = data.with_format("numpy")[column] if column == "input_ids" else data[column]
     if column == "input_ids" or not isinstance(values[0] if len(values) else "", str):
         tokens = np.concatenate([np.asarray(v).ravel() for v in values]) if len(values) \
