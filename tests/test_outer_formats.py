@@ -20,8 +20,9 @@ from exoframe.workloads.mlp import mlp
 from test_equivalence import SHARD, all_data, fit, fresh_model, max_diff, per_rank
 from test_strategy_catalogue import N_PARAMS, bytes_per_step, ring_all_reduce
 
-# The test model's rows (last dimension of each parameter): 16×6 weight, 16 bias, 1×16, 1.
-ROWS = [6] * 16 + [16, 16, 1]
+# The test model's rows: the last dimension of each matrix (16×6 weight, 1×16 weight) and
+# each value of a bias (16, 1) on its own.
+ROWS = [6] * 16 + [1] * 16 + [16, 1]
 
 
 def reference_format(values: np.ndarray, fmt: str) -> tuple[np.ndarray, int]:
@@ -36,13 +37,12 @@ def reference_format(values: np.ndarray, fmt: str) -> tuple[np.ndarray, int]:
         scale = np.abs(values).max() / levels
         return np.clip(np.round(values / scale), -levels, levels) * scale, \
             (m if fmt == "int8" else (m + 1) // 2) + 4
-    if fmt == "fp8-row":
+    if fmt == "fp8-row":  # torchft: fp32 scale 448 / max |row|, e4m3(v · scale) / scale
         out, at = [], 0
         for length in ROWS:
-            row = values[at:at + length]
-            scale = np.abs(row).max() / 448
-            e4m3 = torch.tensor(row / scale, dtype=torch.float32).to(torch.float8_e4m3fn)
-            out.append(e4m3.double().numpy() * scale)
+            row = torch.tensor(values[at:at + length], dtype=torch.float32)
+            scale = torch.tensor(448.0) / row.abs().max()
+            out.append(((row * scale).to(torch.float8_e4m3fn).float() / scale).double().numpy())
             at += length
         return np.concatenate(out), m + 4 * len(ROWS)
     if fmt == "fp4-e3m0":
@@ -55,6 +55,12 @@ def reference_format(values: np.ndarray, fmt: str) -> tuple[np.ndarray, int]:
             assert mag in grid
             out.append(np.sign(v) * mag * scale)
         return np.array(out), (m + 1) // 2 + 4
+    if fmt == "2bit-6sigma":  # templar's TopKCompressor with 4 bins over a range of 6σ
+        mu = values.mean()
+        centred = values - mu
+        step = 6 * np.sqrt((centred ** 2).sum() / (m - 1)) / 4
+        code = np.clip(np.round(centred / step + 2), 0, 3)
+        return np.array([mu + centred[code == c].mean() for c in code]), -(-m // 4) + 20
     if fmt in ("int8-codebook", "2bit"):
         bins = 256 if fmt == "int8-codebook" else 4
         if fmt == "2bit":
@@ -74,7 +80,7 @@ def test_each_format_decodes_as_its_definition_says_and_counts_its_encoded_size(
     expected, expected_size = reference_format(values.double().numpy(), fmt)
     assert size == expected_size
     assert np.abs(decoded.double().numpy() - expected).max() <= 1e-6 * np.abs(expected).max()
-    if fmt in ("int8-codebook", "2bit"):  # a bin decodes to its values' mean: sums are kept
+    if fmt in ("int8-codebook", "2bit", "2bit-6sigma"):  # a bin decodes to its values' mean
         assert decoded.sum().item() == pytest.approx(values.sum().item(), abs=1e-6)
 
 
@@ -83,10 +89,11 @@ def test_each_format_decodes_as_its_definition_says_and_counts_its_encoded_size(
 CLOSED_FORMS = {"none": 4 * N_PARAMS, "bf16": 2 * N_PARAMS, "int8": N_PARAMS + 4,
                 "int4": math.ceil(N_PARAMS / 2) + 4, "fp8-row": N_PARAMS + 4 * len(ROWS),
                 "fp4-e3m0": math.ceil(N_PARAMS / 2) + 4, "int8-codebook": N_PARAMS + 1024,
-                "2bit": math.ceil(N_PARAMS / 4) + 16}
+                "2bit": math.ceil(N_PARAMS / 4) + 16, "2bit-6sigma": math.ceil(N_PARAMS / 4) + 20}
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp8-row", "fp4-e3m0", "int8-codebook", "2bit"])
+@pytest.mark.parametrize("fmt", ["int8", "fp8-row", "fp4-e3m0", "int8-codebook", "2bit",
+                                 "2bit-6sigma"])
 def test_diloco_sends_its_outer_gradient_at_the_formats_size(fmt):
     result = fit("diloco", 4, steps=6, optimizer="adamw", lr=0.01, H=3, quantizer=fmt)
     per_sync = ring_all_reduce(4, CLOSED_FORMS[fmt])
@@ -112,9 +119,11 @@ def test_a_bad_format_is_named():
 
 # -- a DiLoCo reference, written from the equations -------------------------------------------
 
-def reference_diloco(nodes, rounds, H, inner, compress=None, outer_lr=0.7, outer_momentum=0.9):
+def reference_diloco(nodes, rounds, H, inner, compress=None, outer_lr=0.7, outer_momentum=0.9,
+                     reduce=None):
     """DiLoCo: each replica runs H steps of `inner` on its shard from θ; Δ_r = θ − θ_r is
-    sent as compress(r, Δ_r); m ← μm + mean; θ ← θ − lr(mean + μm) (Nesterov)."""
+    sent as compress(r, Δ_r); the ranks receive reduce(the messages) (default: their mean);
+    m ← μm + mean; θ ← θ − lr(mean + μm) (Nesterov)."""
     x, y = all_data(nodes)
     replicas = [fresh_model() for _ in range(nodes)]
     optimizers = [inner(m) for m in replicas]
@@ -130,7 +139,7 @@ def reference_diloco(nodes, rounds, H, inner, compress=None, outer_lr=0.7, outer
                 opt.zero_grad()
             delta = theta - parameters_to_vector(model.parameters()).detach()
             sent.append(compress(r, delta) if compress else delta)
-        mean = sum(sent) / nodes
+        mean = reduce(sent) if reduce else sum(sent) / nodes
         momentum = outer_momentum * momentum + mean
         theta = theta - outer_lr * (mean + outer_momentum * momentum)
         for model in replicas:
@@ -156,6 +165,46 @@ def test_diloco_with_int4_and_error_feedback_equals_the_reference(nodes):
     assert max_diff(result.model, reference) <= 1e-6
     plain = fit("diloco", nodes, steps=9, optimizer="adamw", lr=0.01, H=3, quantizer="int4")
     assert max_diff(plain.model, reference) > 1e-5  # the feedback changed the numbers
+
+
+# -- fp8-row against torchft's quantized all-reduce -----------------------------------------------
+
+def fp8_and_back(rows):
+    """torchft's per-row fp8 (fused_quantize_into_fp8, fused_dequantize_from_fp8): fp32 scale
+    448 / max |row|, 1 for a zero row; e4m3(x · scale) / scale."""
+    scale = 448.0 / rows.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(torch.isinf(scale), torch.ones_like(scale), scale)
+    return (rows * scale).to(torch.float8_e4m3fn).float() / scale
+
+
+def torchft_mean(sent, nodes, second=True):
+    """Manager.allreduce(should_quantize=True) of each parameter: allreduce_quantized with
+    SUM, then a division by the participants. The kernels see a matrix, or a 1-D tensor as a
+    column; each rank quantizes its rows; the rank owning a slice of ceil(rows/n) rows sums
+    everyone's dequantized rows, its own first, quantizes the sum again (`second`) and
+    all-gathers it."""
+    out, at = [], 0
+    for p in fresh_model().parameters():
+        rows = [fp8_and_back(d[at:at + p.numel()].view(p.shape[0], -1)) for d in sent]
+        per_owner = -(-rows[0].shape[0] // nodes)
+        total = torch.zeros_like(rows[0])
+        for i in range(rows[0].shape[0]):
+            owner = i // per_owner
+            for k in range(nodes):
+                total[i] += rows[(owner + k) % nodes][i]
+        out.append(((fp8_and_back(total) if second else total) / nodes).flatten())
+        at += p.numel()
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_diloco_with_fp8_rows_equals_torchfts_quantized_all_reduce(nodes):
+    adamw = lambda m: torch.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.0)
+    reference = reference_diloco(nodes, 3, 3, adamw, reduce=lambda d: torchft_mean(d, nodes))
+    result = fit("diloco", nodes, steps=9, optimizer="adamw", lr=0.01, H=3, quantizer="fp8-row")
+    assert max_diff(result.model, reference) <= 1e-6
+    once = reference_diloco(nodes, 3, 3, adamw, reduce=lambda d: torchft_mean(d, nodes, False))
+    assert max_diff(result.model, once) > 1e-4  # the second quantization counts
 
 
 # -- MuLoCo: DiLoCo with Muon inner steps ------------------------------------------------------
@@ -280,18 +329,100 @@ def reference_sparseloco_outer(nodes, chunk, topk, beta=0.95, alpha=1.0):
 
 
 @pytest.mark.parametrize("nodes", [2, 4])
-def test_sparseloco_equals_its_equations_and_sends_the_closed_form(nodes):
+def test_sparseloco_flat_equals_its_equations_and_sends_the_closed_form(nodes):
     compress = reference_sparseloco_outer(nodes, chunk=32, topk=4)
     adamw = lambda m: torch.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.0)
     reference = reference_diloco(nodes, 3, 3, adamw, compress, outer_lr=1.0, outer_momentum=0.0)
-    result = fit("sparseloco", nodes, steps=9, optimizer="adamw", lr=0.01, H=3, chunk=32,
-                 topk=4)
+    result = fit("sparseloco", nodes, steps=9, optimizer="adamw", lr=0.01, H=3, layout="flat",
+                 chunk=32, topk=4, quantizer="2bit")
     assert max_diff(result.model, reference) <= 1e-6
     assert max_diff(result.model, fresh_model()) > 1e-3
     # 129 values in chunks of 32, 32, 32, 32, 1: K = 17 values, 2-bit (ceil(17/4) + a codebook
-    # of 4 fp32) and 5-bit indices (ceil(17·5/8)); the ring all-gather sends R − 1 messages.
-    message = (math.ceil(17 / 4) + 16) + math.ceil(17 * 5 / 8)
+    # of 4 fp32) and 5-bit indices for 16 of them (none in a chunk of 1); the ring all-gather
+    # sends R − 1 messages.
+    message = (math.ceil(17 / 4) + 16) + math.ceil(16 * 5 / 8)
     assert bytes_per_step(result) == [0, 0, (nodes - 1) * message] * 3
+
+
+def authors_sparseloco(nodes, chunk, topk, beta=0.95):
+    """SparseLoCo as its authors' code runs it (tplr-ai/templar c2397ac, src/tplr/compress.py:
+    ChunkingTransformer, TopKCompressor with 4 bins over 6σ; src/tplr/neurons.py:
+    prepare_gradient_dict, outer_step), a tensor at a time, with loops: (compress, reduce)
+    for reference_diloco."""
+    shapes = [p.shape for p in fresh_model().parameters()]
+    residual, sent = {}, {}
+
+    def side(n):  # _get_smaller_split: the largest divisor of n not above chunk
+        return [d for d in range(1, n + 1) if n % d == 0 and d <= chunk][-1]
+
+    def code(v):  # _quantize_values, then _dequantize_values
+        shift = v.mean()
+        centred = v - shift
+        std = centred.norm() / math.sqrt(v.numel() - 1) if v.numel() > 1 else torch.tensor(0.0)
+        scale = 6 * std / 4
+        if scale == 0 or not torch.isfinite(scale):
+            scale = torch.tensor(1.0)
+        q = (centred / scale + 2).round().clamp(0, 3)
+        lookup = {b: centred[q == b].mean() for b in q.unique().tolist()}
+        return torch.stack([lookup[b] for b in q.tolist()]) + shift
+
+    def compress(r, delta):
+        e = beta * residual.get(r, 0) + delta
+        dense, mask, at = torch.zeros_like(e), torch.zeros_like(e, dtype=torch.bool), 0
+        for shape in shapes:
+            numel = math.prod(shape)
+            if len(shape) == 1:  # a 1-D tensor goes whole
+                chosen = list(range(at, at + numel))
+            else:
+                rows, cols = shape
+                h, w = side(rows), side(cols)
+                chosen = []
+                for i in range(rows // h):
+                    for j in range(cols // w):
+                        cells = [at + (i * h + a) * cols + j * w + b
+                                 for a in range(h) for b in range(w)]
+                        order = torch.argsort(e[cells].abs(), descending=True)
+                        chosen += [cells[k] for k in order[:topk].tolist()]
+            dense[chosen] = code(e[chosen])
+            mask[chosen] = True
+            at += numel
+        residual[r], sent[r] = e - dense, (dense, mask)
+        return dense
+
+    def reduce(_):  # batch_decompress(clip_norm=True): clip to the median norm, mean per index
+        update, at = torch.zeros_like(sent[0][0]), 0
+        for shape in shapes:
+            part = slice(at, at + math.prod(shape))
+            norms = [sent[r][0][part].norm() for r in range(nodes)]
+            median = sorted(norms)[(nodes - 1) // 2]  # torch.median: the lower middle one
+            total, senders = 0, 0
+            for r in range(nodes):
+                total = total + sent[r][0][part] * torch.clamp(median / (norms[r] + 1e-8), max=1)
+                senders = senders + sent[r][1][part].float()
+            update[part] = torch.where(senders > 0, total / senders.clamp_min(1), 0.0)
+            at += math.prod(shape)
+        return update
+
+    return compress, reduce
+
+
+@pytest.mark.parametrize("nodes,chunk", [(2, 4), (4, 4), (4, 64)])
+def test_sparseloco_equals_its_authors_code_and_sends_the_closed_form(nodes, chunk):
+    compress, reduce = authors_sparseloco(nodes, chunk=chunk, topk=4)
+    adamw = lambda m: torch.optim.AdamW(m.parameters(), lr=0.01, weight_decay=0.0)
+    reference = reference_diloco(nodes, 3, 3, adamw, compress, outer_lr=1.0, outer_momentum=0.0,
+                                 reduce=reduce)
+    result = fit("sparseloco", nodes, steps=9, optimizer="adamw", lr=0.01, H=3, chunk=chunk,
+                 topk=4)
+    assert max_diff(result.model, reference) <= 1e-6
+    assert max_diff(result.model, fresh_model()) > 1e-3
+    if chunk == 4:
+        # 16×6 weight: 8 tiles of 4×3, 4 values each with 4-bit indices; 1×16 weight: 4
+        # tiles of 1×4, 4 values each with 2-bit indices; the biases (16, 1) whole. Each
+        # tensor's values coded on their own: ceil(k/4) + 5 fp32.
+        values = sum(math.ceil(k / 4) + 20 for k in (32, 16, 16, 1))
+        indices = math.ceil((32 * 4 + 16 * 2) / 8)
+        assert bytes_per_step(result) == [0, 0, (nodes - 1) * (values + indices)] * 3
 
 
 def test_muon_with_adamw_state_round_trips_through_a_checkpoint():

@@ -37,7 +37,7 @@ from typing import ClassVar
 import torch
 
 from ..comm import Communicator, flatten, flatten_bytes, unflatten_bytes_into, unflatten_into
-from ..errors import ExoframeError, shorten
+from ..errors import ExoframeError, did_you_mean, shorten
 from ..sim.inputs import build_dataclass
 from .optimizers import OptimizerSpec, optimizer_tensors
 from .spec import StrategyType
@@ -321,6 +321,12 @@ def check_positive(owner: str, **values):
     for key, value in values.items():
         if value <= 0:
             raise ExoframeError(f"{owner}: parameter '{key}' must be positive, got {value}.")
+
+
+def check_choice(owner: str, key: str, value, choices):
+    if value not in choices:
+        raise ExoframeError(f"{owner}: parameter '{key}' must be one of {', '.join(choices)}, "
+                            f"got '{value}'.{did_you_mean(str(value), choices)}")
 
 
 def check_fraction(owner: str, **values):

@@ -7,7 +7,8 @@ the same outer state, so a sync is one all-reduce and no broadcast. θ_global is
 buffer that shares no storage with the live weights. The model's floating-point buffers
 (BatchNorm statistics) travel in the same all-reduce and are set to their mean.
 The outer gradient may travel quantized (`quantizer`, strategies/quantizers.py: bytes are
-counted at the encoded size), with error feedback (`error_feedback`: what a message did not
+counted at the encoded size; fp8-row's mean is quantized again on its way back, as torchft
+does), with error feedback (`error_feedback`: what a message did not
 carry is added to the next outer gradient, as MuLoCo does); the buffers stay fp32.
 Source: Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models"
 (2023).
@@ -96,7 +97,7 @@ class DiLoCo(Strategy):
         joined = self.with_buffers(sent)
         buffer_bytes = 4 * (joined.numel() - sent.numel())
         self.comm.all_reduce(joined, op="mean", wire_bytes=wire_bytes + buffer_bytes)
-        return self.take_buffers(joined, sent.numel())
+        return self.take_buffers(self.quantizer.sent_back(joined), sent.numel())
 
     def recovery_tensors(self):
         return [*super().recovery_tensors(), self.global_params.detach(),

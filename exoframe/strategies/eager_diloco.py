@@ -83,6 +83,7 @@ class EagerDiLoCo(Strategy):
         handle, joined = self.pending
         handle.wait()
         self.pending = None
+        joined = self.quantizer.sent_back(joined)
         self.previous_mean = self.take_buffers(joined, self.previous_mean.numel()).clone()
 
     @classmethod

@@ -8,21 +8,34 @@ the encoded size (`wire_bytes`). For m fp32 values:
   bf16           2m                 bfloat16
   int8           m + 4              symmetric integers in [-127, 127], one fp32 scale
   int4           ceil(m/2) + 4      symmetric integers in [-7, 7], one fp32 scale
-  fp8-row        m + 4·rows         float8 E4M3 with one fp32 scale per row (torchft); a row
-                                    is the last dimension of each parameter
+  fp8-row        m + 4·rows         float8 E4M3 with one fp32 scale per row, as torchft's
+                                    quantized all-reduce: a row is the last dimension of a
+                                    parameter, and each value of a 1-D one is a row of its own
+                                    (biases come through exact); the reduced mean is quantized
+                                    a second time before it is sent back (`sent_back`), so the
+                                    m + 4·rows bytes travel both ways (torchft's padding of
+                                    each row to 4 bytes is not counted)
   fp4-e3m0       ceil(m/2) + 4      sign and a 3-bit exponent, no mantissa: magnitudes 0 and
                                     2^-6 .. 2^0 times one fp32 scale, the largest |value|
                                     (Streaming DiLoCo)
   int8-codebook  m + 1024           256 equal bins over μ ± 6σ; each bin decodes to the mean
                                     of its values, a codebook of 256 fp32 (INTELLECT-1)
   2bit           ceil(m/4) + 16     4 equal bins over [-a, a], a = max |value|; each decodes
-                                    to the mean of its values, a codebook of 4 fp32 (SparseLoCo)
+                                    to the mean of its values, a codebook of 4 fp32 (exoframe's
+                                    first SparseLoCo)
+  2bit-6sigma    ceil(m/4) + 20     SparseLoCo's code as its authors run it (templar's
+                                    TopKCompressor, 4 bins, range 6): values centred on their
+                                    mean μ, code round((v − μ)/s + 2) clamped to 0..3 with
+                                    s = 6σ/4 (σ unbiased), each code decoding to μ + the mean
+                                    of its centred values; a codebook of 4 fp32 and μ
 
 `OuterQuantizer` adds error feedback: what a message did not carry, e ← (Δ + e) − Q(Δ + e),
 is kept and added to the next outer gradient (MuLoCo, SparseLoCo).
 Sources: Douillard et al., "Streaming DiLoCo" (2025); Jaghouar et al., "INTELLECT-1
-Technical Report" (arXiv 2412.01152); torchft's per-row FP8 all-reduce; Sarfi et al.,
-"SparseLoCo" (arXiv 2508.15706); Karimireddy et al., "Error Feedback Fixes SignSGD" (2019).
+Technical Report" (arXiv 2412.01152); torchft's per-row FP8 all-reduce (pytorch/torchft,
+torchft/quantization.py and collectives.py, 73dafea); Sarfi et al., "SparseLoCo" (arXiv
+2508.15706) and its authors' code (tplr-ai/templar, src/tplr/compress.py, c2397ac);
+Karimireddy et al., "Error Feedback Fixes SignSGD" (2019).
 """
 from __future__ import annotations
 
@@ -30,26 +43,25 @@ import math
 
 import torch
 
-from ..errors import ExoframeError, did_you_mean
+from .base import check_choice
 
-FORMATS = ("none", "bf16", "int8", "int4", "fp8-row", "fp4-e3m0", "int8-codebook", "2bit")
+FORMATS = ("none", "bf16", "int8", "int4", "fp8-row", "fp4-e3m0", "int8-codebook", "2bit",
+           "2bit-6sigma")
 FP8_MAX = 448.0  # the largest finite float8 E4M3 value
 FP4_EXPONENTS = (-6, 0)  # E3M0: 7 powers of two, plus zero
 
 
 def check_format(owner: str, fmt: str, key: str = "quantizer"):
-    if fmt not in FORMATS:
-        raise ExoframeError(f"{owner}: parameter '{key}' must be one of {', '.join(FORMATS)}, "
-                            f"got '{fmt}'.{did_you_mean(str(fmt), FORMATS)}")
+    check_choice(owner, key, fmt, FORMATS)
 
 
 def row_lengths(shapes) -> list[int]:
-    """Rows of the flat vector of tensors of these shapes: each tensor's last dimension
-    (a 0-D or 1-D tensor is one row)."""
+    """Rows of the flat vector of tensors of these shapes: each tensor's last dimension;
+    each value of a 0-D or 1-D tensor is a row (torchft makes a 1-D tensor a column)."""
     rows = []
     for shape in shapes:
         numel = math.prod(shape)
-        last = shape[-1] if len(shape) >= 2 else numel
+        last = shape[-1] if len(shape) >= 2 else 1
         rows.extend([last] * (numel // last) if last else [])
     return rows
 
@@ -70,7 +82,7 @@ def encoded_bytes(fmt: str, numel: int, rows: int = 1) -> int:
     return {"none": 4 * numel, "bf16": 2 * numel, "int8": numel + 4,
             "int4": math.ceil(numel / 2) + 4, "fp8-row": numel + 4 * rows,
             "fp4-e3m0": math.ceil(numel / 2) + 4, "int8-codebook": numel + 256 * 4,
-            "2bit": math.ceil(numel / 4) + 4 * 4}[fmt]
+            "2bit": math.ceil(numel / 4) + 4 * 4, "2bit-6sigma": math.ceil(numel / 4) + 4 * 5}[fmt]
 
 
 def quantize(values: torch.Tensor, fmt: str, rows: list[int] | None = None
@@ -87,7 +99,8 @@ def quantize(values: torch.Tensor, fmt: str, rows: list[int] | None = None
               "fp8-row": lambda v: _fp8_rows(v, rows),
               "fp4-e3m0": _fp4_e3m0,
               "int8-codebook": lambda v: _codebook(v, 256, *_mean_6_sigma(v)),
-              "2bit": lambda v: _codebook(v, 4, -v.abs().max(), v.abs().max())}[fmt]
+              "2bit": lambda v: _codebook(v, 4, -v.abs().max(), v.abs().max()),
+              "2bit-6sigma": _centred_code}[fmt]
     return decode(values), size
 
 
@@ -99,12 +112,14 @@ def _symmetric_integers(values, levels):
 
 
 def _fp8_rows(values, rows):
-    out = []
-    for row in values.split(rows):
-        scale = row.abs().max() / FP8_MAX
-        out.append(row.clone() if scale == 0 else
-                   (row / scale).to(torch.float8_e4m3fn).float() * scale)
-    return torch.cat(out)
+    # torchft's arithmetic: scale = 448 / max |row| (1 for an all-zero row), sent as
+    # e4m3(value · scale), decoded as that / scale.
+    row_of = torch.repeat_interleave(torch.arange(len(rows), device=values.device),
+                                     torch.tensor(rows, device=values.device))
+    row_max = values.new_zeros(len(rows)).scatter_reduce_(0, row_of, values.abs(), "amax")
+    scale = FP8_MAX / row_max
+    scale = torch.where(torch.isinf(scale), torch.ones_like(scale), scale)[row_of]
+    return (values * scale).to(torch.float8_e4m3fn).float() / scale
 
 
 def _fp4_e3m0(values):
@@ -123,6 +138,25 @@ def _mean_6_sigma(values):
     return mean - 6 * std, mean + 6 * std
 
 
+def _centred_code(values, bins=4, sigmas=6):
+    mean = values.mean()
+    centred = values - mean
+    std = centred.norm() / math.sqrt(centred.numel() - 1) if centred.numel() > 1 \
+        else centred.new_tensor(math.nan)
+    scale = sigmas * std / bins
+    if not (torch.isfinite(scale) and scale != 0):  # one value, or all equal: as the authors
+        scale = torch.ones_like(scale)
+    code = torch.round(centred / scale + bins // 2).clamp_(0, bins - 1).long()
+    return _bin_means(centred, code, bins) + mean
+
+
+def _bin_means(values, index, bins):
+    """Each value replaced by the mean of the values that share its bin `index`."""
+    sums = torch.zeros(bins, dtype=values.dtype, device=values.device).index_add_(0, index, values)
+    counts = torch.bincount(index, minlength=bins).to(values.dtype)
+    return (sums / counts.clamp_min(1))[index]
+
+
 def _codebook(values, bins, low, high):
     """Each value into one of `bins` equal bins over [low, high] (clamped), decoded to the
     mean of the values in its bin."""
@@ -130,9 +164,7 @@ def _codebook(values, bins, low, high):
         return values.clone()
     width = (high - low) / bins
     index = torch.floor((values - low) / width).clamp_(0, bins - 1).long()
-    sums = torch.zeros(bins, dtype=values.dtype, device=values.device).index_add_(0, index, values)
-    counts = torch.bincount(index, minlength=bins).to(values.dtype)
-    return (sums / counts.clamp_min(1))[index]
+    return _bin_means(values, index, bins)
 
 
 class OuterQuantizer:
@@ -157,6 +189,18 @@ class OuterQuantizer:
         sent, size = quantize(corrected, self.fmt, rows if rows is not None else self.rows)
         self.residual[residual_slice] = corrected - sent
         return sent, size
+
+    def sent_back(self, mean: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+        """The all-reduced mean of the messages as the ranks receive it (its first
+        sum(rows) values; any after them, full-precision buffers, stay as they are). fp8-row
+        quantizes it again per row, as torchft's reduce step does with the sum before
+        sending it back: the same numbers bit for bit when the rank count is a power of two
+        (the scales then differ by that factor exactly), within fp32 rounding otherwise."""
+        if self.fmt != "fp8-row" or mean.numel() == 0:
+            return mean
+        rows = rows if rows is not None else self.rows
+        n = sum(rows)
+        return torch.cat([_fp8_rows(mean[:n], rows), mean[n:]])
 
     def state(self) -> dict:
         return {} if self.residual is None else {"residual": self.residual.clone()}

@@ -124,6 +124,8 @@ class StreamingDiLoCo(Strategy):
     def apply_sync(self, f: int, handle, outer_grad):
         handle.wait()
         self.in_flight.pop(f, None)
+        a, b = self.bounds[f]
+        outer_grad = self.quantizer.sent_back(outer_grad, rows_within(self.rows, a, b))
         fragment = self.global_fragments[f]
         if f == self.buffer_fragment:  # full precision; mixed with the local ones like weights
             if self.synced_buffers is not None:
@@ -134,7 +136,6 @@ class StreamingDiLoCo(Strategy):
         self.outer_optimizer.zero_grad()  # grads to None: the other fragments do not move
         params = self.trainable_parameters()
         flat = flatten(params)
-        a, b = self.bounds[f]
         flat[a:b] = torch.lerp(fragment.detach(), flat[a:b], self.params.alpha)
         unflatten_into(flat, params)
         self.note(**{f"outer_grad_norm_{f}": outer_grad.norm().item()})
