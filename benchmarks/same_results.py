@@ -35,7 +35,7 @@ SWEEP = ["--strategy", "ddp,diloco", "--nodes", "4", "--steps", "10", "--workloa
          "--compute", "fixed:100ms", "--net", "wan-100mbps,wan-1gbps"]
 WALL_CLOCK_FIELDS = {"elapsed_seconds", "startup_seconds", "seconds_per_step",
                      "samples_per_second", "peak_rss_mb_per_rank",
-                     "run_dir"}
+                     "run_dir", "validating_seconds", "moving_models_seconds"}
 
 
 def exoframe(*args):

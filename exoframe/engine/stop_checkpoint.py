@@ -65,8 +65,9 @@ class StopCheckpoint:
         if step > self.last_step():
             raise self.signal
         if self.wanted is None:
-            print(f"exoframe: stopping{stopped_by(self.signal)}: every rank saves a checkpoint at step {step} "
-                  "first; signal again to stop at once.", file=sys.stderr, flush=True)
+            print(f"exoframe: stopping{stopped_by(self.signal)}: every rank saves a checkpoint "
+                  f"at step {step} first; signal again to stop at once.", file=sys.stderr,
+                  flush=True)
         self.wanted = step
         for rank in range(self.nodes):
             self.send(rank, CheckpointNow(step))
