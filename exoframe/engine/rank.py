@@ -221,18 +221,27 @@ class Rank:
         self.moving_seconds += time.perf_counter() - start
 
     def checkpoint(self, step: int):
-        """Save at `step` where the run checkpoints then, or where a stop signal asked for it."""
+        """Save at `step` where the run checkpoints then, or where a stop signal asked for it.
+        A rank asked for a step it has passed says so and waits for a later one; one that
+        saved the asked step waits too: the launcher stops the run once every rank has, or
+        asks for a later step (a rank was late). Going on, ranks would outrun each ask."""
         late = False
         for wanted in self.port.checkpoint_requests():  # the run was asked to stop
             late |= not self.checkpoints.request(wanted, step)
-        if late:  # wait for a later step: going on, the rank would outrun each new ask
+        if late:
             self.conn.send(CheckpointLate(self.rank, step))
-            while not self.checkpoints.request(self.port.next_checkpoint_request(), step):
-                pass
+            self.wait_for_a_later_ask(step)
+        asked = self.checkpoints.requested is not None
         if self.checkpoints.save_now(step, self.comm):
             rank_state.save(self.checkpoints.folder.rank_file(step, self.rank),
                             rank_state.capture(step, *self.pieces))
             self.conn.send(Checkpointed(self.rank, step))
+            if asked and self.checkpoints.requested is None:
+                self.wait_for_a_later_ask(step)
+
+    def wait_for_a_later_ask(self, step: int):
+        while not self.checkpoints.request(self.port.next_checkpoint_request(), step + 1):
+            pass
 
     def finish(self):
         """End training, serve peers' remote calls until every rank is done, and send what
