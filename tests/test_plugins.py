@@ -69,7 +69,9 @@ def test_entry_point_strategy_is_listed_and_runs_while_a_broken_plugin_is_report
 
     nets = cli("nets")
     campus = next(l for l in nets.stdout_text.splitlines() if l.startswith("campus "))
-    assert campus.split() == ["campus", "our", "campus", "network", "[exoframe-everyother]"]
+    # A network given as a dict has no file to show; without `protocol:` it models TCP.
+    assert campus.split() == ["campus", "our", "campus", "network", "(protocol:", "tcp)",
+                              "[exoframe-everyother]"]
 
     run = cli("run", "--strategy", "everyother", "-p", "period=3", "--nodes", "2", "--steps", "6",
               "--workload", "mlp", "--out", "runs", "--net", "campus")
