@@ -146,6 +146,14 @@ def test_strategies_command_lists_builtins(cli):
     assert "alias: fedavg" in proc.stdout_text
 
 
+def test_version_prints_the_version(capsys):
+    import exoframe
+    from exoframe.cli import main
+
+    main(["--version"])
+    assert capsys.readouterr().out == f"exoframe {exoframe.__version__}\n"
+
+
 def test_nets_shows_each_preset_file_and_a_copy_of_it_is_the_same_network(capsys, tmp_path):
     from exoframe.cli import main
     from exoframe.plugins import Registry
