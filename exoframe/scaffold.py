@@ -110,7 +110,9 @@ def test_trains_and_with_h_1_equals_ddp():
 README = Template('''\
 # $dist
 
-The `$name` strategy for [exoframe](https://github.com/), as a plugin package.
+The `$name` strategy for exoframe, as a plugin package. What a strategy may rely on
+(`self.comm`, the helpers, failures) is in exoframe's `docs/strategies.md`, the plugin hooks
+in its `docs/plugins.md`; from Python: `python -c "import exoframe; help(exoframe.Strategy)"`.
 
 ```bash
 pip install -e .                # exoframe finds it through the `exoframe` entry point

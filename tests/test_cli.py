@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from conftest import SMALL_GPT_FLAGS as SMALL_GPT, write_crashy_plugin
@@ -143,6 +144,31 @@ def test_strategies_command_lists_builtins(cli):
     assert {"ddp", "diloco", "localsgd", "sparta"} <= set(builtins)
     assert [l.split()[0] for l in lines] == builtins
     assert "alias: fedavg" in proc.stdout_text
+
+
+def test_version_prints_the_version(capsys):
+    import exoframe
+    from exoframe.cli import main
+
+    main(["--version"])
+    assert capsys.readouterr().out == f"exoframe {exoframe.__version__}\n"
+
+
+def test_nets_shows_each_preset_file_and_a_copy_of_it_is_the_same_network(capsys, tmp_path):
+    from exoframe.cli import main
+    from exoframe.plugins import Registry
+    from exoframe.sim.netconfig import load_network
+
+    main(["nets"])
+    listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    presets = PluginManager(load_entry_points=False).networks
+    for entry in presets:
+        line = listed[entry.name]
+        copy = tmp_path / f"mine-{entry.name}.yaml"
+        copy.write_bytes(Path(line.split("  [exoframe]  ")[1]).read_bytes())
+        mine = load_network(str(copy), Registry("networks")).topology(4)
+        assert mine == load_network(entry.name, presets).topology(4), entry.name
+        assert f"(protocol: {'none' if mine.protocol is None else 'tcp'})" in line
 
 
 def test_help_runs_with_torch_blocked(cli):

@@ -154,3 +154,18 @@ def test_a_rank_late_to_connect_joins_a_peer_that_leaves_at_once(tmp_path):
             proc.join(10)
             proc.kill()
         assert said == ["joined", "joined"], (delay, said)
+
+
+def test_the_strategy_docs_say_all_reduce_and_reduce_scatter_sum_unless_told_mean():
+    """Exerciser above checks the sums; a plugin author reads them in docs/strategies.md."""
+    import inspect
+
+    from conftest import REPO
+    from exoframe.comm.communicator import Communicator
+
+    text = (REPO / "docs" / "strategies.md").read_text()
+    for method, args in ((Communicator.all_reduce, "tensor"),
+                         (Communicator.reduce_scatter, "output, input")):
+        default = inspect.signature(method).parameters["op"].default
+        assert f'`{method.__name__}({args}, op="{default}")`' in text, method.__name__
+    assert 'sum** unless told `op="mean"`' in text

@@ -43,7 +43,7 @@ def test_the_network_changes_the_clock_not_synchronous_numerics(strategy, params
 
 def test_ddp_clock_matches_the_ring_closed_form_and_stragglers_make_others_idle(tmp_path):
     net = tmp_path / "flat.yaml"
-    net.write_text("bandwidth: 10mbit\nlatency: 5ms\n")
+    net.write_text("bandwidth: 10mbit\nlatency: 5ms\nprotocol: none\n")
     n, steps, c, alpha, bandwidth = 3, 4, 0.01, 0.005, 10e6 / 8
     job, result = run(strategy="ddp", nodes=n, steps=steps, net=str(net), compute="fixed:10ms",
                       stragglers="2:3")
@@ -89,7 +89,7 @@ class Poller(exoframe.Strategy):
 
 def test_an_async_handle_completes_when_the_network_says_not_when_the_bytes_land(tmp_path):
     net = tmp_path / "slow.yaml"
-    net.write_text("bandwidth: 10mbit\nlatency: 20ms\n")
+    net.write_text("bandwidth: 10mbit\nlatency: 20ms\nprotocol: none\n")
     n, c = 2, 0.05
     config = RunConfig(workload_params=dict(SMALL_GPT), nodes=n, steps=30, net=str(net),
                        compute="fixed:50ms", eval_every=1000).validate()

@@ -11,7 +11,7 @@ import click
 import click.testing
 import pytest
 import yaml
-from conftest import write_crashy_plugin, write_plugin
+from conftest import REPO, write_crashy_plugin, write_plugin
 
 import exoframe
 from exoframe.errors import ExoframeError
@@ -69,7 +69,9 @@ def test_entry_point_strategy_is_listed_and_runs_while_a_broken_plugin_is_report
 
     nets = cli("nets")
     campus = next(l for l in nets.stdout_text.splitlines() if l.startswith("campus "))
-    assert campus.split() == ["campus", "our", "campus", "network", "[exoframe-everyother]"]
+    # A network given as a dict has no file to show; without `protocol:` it models TCP.
+    assert campus.split() == ["campus", "our", "campus", "network", "(protocol:", "tcp)",
+                              "[exoframe-everyother]"]
 
     run = cli("run", "--strategy", "everyother", "-p", "period=3", "--nodes", "2", "--steps", "6",
               "--workload", "mlp", "--out", "runs", "--net", "campus")
@@ -281,6 +283,17 @@ def test_csv_sink_widens_its_header_when_a_metric_first_appears(tmp_path):
     sink.close()
     assert (tmp_path / "metrics.csv").read_text().splitlines() == [
         "step,loss,val_loss", "1,2.5,", "2,2.0,2.1", "3,1.5,"]
+
+
+def test_new_plugin_readme_points_to_what_exists(tmp_path):
+    from exoframe.scaffold import write_skeleton
+
+    folder = write_skeleton("every-h", tmp_path)
+    text = (folder / "README.md").read_text()
+    for target in re.findall(r"\]\(([^)]*)\)", text):  # a link: to a file of the package
+        assert (folder / target).is_file(), f"README links to {target}"
+    documents = re.findall(r"`(docs/[\w-]+\.md)`", text)
+    assert documents and all((REPO / name).is_file() for name in documents), documents
 
 
 def test_new_plugin_skeleton_installs_passes_its_test_and_runs(cli):

@@ -34,8 +34,9 @@ def traces():
 
 
 def network(tmp_path, bandwidth: str, latency: str) -> str:
+    """A network file for the closed forms here: the exact alpha-beta model (protocol: none)."""
     path = tmp_path / f"net-{bandwidth}-{latency}.yaml"
-    path.write_text(f"bandwidth: {bandwidth}\nlatency: {latency}\n")
+    path.write_text(f"bandwidth: {bandwidth}\nlatency: {latency}\nprotocol: none\n")
     return str(path)
 
 

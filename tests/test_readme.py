@@ -9,6 +9,7 @@ blocks are executed with a tiny model and data; YAML blocks must load as a netwo
 run configuration.
 """
 import dataclasses
+import importlib.metadata
 import importlib.util
 import json
 import re
@@ -336,6 +337,22 @@ def test_every_readme_command_runs_shrunk(cli):
     finish_all()
     assert not failures, "README commands that fail:\n\n" + "\n\n".join(failures)
     assert cli.leftovers() == []
+
+
+def test_the_set_up_command_installs_what_a_first_sweep_plots_with():
+    """`exoframe sweep` draws plots unless told --no-plots, and refuses to start without
+    matplotlib: README's first command installs the extra that brings it."""
+    from packaging.requirements import Requirement
+
+    setup = next(c.argv for c in readme_commands() if c.argv[:3] == ["pip", "install", "-e"])
+    extras = re.findall(r"[\w-]+", setup[3].partition("[")[2])  # ".[plot,hf]": plot, hf
+    installed = set()
+    for line in importlib.metadata.requires("exoframe"):
+        requirement = Requirement(line)
+        if requirement.marker is None or any(requirement.marker.evaluate({"extra": extra})
+                                             for extra in extras):
+            installed.add(requirement.name)
+    assert "matplotlib" in installed, f"README's set-up installs {shlex.join(setup[2:])}"
 
 
 def test_ci_runs_readmes_test_command_verbatim():

@@ -59,7 +59,7 @@ class CallsFromRankZero(Strategy):
 
 def write_net(tmp_path):
     path = tmp_path / "uniform.yaml"
-    path.write_text("bandwidth: 100mbit\nlatency: 10ms\n")
+    path.write_text("bandwidth: 100mbit\nlatency: 10ms\nprotocol: none\n")
     return str(path)
 
 

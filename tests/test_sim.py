@@ -258,7 +258,7 @@ def test_a_bandwidth_trace_window_moves_a_transfer_by_the_closed_form(tmp_path, 
     (tmp_path / "net.yaml").write_text(
         "sites: {a: {ranks: [0]}, b: {ranks: [1]}}\n"
         "links: [{between: [a, b], bandwidth: 8mbit, latency: 10ms, "
-        "bandwidth_trace: window.csv}]\n")
+        "bandwidth_trace: window.csv}]\nprotocol: none\n")
     topology = load_network(str(tmp_path / "net.yaml"), Registry("networks")).topology(2)
     link = topology.inter[(0, 1)]
     assert link.bandwidth == 1e6 and link.trace == ((1.0, 5e5), (3.0, 1e6))
@@ -282,7 +282,8 @@ def test_a_link_that_is_down_holds_its_transfers_for_the_outage(start):
         "bandwidth": "16mbit",
         "sites": {"a": {"ranks": [0, 2]}, "b": {"ranks": [1]}},
         "links": [{"between": ["a", "b"], "bandwidth": "8mbit", "latency": "10ms",
-                   "bandwidth_trace": [["1s", "down"], ["3s", "8mbit"]]}]}, "t", "t")
+                   "bandwidth_trace": [["1s", "down"], ["3s", "8mbit"]]}],
+        "protocol": "none"}, "t", "t")
     topology = net.validate().topology(3)
     assert topology.inter[(0, 1)].trace == ((1.0, 0.0), (3.0, 1e6))
     wan, local = ("p", 0, 1, 0), ("p", 0, 2, 1)
@@ -310,8 +311,8 @@ def test_a_nic_bandwidth_trace_moves_a_transfer_by_the_closed_form(start):
         "bandwidth": "8mbit",
         "sites": {"a": {"ranks": [0], "bandwidth_trace": [["1s", "4mbit"], ["3s", "8mbit"]]},
                   "b": {"ranks": [1, 2]}},
-        "links": [{"between": ["a", "b"], "bandwidth": "1gbit", "latency": "10ms"}]},
-        "t", "t")
+        "links": [{"between": ["a", "b"], "bandwidth": "1gbit", "latency": "10ms"}],
+        "protocol": "none"}, "t", "t")
     topology = net.validate().topology(3)
     assert topology.nic_trace == [((1.0, 5e5), (3.0, 1e6)), (), ()]
     key = ("p", 0, 1, 0)

@@ -54,7 +54,7 @@ def test_replay_through_other_networks_equals_full_reruns(strategy, params):
 
 def test_projection_of_an_every_step_all_reduce_matches_the_ring_closed_form(tmp_path):
     net = tmp_path / "ring.yaml"
-    net.write_text("bandwidth: 1gbit\nlatency: 5ms\n")
+    net.write_text("bandwidth: 1gbit\nlatency: 5ms\nprotocol: none\n")
     n, params, step = 4, 1e9, 0.1
     result = run(strategy="localsgd", strategy_params={"H": 1}, nodes=n, steps=5)
     projected = replay_trace(result.trace, sim_for(str(net), n), Projection(params, step))

@@ -1,5 +1,6 @@
-"""The network model under `protocol: tcp` (exoframe/sim/tcp.py) against closed forms derived
-here from TCP's mechanics, and `protocol: none` against the exact alpha-beta model."""
+"""The network model under `protocol: tcp` (exoframe/sim/tcp.py, also a network file that
+leaves protocol out) against closed forms derived here from TCP's mechanics, and
+`protocol: none` against the exact alpha-beta model."""
 import math
 
 import pytest
@@ -8,6 +9,7 @@ from test_maxmin import deliveries
 
 from exoframe.errors import ExoframeError
 from exoframe.sim.netconfig import NetConfig
+from exoframe.sim.tcp import TcpModel
 
 GBIT = 1e9 / 8
 
@@ -59,12 +61,29 @@ def test_two_flows_through_one_bottleneck_get_its_shared_efficiency():
     assert close(second, first + (2 * size - size) / (wan / (1514 / 1448)))
 
 
-def test_protocol_none_and_no_protocol_are_the_exact_alpha_beta_model():
-    for protocol in ("none", None):
-        net = topology(bandwidth="100mbit", latency="10ms", protocol=protocol)
-        assert net.protocol is None
-        both = deliveries(net, [(0.0, 0, 1, 5e6), (0.0, 1, 0, 5e6)])
-        assert both == [5e6 / (100e6 / 8) + 0.010] * 2
+def test_protocol_none_is_the_exact_alpha_beta_model():
+    net = topology(bandwidth="100mbit", latency="10ms", protocol="none")
+    assert net.protocol is None
+    both = deliveries(net, [(0.0, 0, 1, 5e6), (0.0, 1, 0, 5e6)])
+    assert both == [5e6 / (100e6 / 8) + 0.010] * 2
+
+
+def test_a_network_file_without_protocol_gets_the_presets_tcp_model(tmp_path):
+    from exoframe.plugins import Registry
+    from exoframe.sim.netconfig import load_network
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("bandwidth: 100mbit\nlatency: 10ms\n")
+    net = load_network(str(path), Registry("networks")).topology(2)
+    assert net.protocol == TcpModel()
+    both = deliveries(net, [(0.0, 0, 1, 5e6), (0.0, 1, 0, 5e6)])
+    per_byte = 1514 / 1448 + 66 / (2.2 * 1448)
+    assert all(close(t, 5e6 * per_byte / (100e6 / 8) + 0.010) for t in both)
+    # `protocol:` with nothing after it is not a way to say none: one line says what is.
+    path.write_text("bandwidth: 100mbit\nprotocol:\n")
+    with pytest.raises(ExoframeError, match=r"^\S*mine.yaml: protocol: expected none, tcp "
+                                            r"or a dict like \{window: 64KiB\}, got None.$"):
+        load_network(str(path), Registry("networks"))
 
 
 @pytest.mark.parametrize("protocol, says", [

@@ -54,7 +54,7 @@ def test_a_strategys_step_unit_tested_without_processes():
 @pytest.mark.parametrize("nodes", [2, 4, 5])
 def test_time_collective_is_the_closed_form(tmp_path, nodes):
     net = tmp_path / "net.yaml"
-    net.write_text("bandwidth: 1gbit\nlatency: 2ms\n")
+    net.write_text("bandwidth: 1gbit\nlatency: 2ms\nprotocol: none\n")
     size, bandwidth, latency = 4e7, 1.25e8, 0.002
     expected = 2 * (nodes - 1) * (latency + size / (nodes * bandwidth))
     assert testing.time_collective("all_reduce", nodes, size, str(net)) == pytest.approx(

@@ -20,7 +20,8 @@ from exoframe.sim.protocol import Op, Waited
 
 S = 4e6  # bytes
 # Site a: ranks 0, 2, 5 on 10 Gbit/s NICs, 20 us apart; site b: ranks 1, 3, 4 on 40 Gbit/s,
-# 5 us apart; one 1 Gbit/s, 30 ms link between them (slower than any NIC).
+# 5 us apart; one 1 Gbit/s, 30 ms link between them (slower than any NIC). The closed form
+# is the exact alpha-beta model's: protocol: none.
 NET = """\
 algorithm: {all_reduce: %s}
 sites:
@@ -30,6 +31,7 @@ links:
   - between: [a, b]
     bandwidth: 1gbit
     latency: 30ms
+protocol: none
 """
 SITE = {"a": (1.25e9, 20e-6), "b": (5e9, 5e-6)}  # NIC bytes/s, latency inside
 WAN, WAN_LATENCY = 1.25e8, 30e-3

@@ -342,7 +342,7 @@ def test_time_budget_stops_at_the_first_step_whose_end_reaches_it(tmp_path):
     # fixed 10 ms of compute, then a 2-rank ring all-reduce of the gradient on a 100 Mbit/s,
     # 5 ms network: every step takes the same time, in closed form.
     net = tmp_path / "net.yaml"
-    net.write_text("bandwidth: 100mbit\nlatency: 5ms\n")
+    net.write_text("bandwidth: 100mbit\nlatency: 5ms\nprotocol: none\n")
     n_params = sum(p.numel() for p in fresh_model().parameters())
     ring = 2 * (2 - 1) * (0.005 + 4 * n_params / (2 * 12.5e6))
     step = 0.010 + ring

@@ -5,6 +5,7 @@ import os
 
 import click
 
+from .. import __version__
 from ..errors import ExoframeError
 from .options import debug_option
 
@@ -41,6 +42,8 @@ class PluginGroup(click.Group):
 
 
 @click.group(cls=PluginGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="exoframe",
+                      message="%(prog)s %(version)s")
 @click.option("--strict-plugins", is_flag=True,
               help="A plugin that fails to load is an error (also: EXOFRAME_STRICT_PLUGINS=1).")
 @debug_option("Show full tracebacks of errors.")

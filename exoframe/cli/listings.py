@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+from pathlib import Path
 
 import click
 
@@ -37,7 +38,8 @@ for _kind, _help in LISTINGS.items():
 
 @cli.command()
 def nets():
-    """List network presets: name, what it models, source package."""
+    """List network presets: name, what it models, source package, and the preset's file
+    (copy it to make a network of your own; a file without `protocol:` models TCP)."""
     from ..plugins import PluginManager
     from ..sim.netconfig import load_network
     from ..sim.tcp import parse_protocol
@@ -46,14 +48,17 @@ def nets():
     entries = list(pm.networks)
     width = max((len(e.name) for e in entries), default=4)
     for e in entries:
+        file = ""
         try:
             net = load_network(e.name, pm.networks)
             line = e.describe() or net.summary()
-            if parse_protocol(net.protocol, net.where) is not None:
-                line += "  (protocol: tcp)"  # headers, ACKs, shared bottlenecks, window
+            tcp = parse_protocol(net.protocol, net.where) is not None
+            line += f"  (protocol: {'tcp' if tcp else 'none'})"  # tcp: headers, ACKs, window
+            if isinstance(e.obj, (str, Path)):  # a dict registered by a plugin has no file
+                file = f"  {e.obj}"
         except ExoframeError as error:
             line = f"broken: {error}"
-        click.echo(f"{e.name:<{width}}  {line}  [{e.source}]")
+        click.echo(f"{e.name:<{width}}  {line}  [{e.source}]{file}")
 
 
 @cli.command()

@@ -68,9 +68,9 @@ class NetKeys:
     algorithm: str | dict | None = None  # one name for every collective, or {collective: name}
     sites: dict[str, SiteConfig] = field(default_factory=dict)
     links: list[LinkConfig] = field(default_factory=list)
-    # How TCP uses the links (exoframe/sim/tcp.py): none (left out: the exact alpha-beta
-    # model), tcp, or a dict of TcpModel's fields, e.g. {window: 64KiB}.
-    protocol: str | dict | None = None
+    # How TCP uses the links (exoframe/sim/tcp.py): tcp (left out: the presets' TCP model),
+    # none (the exact alpha-beta model), or a dict of TcpModel's fields, e.g. {window: 64KiB}.
+    protocol: str | dict | None = "tcp"
 
 
 @dataclass

@@ -60,8 +60,9 @@ class TcpModel:
 
 
 def parse_protocol(value, where: str) -> TcpModel | None:
-    """`protocol:` as written: none (or left out), tcp, or a dict of TcpModel's fields."""
-    if value is None or value == "none":
+    """`protocol:` as written: none (the exact alpha-beta model), tcp (NetKeys' default), or
+    a dict of TcpModel's fields."""
+    if value == "none":
         return None
     if value == "tcp":
         return TcpModel()
