@@ -7,6 +7,7 @@ import typing
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import REPO
 
@@ -229,3 +230,22 @@ def test_a_job_reads_every_config_field_it_does_not_resolve_from_the_config():
     assert job.steps != config.steps  # resolved from epochs: the Job's own
     with pytest.raises(AttributeError):
         job.no_such_field
+
+
+def test_each_fit_of_a_trainer_starts_from_the_model_as_given():
+    """Two fits of one Trainer with the same arguments give the same records; warm_start
+    goes on from the last fit's model; the given model is left as it was."""
+    model = testing.tiny_model()
+    given = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = exoframe.Trainer(model, testing.tiny_data(), batch_size=8)
+    run = dict(num_nodes=2, steps=4, net="wan-100mbps", compute="fixed:10ms", eval_every=2,
+               optimizer="sgd", lr=0.1, strategy_params={"H": 2})
+    first, second = (trainer.fit("diloco", **run) for _ in range(2))
+    assert second.metrics == first.metrics  # losses and simulated times, bit for bit
+    assert testing.max_difference(first, second) == 0
+    assert first.model is not second.model  # the second fit left the first's result alone
+    assert all(torch.equal(v, given[k]) for k, v in model.state_dict().items())
+    warm = trainer.fit("diloco", warm_start=True, **run)
+    assert warm.metrics[0]["loss"] < first.metrics[0]["loss"]  # it went on from `second`
+    with pytest.raises(ExoframeError, match="resume= .* warm_start=True .* give one"):
+        trainer.fit("diloco", warm_start=True, resume="somewhere", **run)
