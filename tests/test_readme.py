@@ -192,6 +192,11 @@ def check_sweep(args, stdout, cwd):
         assert {r["strategy"] for r in rows} == set(option(args, "--strategy").split(",")), rows
     if "--faults" in args:  # one setting of simulated failures per --faults
         assert len({r["faults"] for r in rows}) == args.count("--faults"), rows
+    configs = [yaml.safe_load((d / "config.yaml").read_text())
+               for d in (sweep_dir / "runs").iterdir()]
+    for flag, field in (("--partition", "partition"), ("--seeds", "seed")):
+        if option(args, flag):  # an axis: a run of each value, which its config records
+            assert {str(c[field]) for c in configs} == set(option(args, flag).split(",")), flag
 
 
 def check_replay(args, stdout, cwd):

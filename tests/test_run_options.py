@@ -13,13 +13,13 @@ from conftest import REPO
 
 import exoframe
 from exoframe import testing
-from exoframe.cli.config_flags import overrides, sweep_values
+from exoframe.cli.config_flags import is_axis, overrides, sweep_values
 from exoframe.cli.run import run
 from exoframe.cli.sweep import sweep
 from exoframe.config import RunConfig, resolve_config
 from exoframe.engine.fit_keywords import ALIASES, REFUSED, fit_config
 from exoframe.errors import ExoframeError
-from exoframe.fields import api_default, field_default, option_of, value_type
+from exoframe.fields import api_default, field_default, option_of, sweep_flag, value_type
 
 FIELDS = dataclasses.fields(RunConfig)
 HINTS = typing.get_type_hints(RunConfig)
@@ -71,18 +71,21 @@ def test_every_field_is_a_yaml_key_a_run_flag_a_sweep_flag_and_a_fit_keyword(f, 
     flags = field_values(run, argv)
     assert resolve_config(None, overrides(flags)) == expected
 
-    axis = option_of(f).sweep
-    if axis is None:  # the same flag, for every run of the sweep
+    if option_of(f).sweep is None:  # one value: the same flag, for every run of the sweep
         flags = field_values(sweep, argv)
         flags.pop("strategy_params")  # (a sweep scopes -p by strategy: engine/sweep.py)
         given, axes = sweep_values(flags)
         if f.name != "strategy_params":
             assert resolve_config(None, given) == expected
-    else:  # several values, each a run of its own
-        flag = axis.flag or argv[0]
-        argv = [flag, "none", flag, str(value)] if axis.repeat else [flag, f"{value},{value}"]
+    if is_axis(f):  # several values, each a run of its own
+        flag = sweep_flag(f)
+        argv = ([flag, str(value), flag, str(value)] if option_of(f).commas
+                else [flag, f"{value},{value}"])
         given, axes = sweep_values(field_values(sweep, argv))
-        assert given == {} and axes[f.name][-1] == value and len(axes[f.name]) == 2
+        assert given == {} and axes == {f.name: [value, value]}
+    elif value_type(f, HINTS) is dict:  # KEY=V1,V2: each value a run of its own
+        given, axes = sweep_values(field_values(sweep, [argv[0], "k=1,[2,3]", argv[0], "j=4"]))
+        assert axes == {(f.name, "k"): [1, [2, 3]]} and given[f.name] == {"j": 4}
 
     if f.name in REFUSED:  # the Trainer's own model and data are its workload
         with pytest.raises(ExoframeError, match=f"Trainer.fit: {f.name}: a Trainer trains"):
