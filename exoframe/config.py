@@ -47,7 +47,7 @@ class RunConfig:
         sweep_metavar="[STRATEGY.]KEY=VALUE", sweep_help=(
             "Strategy parameter, repeatable; unscoped keys go to every swept strategy that has "
             "them (e.g. -p diloco.H=50), as do the config's strategy_params, which these "
-            "override."))
+            "override; several values sweep it (-p diloco.H=5,50)."))
     nodes: int = option(2, help="Number of simulated nodes.")
     nodes_per_process: typing.Optional[int] = option(
         None, help="Nodes sharing a worker process, stepping in turn and exchanging in memory, "
@@ -106,11 +106,11 @@ class RunConfig:
                                "average too at the last step, or at every evaluation.")
     target_loss: typing.Optional[float] = option(
         None, help="Validate every step, report the simulated time to reach this validation "
-        "loss of the held model, and stop there.")
+        "loss of the held model, and stop there.", sweep_axis=False)
     threads: int = option(1, help="CPU threads per rank.")
     out: str = option("runs", help="Parent folder of run folders.", api_default=None,
                       sweep_help="Parent folder of sweep folders.",
-                      sweep_default=f"the config's out, else {SWEEP_OUT}")
+                      sweep_default=f"the config's out, else {SWEEP_OUT}", sweep_axis=False)
     net: str = option("ideal", help="Network: a preset (see `exoframe nets`), a YAML file, or "
                       "real (no simulator: measured wall-clock and compute time).", sweep=Sweep(
                           "Networks, comma-separated (presets or YAML files); with --bandwidth, "
@@ -119,14 +119,14 @@ class RunConfig:
     compute: str = option("measured", help="Compute model: measured, fixed:<time per step> "
                           "(fixed:250ms) or flops:<device>[:<efficiency>] (flops:h100).")
     stragglers: str = option("", help="Slow ranks, comma-separated: RANK:FACTOR (3:4), "
-                             "lognormal:SIGMA, exponential:MEAN, bernoulli:P:FACTOR.")
+                             "lognormal:SIGMA, exponential:MEAN, bernoulli:P:FACTOR.", commas=True)
     faults: typing.Union[str, list] = option(
         "", help="Simulated node failures, comma-separated: NODE@TIME:DOWN (1@90s:60s: node 1 "
         "fails at 90 s simulated, back 60 s later) or rate:PER_HOUR:DOWN (rate:4:5min: 4 "
         "failures an hour over the cluster).", sweep=Sweep(
             "Simulated failures, repeatable: each is a point of the sweep (see `exoframe run "
-            "--help`; 'none' for a run without).", repeat=True, metavar="SPEC",
-            default="the config's faults"))
+            "--help`; 'none' for a run without).", metavar="SPEC",
+            default="the config's faults"), commas=True)
     sinks: list = option(
         default_factory=lambda: ["jsonl"], flag="--sink", metavar="NAME[:KEY=VALUE,...]",
         help="Metrics sink, repeatable: jsonl, csv or a plugin's (see `exoframe sinks`), with "
@@ -136,7 +136,8 @@ class RunConfig:
                                  "before the watchdog stops the run and names the stuck process.")
     connect_timeout: float = option(
         60.0, help="Under torchrun: real seconds to reach the rendezvous and for every rank to "
-        "join.", sweep_help="Real seconds for the Ray cluster at --ray-address to answer.")
+        "join.", sweep_help="Real seconds for the Ray cluster at --ray-address to answer.",
+        sweep_axis=False)
     on_nonfinite: str = option("stop", choices=ON_NONFINITE, help="A NaN or infinite "
                                "training loss stops the run (naming step and rank), or "
                                "training continues.")

@@ -19,11 +19,11 @@ AS_FIELD = object()  # Option.api_default: Trainer.fit's default is the field's
 
 @dataclass(frozen=True)
 class Sweep:
-    """A field that varies across a sweep's runs: its sweep flag takes several values."""
+    """A field that always varies across a sweep's runs (a sweep of one strategy still
+    names it): its sweep flag's own help and spelling."""
 
     help: str
     flag: str | None = None  # the sweep's spelling, when not the run flag's ("--seeds")
-    repeat: bool = False  # one value per flag, for values that hold commas (faults)
     metavar: str | None = None
     default: str = ""  # what the sweep takes when the flag is not given, in words
 
@@ -42,6 +42,10 @@ class Option:
     sweep_metavar: str | None = None
     sweep_default: str | None = None
     sweep: Sweep | None = None  # the field varies across a sweep's runs
+    # Whether the sweep flag may give several values, each a point of the sweep (every
+    # field but a switch, a list, and one the sweep reads once: out, target_loss).
+    sweep_axis: bool = True
+    commas: bool = False  # one value holds commas: a sweep takes one value per flag
     # Trainer.fit's default where the Python API differs (out: no run folder unless given).
     api_default: object = AS_FIELD
 

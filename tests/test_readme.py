@@ -193,6 +193,11 @@ def check_sweep(args, stdout, cwd):
         assert {r["strategy"] for r in rows} == set(option(args, "--strategy").split(",")), rows
     if "--faults" in args:  # one setting of simulated failures per --faults
         assert len({r["faults"] for r in rows}) == args.count("--faults"), rows
+    configs = [yaml.safe_load((d / "config.yaml").read_text())
+               for d in (sweep_dir / "runs").iterdir()]
+    for flag, field in (("--partition", "partition"), ("--seeds", "seed")):
+        if option(args, flag):  # an axis: a run of each value, which its config records
+            assert {str(c[field]) for c in configs} == set(option(args, flag).split(",")), flag
 
 
 def check_replay(args, stdout, cwd):
@@ -404,7 +409,7 @@ def test_every_readme_python_block_runs_shrunk():
         exec(compile(source, "README.md python block", "exec"), names)
         if "result" in names:  # a training run: the API's result is what README says
             result = names["result"]
-            assert result.model is model
+            assert result.model is not model  # a copy of it, trained; `model` as given
             assert result.summary["steps"] == int(STEPS) and len(result.metrics) == int(STEPS)
         strategies = [v for v in names.values() if isinstance(v, type)
                       and issubclass(v, exoframe.Strategy) and v is not exoframe.Strategy]

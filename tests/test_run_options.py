@@ -7,18 +7,19 @@ import typing
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import REPO
 
 import exoframe
 from exoframe import testing
-from exoframe.cli.config_flags import overrides, sweep_values
+from exoframe.cli.config_flags import is_axis, overrides, sweep_values
 from exoframe.cli.run import run
 from exoframe.cli.sweep import sweep
 from exoframe.config import RunConfig, resolve_config
 from exoframe.engine.fit_keywords import ALIASES, REFUSED, fit_config
 from exoframe.errors import ExoframeError
-from exoframe.fields import api_default, field_default, option_of, value_type
+from exoframe.fields import api_default, field_default, option_of, sweep_flag, value_type
 
 FIELDS = dataclasses.fields(RunConfig)
 HINTS = typing.get_type_hints(RunConfig)
@@ -70,18 +71,21 @@ def test_every_field_is_a_yaml_key_a_run_flag_a_sweep_flag_and_a_fit_keyword(f, 
     flags = field_values(run, argv)
     assert resolve_config(None, overrides(flags)) == expected
 
-    axis = option_of(f).sweep
-    if axis is None:  # the same flag, for every run of the sweep
+    if option_of(f).sweep is None:  # one value: the same flag, for every run of the sweep
         flags = field_values(sweep, argv)
         flags.pop("strategy_params")  # (a sweep scopes -p by strategy: engine/sweep.py)
         given, axes = sweep_values(flags)
         if f.name != "strategy_params":
             assert resolve_config(None, given) == expected
-    else:  # several values, each a run of its own
-        flag = axis.flag or argv[0]
-        argv = [flag, "none", flag, str(value)] if axis.repeat else [flag, f"{value},{value}"]
+    if is_axis(f):  # several values, each a run of its own
+        flag = sweep_flag(f)
+        argv = ([flag, str(value), flag, str(value)] if option_of(f).commas
+                else [flag, f"{value},{value}"])
         given, axes = sweep_values(field_values(sweep, argv))
-        assert given == {} and axes[f.name][-1] == value and len(axes[f.name]) == 2
+        assert given == {} and axes == {f.name: [value, value]}
+    elif value_type(f, HINTS) is dict:  # KEY=V1,V2: each value a run of its own
+        given, axes = sweep_values(field_values(sweep, [argv[0], "k=1,[2,3]", argv[0], "j=4"]))
+        assert axes == {(f.name, "k"): [1, [2, 3]]} and given[f.name] == {"j": 4}
 
     if f.name in REFUSED:  # the Trainer's own model and data are its workload
         with pytest.raises(ExoframeError, match=f"Trainer.fit: {f.name}: a Trainer trains"):
@@ -229,3 +233,22 @@ def test_a_job_reads_every_config_field_it_does_not_resolve_from_the_config():
     assert job.steps != config.steps  # resolved from epochs: the Job's own
     with pytest.raises(AttributeError):
         job.no_such_field
+
+
+def test_each_fit_of_a_trainer_starts_from_the_model_as_given():
+    """Two fits of one Trainer with the same arguments give the same records; warm_start
+    goes on from the last fit's model; the given model is left as it was."""
+    model = testing.tiny_model()
+    given = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = exoframe.Trainer(model, testing.tiny_data(), batch_size=8)
+    run = dict(num_nodes=2, steps=4, net="wan-100mbps", compute="fixed:10ms", eval_every=2,
+               optimizer="sgd", lr=0.1, strategy_params={"H": 2})
+    first, second = (trainer.fit("diloco", **run) for _ in range(2))
+    assert second.metrics == first.metrics  # losses and simulated times, bit for bit
+    assert testing.max_difference(first, second) == 0
+    assert first.model is not second.model  # the second fit left the first's result alone
+    assert all(torch.equal(v, given[k]) for k, v in model.state_dict().items())
+    warm = trainer.fit("diloco", warm_start=True, **run)
+    assert warm.metrics[0]["loss"] < first.metrics[0]["loss"]  # it went on from `second`
+    with pytest.raises(ExoframeError, match="resume= .* warm_start=True .* give one"):
+        trainer.fit("diloco", warm_start=True, resume="somewhere", **run)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+import yaml
 from conftest import SMALL_GPT, SMALL_GPT_FLAGS, one_line_error as bad
 
 import exoframe
@@ -16,6 +17,7 @@ from exoframe.engine import execute, job_from_config
 from exoframe.engine.replay import Projection, replay_trace
 from exoframe.plugins import get_plugin_manager
 from exoframe.sim import resolve_sim
+from exoframe.sim.netconfig import load_network
 
 NETS = ["wan-10mbps", "geo-2dc", "home-broadband"]
 
@@ -174,6 +176,10 @@ def test_a_bandwidth_grid_is_log_spaced_and_sets_the_bottleneck_link(tmp_path):
         for bandwidth, path in zip(grid, paths):
             topology = sim_for(path, 4).topology
             assert math.isclose(topology.bottleneck(), bandwidth, rel_tol=1e-3)
+            # Only the bandwidth varies along the grid: latency, jitter, protocol are the base's.
+            copy, net = load_network(path, pm.networks), load_network(base, pm.networks)
+            assert ((copy.latency, copy.jitter, copy.protocol, [l.latency for l in copy.links])
+                    == (net.latency, net.jitter, net.protocol, [l.latency for l in net.links]))
             if changed == "nic":
                 assert all(math.isclose(b, bandwidth, rel_tol=1e-3) for b in topology.uplink)
             else:  # the datacenters keep their own NICs; only the WAN between them changes
@@ -228,3 +234,62 @@ def test_an_executor_that_cannot_run_is_one_line(tmp_path, capsys, monkeypatch):
     assert "--executor ray needs Ray: pip install 'exoframe[ray]'" in bad(
         capsys, "sweep", "--executor", "ray", "--out", tmp_path, "--no-progress")
     assert not (tmp_path).exists() or not any(tmp_path.iterdir())  # nothing ran
+
+
+MLP_FLAGS = ["--workload", "mlp", "-w", "hidden=16", "-w", "train_examples=512", "--nodes", "2",
+             "--steps", "2", "--compute", "fixed:10ms", "--net", "wan-100mbps", "--no-progress",
+             "--no-plots"]
+
+
+def run_configs(folder):
+    return [yaml.safe_load((d / "config.yaml").read_text())
+            for d in sorted((folder / "runs").iterdir())]
+
+
+def test_any_field_and_any_strategy_parameter_is_a_sweep_axis(tmp_path):
+    """-p diloco.H=5,20 × --partition iid,dirichlet:0.5 × --seeds 0,1: 8 diloco runs, each
+    recording its values; ddp has no H, so it trains once per partition and seed."""
+    main(["sweep", "--strategy", "ddp,diloco", "-p", "diloco.H=5,20", "--partition",
+          "iid,dirichlet:0.5", "--seeds", "0,1", *MLP_FLAGS, "--out", str(tmp_path)])
+    (folder,) = tmp_path.glob("*-sweep")
+    configs = run_configs(folder)
+    points = sorted((c["strategy"], c["strategy_params"].get("H"), c["partition"], c["seed"])
+                    for c in configs)
+    assert points == sorted([("diloco", h, p, s) for h in (5, 20)
+                             for p in ("iid", "dirichlet:0.5") for s in (0, 1)]
+                            + [("ddp", None, p, s) for p in ("iid", "dirichlet:0.5")
+                               for s in (0, 1)])
+    rows = json.loads((folder / "sweep.json").read_text())
+    assert len(rows) == 12 and len({r["run_dir"] for r in rows}) == 12
+
+
+def test_a_sweep_axis_value_is_checked_before_anything_trains(tmp_path, capsys):
+    out = tmp_path / "s"
+    flags = [*MLP_FLAGS, "--out", out]
+    assert "partition: unknown kind 'dirichlt'. Did you mean 'dirichlet'" in bad(
+        capsys, "sweep", "--strategy", "ddp", "--partition", "iid,dirichlt:0.5", *flags)
+    assert "H" in bad(capsys, "sweep", "--strategy", "diloco", "-p", "H=5,x", *flags)
+    assert "--lr: field 'lr' must be" in bad(capsys, "sweep", "--strategy", "ddp", "--lr",
+                                             "0.1,fast", *flags)
+    assert "--schedule: unknown choice 'cosin'. Did you mean 'cosine'" in bad(
+        capsys, "sweep", "--strategy", "ddp", "--schedule", "constant,cosin", *flags)
+    assert "-p localsgd.H: 'localsgd' is not one of the swept strategies" in bad(
+        capsys, "sweep", "--strategy", "diloco", "-p", "localsgd.H=2,3", *flags)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["--seeds", "0,0"], "--seeds: 0 is given twice; give each value once."),
+    (["--strategy", "ddp,ddp"], "--strategy: 'ddp' is given twice; give each value once."),
+    (["--strategy", "diloco", "-p", "H=5,5.0"], "-p H: 5.0 is given twice"),
+    (["--strategy", "ddp", "--partition", "iid,iid"], "--partition: 'iid' is given twice"),
+    (["--strategy", "ddp", "--net", "ideal,ideal"], "--net: 'ideal' is given twice"),
+    (["--strategy", "diloco", "-p", "diloco.H=5,20", "-p", "H=5,20"],  # the last H counts
+     "sweep: two points are the same run"),
+    (["--strategy", "ddp", "--epochs", "1", "--steps", "2,3"],  # epochs sets the steps
+     "sweep: two points are the same run"),
+])
+def test_duplicate_points_are_refused_in_one_line_before_any_run(tmp_path, capsys, argv, said):
+    out = tmp_path / "s"
+    assert said in bad(capsys, "sweep", *MLP_FLAGS, *argv, "--out", out)
+    assert not out.exists()

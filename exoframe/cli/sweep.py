@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from ..config import EXECUTORS, parse_assignments, resolve_config
+from ..config import EXECUTORS, resolve_config
 from ..errors import ExoframeError
 from ..fields import long_flag
 from .group import cli
@@ -43,6 +43,11 @@ def sweep(config_file, bandwidth, points, project_params, step_time, payload_bit
     """Strategies × networks: simulated wall-clock, compute utilization and bytes, as a
     table, sweep.csv, sweep.json and plots.
 
+    Any run flag given several values, comma-separated (--partition iid,dirichlet:0.1,
+    --lr 0.01,0.1), or one per flag where a value holds commas (--faults, --stragglers), is an
+    axis of the sweep, as is a parameter given several (-p diloco.H=5,50, -w n_layer=2,4):
+    every combination is a point. A repeated value is refused.
+
     A strategy whose behaviour does not depend on timing trains once and its trace is
     replayed through every other network (the same clocks a re-run would give); a
     timing-dependent one trains once per network.
@@ -53,9 +58,9 @@ def sweep(config_file, bandwidth, points, project_params, step_time, payload_bit
     from ..engine.sweep import config_axes, parse_grid, sweep as run_sweep
     from ..report.sweep import compute_warning, table
 
-    # -p is scoped by strategy in a sweep ([STRATEGY.]KEY=VALUE): engine/sweep.py places it.
-    params = flags.pop("strategy_params")
     given, axes = sweep_values(flags)
+    # -p is scoped by strategy in a sweep ([STRATEGY.]KEY=VALUE): engine/sweep.py places it.
+    assignments = given.pop("strategy_params", {})
     base = resolve_config(config_file, given)
     defaults = config_axes(base, set(given) | (set(load_yaml(config_file)) if config_file
                                                else set()))
@@ -71,10 +76,9 @@ def sweep(config_file, bandwidth, points, project_params, step_time, payload_bit
 
         require_matplotlib()  # fail now, not after the training, when matplotlib is missing
     folder, rows = run_sweep(base, strategy_names, net_list, seed_list, defaults["out"],
-                             parse_assignments(params, long_flag(FIELDS["strategy_params"])),
-                             None, projection, plots, progress_mode(progress, progress_every),
-                             grid, progress_every, faults, executor, ray_address,
-                             axes=axes)
+                             assignments, None, projection, plots,
+                             progress_mode(progress, progress_every), grid, progress_every,
+                             faults, executor, ray_address, axes=axes)
     click.echo(table(rows))
     click.echo(f"  sweep folder: {folder}")
     warning = compute_warning(rows)

@@ -42,7 +42,7 @@ REFUSED = {
                        "--workload NAME -w KEY=VALUE` trains a named workload with parameters",
 }
 # Trainer.fit's own keywords, beside the fields.
-EXTRA = {"resume": None, "progress": False}
+EXTRA = {"resume": None, "warm_start": False, "progress": False}
 
 
 def fit_config(strategy, options: dict, batch_size: int, pm=None):
@@ -58,7 +58,8 @@ def fit_config(strategy, options: dict, batch_size: int, pm=None):
             known = [k for k in [*FIELDS, *ALIASES, *EXTRA] if k not in REFUSED]
             raise ExoframeError(f"Trainer.fit: unknown argument '{shorten(str(key))}'."
                                 f"{did_you_mean(key, known)} It takes the fields of `exoframe "
-                                "run` by name (see its --help), strategy, resume and progress.")
+                                "run` by name (see its --help), strategy, resume, warm_start and "
+                                "progress.")
         if name in values:
             raise ExoframeError(f"Trainer.fit: {given_as[name]} and {key} both give {name}; "
                                 "give one.")

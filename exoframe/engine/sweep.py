@@ -33,6 +33,7 @@ from .job import build_job, workload_and_model
 from .progress import progress_display
 from .replay import Projection
 from .run_folder import RunFolder
+from .sweep_axes import SamePoints, apply, check_distinct, combinations, strategy_axes
 
 # Every grid point is a training run or a replay and a row: past a thousand, a sweep runs
 # for hours and its table and plots are unreadable.
@@ -129,29 +130,24 @@ def _parameter_names(strategy: str, pm) -> set[str]:
     return {f.name for f in dataclasses.fields(pm.strategies.get(strategy).obj.Params)}
 
 
-def check_points(points: list, pm):
+def check_points(points: list, pm, base: RunConfig):
     """Every run of every point, as `exoframe run` checks it before any folder (strategy,
     optimizer and workload with their parameters, network, compute model, stragglers,
-    faults, sinks, ...), and every network replayed. Each workload is loaded, and its model
-    built, once."""
-    checked, built = set(), {}
+    faults, sinks, ...), every network replayed, and no two the same run. Each workload is
+    loaded, and its model built, once."""
+    checked, built, same = set(), {}, SamePoints(base)
     for point in points:
         for config in point.configs:
             config.validate()
             key = (config.workload, repr(config.workload_params))
             if key not in built:
                 built[key] = workload_and_model(config, pm)
-            build_job(config, *built[key], pm=pm)
+            same.add(config, build_job(config, *built[key], pm=pm))
         first = point.configs[0]
         for net in point.replays:
             if net not in checked:
                 resolve_sim(net, first.compute, first.stragglers, first.nodes, pm)
                 checked.add(net)
-
-
-def _combinations(axes: dict) -> list[dict]:
-    """{"a": [1, 2], "b": [3]} -> [{"a": 1, "b": 3}, {"a": 2, "b": 3}]; {} -> [{}]."""
-    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
 def config_axes(config: RunConfig, given: set) -> dict:
@@ -189,9 +185,14 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
     that the strategy has plus `assignments` (-p values, see strategy_params). With `grid`
     (bandwidths in bytes/s), `nets` is the one base network the grid is applied to. faults:
     fault specs ("" or "none": no failures; None: base's). executor: where the training runs
-    happen, "local" or "ray" (address: a Ray cluster's; see executors.py). axes: {field: its
-    values} for any other RunConfig field swept: every combination is a point of its own."""
+    happen, "local" or "ray" (address: a Ray cluster's; see executors.py). axes: any other
+    RunConfig field swept, or a parameter, with its values (see sweep_axes.py): every
+    combination is a point of its own."""
     faults = [base.faults] if faults is None else ["" if f == "none" else f for f in faults]
+    axes = axes or {}
+    for axis, values in {"strategy": strategies, "net": nets, "seed": seeds, "faults": faults,
+                         **axes}.items():
+        check_distinct(axis, values)
     check_executor(executor, address, base.connect_timeout)
     if REAL in nets:
         raise ExoframeError("--net: a sweep compares simulated networks; 'real' measures one "
@@ -207,6 +208,10 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
     target_loss = base.target_loss if target_loss is None else target_loss
     params = strategy_params(strategies, assignments or {}, pm, base.strategy_params,
                              base.strategy)
+    # A strategy parameter's axis goes where its key says (an unknown one refused here).
+    strategy_params(strategies, {axis[1]: values[0] for axis, values in axes.items()
+                                 if isinstance(axis, tuple) and axis[0] == "strategy_params"},
+                    pm)
 
     def planned(run_nets, runs_dir):
         """The points: for each strategy, fault spec and seed, the runs on `run_nets`, their
@@ -222,20 +227,21 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
                 raise ExoframeError(f"sweep: '{strategy}' is timing-dependent (or the runs have "
                                     "faults); a projection replays traces, so it cannot "
                                     "project it. Leave it out of the sweep.")
-            for seed, others in itertools.product(seeds, _combinations(axes or {})):
+            varied = strategy_axes(axes, strategy, _parameter_names(strategy, pm))
+            for seed, others in itertools.product(seeds, combinations(varied)):
                 trained = run_nets if timing_dependent else run_nets[:1]
                 replayed = ([] if timing_dependent else run_nets[1:] if projection is None
                             else run_nets)
-                configs = tuple(dataclasses.replace(
+                configs = tuple(apply(dataclasses.replace(
                     base, strategy=strategy, seed=seed, net=net, out=str(runs_dir),
-                    strategy_params=params[strategy], target_loss=target_loss, faults=spec,
-                    **others) for net in trained)
+                    strategy_params=params[strategy], target_loss=target_loss, faults=spec),
+                    others) for net in trained)
                 points.append(SweepPoint(configs, tuple(replayed), projection))
         return points
 
     # Every point checked before anything trains or any folder is made (a grid's networks
     # are copies of its base network, checked as it).
-    check_points(planned(nets, Path(out)), pm)
+    check_points(planned(nets, Path(out)), pm, base)
     folder = RunFolder.create(out, "sweep").path
     runs_dir = folder / "runs"
     if grid is not None:
