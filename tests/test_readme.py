@@ -144,8 +144,8 @@ def shrink(argv, cwd: Path):
         args = with_option(args, "--steps", str(int(STEPS) + 2))
     if command == "sweep" and "--points" in args:
         args = with_option(args, "--points", "2")
-    if command in ("sweep", "report"):
-        args += ["--no-plots"]
+    if command == "sweep" or (command == "report" and "--format" not in args):
+        args += ["--no-plots"]  # (a report that names formats shows its figures)
     return args
 
 
@@ -206,8 +206,16 @@ def check_replay(args, stdout, cwd):
 
 
 def check_report(args, stdout, cwd):
-    if option(args, "--out"):
-        assert (cwd / option(args, "--out") / "sweep.json").exists(), "no sweep.json in --out"
+    out = cwd / option(args, "--out") if option(args, "--out") else None
+    for name in ("sweep.json", "speedup.csv", "utilization.csv") if out else ():
+        assert (out / name).exists(), f"no {name} in --out"
+    if option(args, "--baseline"):
+        assert f"speed-up vs {option(args, '--baseline')}" in stdout, stdout[-1000:]
+    for form in (option(args, "--format").split(",") if out and option(args, "--format")
+                 else ()):
+        assert (out / f"speedup_vs_bandwidth.{form}").exists(), f"no {form} figure"
+        if "--paper" in args:
+            assert (out / "speedup_vs_bandwidth.caption.txt").read_text().strip()
 
 
 def check_new_plugin(args, stdout, cwd):

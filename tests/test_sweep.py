@@ -105,14 +105,17 @@ def test_sweep_writes_table_csv_json_and_plots_and_report_rebuilds_them(tmp_path
     pngs = sorted(p.name for p in folder.glob("*.png"))
     assert pngs == ["compare_wan-100mbps.png", "compare_wan-1gbps.png", "loss_vs_bytes.png",
                     "loss_vs_time_ddp.png", "loss_vs_time_diloco.png",
-                    "time_to_target_vs_bandwidth.png", "time_vs_bandwidth.png",
+                    "speedup_vs_bandwidth.png", "time_to_target_vs_bandwidth.png", "time_vs_bandwidth.png",
                     "utilization_vs_bandwidth.png", "val_loss_wan-100mbps.png",
                     "val_loss_wan-1gbps.png"]
     assert len((folder / "sweep_summary.csv").read_text().splitlines()) == 5  # one seed each
     assert all((folder / p).stat().st_size > 10_000 for p in pngs)
 
     main(["report", str(folder), "--target-loss", "3.3"])
-    assert capsys.readouterr().out.strip() == printed.strip().rsplit("\n", 1)[0].strip()
+    table = printed.strip().rsplit("\n", 1)[0].strip()
+    reported = capsys.readouterr().out.strip()
+    assert reported.startswith(table)  # then the bandwidth for each compute utilization
+    assert "50% util." in reported[len(table):].splitlines()[1]
 
 
 def test_bad_sweep_and_replay_input_is_one_clear_line(tmp_path, capsys):

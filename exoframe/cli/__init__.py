@@ -1,7 +1,7 @@
 """The `exoframe` command line: the group, and the one error boundary (main).
 
 The group is group.py; the commands live beside it, one module per family: run.py (`run`),
-sweep.py (`sweep`, `replay`, `report`), listings.py (what is installed, `new-plugin`);
+sweep.py (`sweep`, `replay`), report.py (`report`), listings.py (what is installed, `new-plugin`);
 config_flags.py makes the flags of RunConfig's fields, options.py holds the other flags and
 checks they share, start_up.py imports the engine for the commands that train. Plugins add
 commands through the same hook (exoframe.commands).
@@ -103,4 +103,4 @@ def _describe(e: Exception) -> str:
             "the traceback, and report it if the input looks right.")
 
 
-from . import listings, run, sweep  # noqa: E402,F401 - each adds its commands to `cli`
+from . import listings, report, run, sweep  # noqa: E402,F401 - each adds its commands to `cli`

@@ -1,4 +1,4 @@
-"""`exoframe sweep`, `replay` and `report`: strategies across networks, and their tables."""
+"""`exoframe sweep` and `replay`: strategies across networks, and their tables (`report`: report.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -106,26 +106,3 @@ def replay(run_dir, net, project_params, step_time, payload_bits, bucket_mb):
                f"utilization {'-' if utilization is None else f'{100 * utilization:.1f}%'}, "
                f"sent per node {format_bytes(record['bytes_sent_per_node'])}")
 
-
-@cli.command()
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
-@field_option("out", help="Folder for sweep.csv, sweep.json and plots. [none: table only]")
-@field_option("target_loss", help="Also report the simulated time to reach this validation "
-              "loss of the held model.")
-@plots_option
-def report(run_dirs, out, target_loss, plots):
-    """Rebuild the table (and with --out the CSV, JSON and plots) from run folders (a
-    sweep folder stands for the runs in it)."""
-    from ..report.sweep import collect_rows, table, write_outputs
-
-    if out:
-        check_out_folder(out, long_flag(FIELDS["out"]))
-    folders = []
-    for d in map(Path, run_dirs):
-        folders += sorted(p for p in (d / "runs").iterdir() if p.is_dir()) \
-            if (d / "runs").is_dir() else [d]
-    rows = collect_rows(folders, target_loss)
-    click.echo(table(rows))
-    if out:
-        for path in write_outputs(rows, out, plots=plots):
-            click.echo(f"  wrote {path}")

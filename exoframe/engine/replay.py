@@ -116,6 +116,7 @@ def replay_trace(trace: dict, sim: SimSetup, projection: Projection | None = Non
         "strategy": trace["strategy"],
         "net": sim.net,
         "bottleneck_bandwidth": sim.topology.bottleneck(),
+        "latency": sim.topology.longest_latency(),
         "projection": projection.label() if projection else None,
         "simulated_seconds": simulated,
         "compute_utilization": result.compute_utilization,

@@ -1,15 +1,44 @@
 """How the sweep's plots look and say what they show: line styles, readable log axes,
-smoothing that states its window, titles with the runs' context, file names."""
+smoothing that states its window, titles with the runs' context, file names, and the files
+a figure is written to (formats, resolution, a paper's style)."""
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
+
+from ..errors import ExoframeError
 
 COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
            "#7f7f7f", "#bcbd22", "#17becf"]  # tab10
 DASHES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "v", "D", "x", "+"]
 MAX_WINDOW = 21  # steps in the widest smoothing window
+# Seeds of a setup are drawn as a band from their minimum to their maximum from this many;
+# fewer are each drawn as a thin line of the setup's colour (two curves are their own band).
+MIN_BAND_SEEDS = 3
+FORMATS = ("png", "pdf", "svg")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """How figures are written: each in every one of `formats`, rasters at `dpi`; `paper`:
+    no titles, what a title would say in <figure>.caption.txt beside it."""
+    formats: tuple = ("png",)
+    dpi: int = 120
+    paper: bool = False
+
+    @classmethod
+    def parse(cls, formats: str, dpi: int, paper: bool) -> "Figures":
+        chosen = tuple(dict.fromkeys(f.strip().lower() for f in formats.split(",") if f.strip()))
+        unknown = [f for f in chosen if f not in FORMATS]
+        if unknown or not chosen:
+            raise ExoframeError(f"--format: unknown figure format '{','.join(unknown)}'; give "
+                                f"some of {','.join(FORMATS)}, comma-separated.")
+        if not 10 <= dpi <= 2400:
+            raise ExoframeError(f"--dpi: {dpi} dots per inch; give 10 to 2400 (300 for "
+                                "print).")
+        return cls(chosen, dpi, paper)
 
 
 def line_styles(k: int) -> list[dict]:
@@ -114,7 +143,12 @@ def seeds_note(counts: list[int], what: str = "seeds") -> str:
     if not counts or max(counts) < 2:
         return ""
     n = str(max(counts)) if min(counts) == max(counts) else f"{min(counts)}–{max(counts)}"
-    return f"mean of {n} {what}; shaded: their min to max"
+    spread = []
+    if min(c for c in counts if c > 1) < MIN_BAND_SEEDS:
+        spread.append(f"thin lines: each seed (under {MIN_BAND_SEEDS})")
+    if max(counts) >= MIN_BAND_SEEDS:
+        spread.append("shaded: their min to max")
+    return f"mean of {n} {what}; {'; '.join(spread)}"
 
 
 def time_label(seconds: list[float]) -> tuple[str, float]:

@@ -1,8 +1,12 @@
-"""PNG plots of a sweep (matplotlib, the `plot` extra: pip install 'exoframe[plot]').
+"""Plots of a sweep or a report (matplotlib, the `plot` extra: pip install 'exoframe[plot]'),
+as PNG, PDF or SVG (plot_style.Figures).
 
-Seeds of one setup (strategy, network, projection) are drawn as one line, their mean, in a
-shaded band from their minimum to their maximum. Legends sit to the right of the axes;
-titles give the runs' nodes, model size, compute model or projection (plot_style.py).
+Seeds of one setup (groups.py: its whole setting but the seed) are drawn as one line, their
+mean, in a shaded band from their minimum to their maximum from MIN_BAND_SEEDS seeds, else
+with each seed as a thin line; a line's label adds the fields that differ between setups
+(H=5). Every training loss is smoothed by the one window of the report. Legends sit to the
+right of the axes and name every marker; titles (in a paper's style, a caption file beside
+the figure instead) give the runs' nodes, model size, compute model or projection.
 Validation losses are of the model each strategy holds (summary.json's validated_model).
 """
 from __future__ import annotations
@@ -12,9 +16,13 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..errors import ExoframeError
-from ..files import replacing
-from .plot_style import (common, file_name, line_styles, readable_log_axis, seeds_note,
-                         smoothed, smoothing_label, smoothing_window, time_label, title)
+from ..files import replacing, write_atomic
+from ..sim.units import format_duration
+from .compare import with_speedups
+from .groups import variant, varying
+from .plot_style import (MIN_BAND_SEEDS, Figures, common, file_name, line_styles,
+                         readable_log_axis, seeds_note, smoothed, smoothing_label,
+                         smoothing_window, time_label, title)
 from .setups import by_setup, setup_label
 
 
@@ -30,42 +38,59 @@ def require_matplotlib():
     return plt
 
 
-def plot_sweep(rows: list[dict], folder, target_loss: float | None = None) -> list:
-    """loss_vs_time_<strategy>.png (training loss, one line per network),
-    compare_<network>.png (training loss, one line per strategy), val_loss_<network>.png
-    (validation loss of the held model, one line per strategy), loss_vs_bytes.png, and for a
-    sweep over several bandwidths time_vs_bandwidth.png, utilization_vs_bandwidth.png and
-    (with a target) time_to_target_vs_bandwidth.png, one line per strategy. `target_loss`
-    defaults to the one the rows were collected with."""
+def plot_sweep(rows: list[dict], folder, target_loss: float | None = None,
+               baseline: str | None = None, figures: Figures | None = None) -> list:
+    """loss_vs_time_<strategy> (training loss, one line per network), compare_<network>
+    (training loss, one line per strategy), val_loss_<network> (validation loss of the held
+    model, one line per strategy), loss_vs_bytes, speedup_vs_bandwidth (with several
+    strategies: each one's speed-up over `baseline`), and for a sweep over several
+    bandwidths time_vs_bandwidth, utilization_vs_bandwidth and (with a target)
+    time_to_target_vs_bandwidth, one line per strategy; each in every format `figures`
+    asks for. `target_loss` defaults to the one the rows were collected with."""
     plt = require_matplotlib()
+    figures = figures or Figures()
     if target_loss is None:
         target_loss = common(rows, "target_loss")
+    # a line's label: the fields that differ but the network's (its latency is its own)
+    keys = [k for k in varying(rows) if k != "latency"]
+    rows = [{**r, "variant": variant(r, keys)} for r in rows]
+    window = smoothing_window(max(len(r["losses"]) for r in rows))  # one for every plot
     written, names = [], set()
 
-    def save_as(prefix, name=None):
+    def save(drawn, prefix, name=None):
         path = folder / (file_name(prefix, name, names) if name is not None
                          else _claim(f"{prefix}.png", names))
-        written.append(path)
-        return path
+        written.extend(path.with_suffix(f".{f}") for f in figures.formats)
+        if figures.paper:
+            written.append(caption_path(path))
+        _save(plt, *drawn[:2], path, drawn[2], figures)
 
     for strategy, group in _by(rows, "strategy").items():
-        _loss_vs_time(plt, group, save_as("loss_vs_time", strategy),
-                      f"{strategy}: training loss versus simulated time", _net_label,
-                      "network", target_loss)
+        save(_loss_vs_time(plt, group, f"{strategy}: training loss versus simulated time",
+                           _net_label, "network", target_loss, window),
+             "loss_vs_time", strategy)
     for group in _by(rows, lambda r: (r["net"], r.get("faults"), r["projection"])).values():
         label = _net_label(group[0])
-        _loss_vs_time(plt, group, save_as("compare", label),
-                      f"{label}: training loss of each strategy", lambda r: r["strategy"],
-                      "strategy", target_loss)
+        save(_loss_vs_time(plt, group, f"{label}: training loss of each strategy",
+                           lambda r: r["strategy"], "strategy", target_loss, window),
+             "compare", label)
         if any(v is not None for r in group for v in r["val_losses"]) and not label_projected(
                 group):
-            _loss_vs_time(plt, group, save_as("val_loss", label),
-                          f"{label}: validation loss of each strategy's held model",
-                          lambda r: r["strategy"], "strategy", target_loss, validation=True)
+            save(_loss_vs_time(plt, group,
+                               f"{label}: validation loss of each strategy's held model",
+                               lambda r: r["strategy"], "strategy", target_loss, 1,
+                               validation=True), "val_loss", label)
     trained = [r for r in rows if r["source"] == "run" and r.get("bytes_sent")]
     if any(v is not None for r in trained for v in r["val_losses"]):
-        _loss_vs_bytes(plt, trained, save_as("loss_vs_bytes"), target_loss)
+        save(_loss_vs_bytes(plt, trained, target_loss), "loss_vs_bytes")
     swept = [r for r in rows if r["bottleneck_bandwidth"] is not None]
+    compared = [r for r in with_speedups(swept, baseline)
+                if r["speedup"] is not None and r["strategy"] != baseline]
+    if compared:
+        fig, ax, legend = _versus_bandwidth(plt, compared, "speedup",
+                                            f"speed-up over {baseline} (×)")
+        ax.axhline(1, color="black", linestyle="--", linewidth=1, label=f"{baseline} (1×)")
+        save((fig, ax, legend), "speedup_vs_bandwidth")
     if len({r["bottleneck_bandwidth"] for r in swept}) > 1:
         plots = [("simulated_seconds", "simulated time to finish (s)", "time_vs_bandwidth"),
                  ("compute_utilization", "compute utilization (%)", "utilization_vs_bandwidth")]
@@ -73,8 +98,13 @@ def plot_sweep(rows: list[dict], folder, target_loss: float | None = None) -> li
             plots.append(("time_to_target", f"simulated time to val loss {target_loss:g} (s)",
                           "time_to_target_vs_bandwidth"))
         for key, label, name in plots:
-            _versus_bandwidth(plt, swept, key, label, save_as(name))
+            save(_versus_bandwidth(plt, swept, key, label), name)
     return written
+
+
+def caption_path(path: Path) -> Path:
+    """Where a paper-style figure's caption goes: <figure>.caption.txt beside it."""
+    return path.parent / f"{path.stem}.caption.txt"
 
 
 def label_projected(rows) -> bool:
@@ -82,14 +112,14 @@ def label_projected(rows) -> bool:
     return any(r["projection"] for r in rows)
 
 
-def _loss_vs_time(plt, rows, path, what, label_of, legend_title, target_loss,
+def _loss_vs_time(plt, rows, what, label_of, legend_title, target_loss, window,
                   validation=False):
-    """One line per setup in `rows`, labelled by label_of(its first row); fastest network
-    first. Training loss smoothed (the window stated), or the validation loss as validated."""
+    """One line per setup in `rows`, labelled by label_of(its first row) and its variant;
+    fastest network first. Training loss smoothed over `window` steps (stated), or the
+    validation loss as validated."""
+    label_of = _with_variant(label_of)
     setups = sorted(by_setup(rows).values(),
                     key=lambda g: (-(g[0]["bottleneck_bandwidth"] or math.inf), label_of(g[0])))
-    steps = max(len(r["losses"]) for r in rows)
-    window = 1 if validation else smoothing_window(steps)
     label, unit = time_label([r["sim_times"][-1] for r in rows if r["sim_times"]])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     shown = []
@@ -102,11 +132,20 @@ def _loss_vs_time(plt, rows, path, what, label_of, legend_title, target_loss,
                 # between its outer steps)
                 **({"marker": ".", "markersize": 3, "drawstyle": "steps-post"}
                    if validation else {}), **style)
-        if len(group) > 1:
-            ax.fill_between(times, low, high, color=style["color"], alpha=0.15, linewidth=0,
+        if len(group) >= MIN_BAND_SEEDS:
+            ax.fill_between(times, low, high, color=style["color"], alpha=0.2, linewidth=0,
                             step="post" if validation else None)
+        elif len(group) > 1:
+            for row in group:
+                seed_times, seed_losses = _mean_curve([row], window, validation)[:2]
+                ax.plot([t / unit for t in seed_times], seed_losses, color=style["color"],
+                        linewidth=0.6, alpha=0.6, label="_seed",
+                        drawstyle="steps-post" if validation else "default")
         if not validation:
             _failure_marks(ax, group, style["color"], window, unit)
+    if not validation and any(r.get("failed_at") for r in rows):
+        ax.plot([], [], "x", color="black", markersize=7, markeredgewidth=1.5,
+                label="node failure")
     _reference_lines(ax, rows, target_loss)
     ax.set_xscale("log")
     positive = [t for t in shown if t > 0]
@@ -117,7 +156,7 @@ def _loss_vs_time(plt, rows, path, what, label_of, legend_title, target_loss,
                   else f"training loss ({smoothing_label(window)})")
     ax.set_title(title(what, rows, seeds_note([len(g) for g in setups])), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    _save(plt, fig, ax, path, legend_title)
+    return fig, ax, legend_title
 
 
 def _failure_marks(ax, group, colour, window, unit):
@@ -148,15 +187,15 @@ def _reference_lines(ax, rows, target_loss):
                    label=f"best achievable {best:.4g}")
 
 
-def _loss_vs_bytes(plt, rows, path, target_loss):
+def _loss_vs_bytes(plt, rows, target_loss):
     """Validation loss of the held model against the bytes each node has sent, one line per
     strategy (and network, where a strategy trained on several)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    groups = _by(rows, lambda r: (r["strategy"], r["net"], r.get("faults")))
+    groups = _by(rows, lambda r: (r["strategy"], r["net"], r.get("faults"), r["variant"]))
     nets_of = defaultdict(set)
-    for strategy, net, _ in groups:
+    for strategy, net, _, _ in groups:
         nets_of[strategy].add(net)
-    for ((strategy, net, _), group), style in zip(groups.items(), line_styles(len(groups))):
+    for ((strategy, net, _, _), group), style in zip(groups.items(), line_styles(len(groups))):
         points = defaultdict(list)  # step -> (bytes, loss) of each seed
         for r in group:
             for i, (sent, loss) in enumerate(zip(r["bytes_sent"], r["val_losses"])):
@@ -165,7 +204,8 @@ def _loss_vs_bytes(plt, rows, path, target_loss):
         steps = [i for i in sorted(points) if len(points[i]) == len(group)]
         xs = [sum(b for b, _ in points[i]) / len(group) / 1e6 for i in steps]
         ys = [sum(v for _, v in points[i]) / len(group) for i in steps]
-        label = strategy + (f" on {_net_label(group[0])}" if len(nets_of[strategy]) > 1 else "")
+        label = _with_variant(lambda r: r["strategy"])(group[0]) + (
+            f" on {_net_label(group[0])}" if len(nets_of[strategy]) > 1 else "")
         ax.plot(xs, ys, label=label, marker=".", markersize=3, linewidth=1.4,
                 drawstyle="steps-post", **style)
     _reference_lines(ax, rows, target_loss)
@@ -174,13 +214,13 @@ def _loss_vs_bytes(plt, rows, path, target_loss):
     ax.set_title(title("Validation loss versus bytes sent per node", rows,
                        seeds_note([len(g) for g in groups.values()])), fontsize=10)
     ax.grid(True, alpha=0.3)
-    _save(plt, fig, ax, path, "strategy")
+    return fig, ax, "strategy"
 
 
-def _versus_bandwidth(plt, rows, key, label, path):
+def _versus_bandwidth(plt, rows, key, label):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     scale = 100 if key == "compute_utilization" else 1
-    strategies = _by(rows, "strategy")
+    strategies = _by(rows, lambda r: _with_variant(lambda x: x["strategy"])(r))
     counts, values = [], []
     for (strategy, group), style in zip(strategies.items(), line_styles(len(strategies))):
         points = defaultdict(list)  # bandwidth -> the seeds' values
@@ -191,9 +231,13 @@ def _versus_bandwidth(plt, rows, key, label, path):
         mbits = [x * 8 / 1e6 for x in xs]
         ax.plot(mbits, [sum(points[x]) / len(points[x]) for x in xs], label=strategy,
                 **{"marker": "o", **style})
-        if any(len(points[x]) > 1 for x in xs):
+        if all(len(points[x]) >= MIN_BAND_SEEDS for x in xs):
             ax.fill_between(mbits, [min(points[x]) for x in xs], [max(points[x]) for x in xs],
-                            color=style["color"], alpha=0.15, linewidth=0)
+                            color=style["color"], alpha=0.2, linewidth=0)
+        elif any(len(points[x]) > 1 for x in xs):  # too few for a band: each seed's point
+            ax.plot([m for x, m in zip(xs, mbits) for _ in points[x]],
+                    [v for x in xs for v in points[x]], linestyle="none", marker=".",
+                    color=style["color"], alpha=0.6, label="_seed")
         counts += [len(v) for v in points.values()]
         values += [v for vs in points.values() for v in vs]
     bandwidths = [r["bottleneck_bandwidth"] * 8 / 1e6 for r in rows]
@@ -205,7 +249,10 @@ def _versus_bandwidth(plt, rows, key, label, path):
         readable_log_axis(ax.yaxis, min(positive), max(positive))
     elif key == "compute_utilization":
         ax.set_ylim(0, 105)  # room for the markers at 100%
-    ax.set_xlabel("bottleneck bandwidth (Mbit/s, log scale)")
+    latencies = sorted({r["latency"] for r in rows if r.get("latency") is not None})
+    ax.set_xlabel("bottleneck bandwidth (Mbit/s, log scale" + (
+        f"; latency {format_duration(latencies[0])} to {format_duration(latencies[-1])} "
+        "with it)" if len(latencies) > 1 else ")"))
     ax.set_ylabel(label)
     # several networks of one bandwidth (presets, not a --bandwidth grid) share a point
     shared = any(len({r["net"] for r in group}) > 1
@@ -215,16 +262,22 @@ def _versus_bandwidth(plt, rows, key, label, path):
         counts, "runs (seeds, networks of equal bandwidth)" if shared else "seeds")),
         fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    _save(plt, fig, ax, path, "strategy")
+    return fig, ax, "strategy"
 
 
-def _save(plt, fig, ax, path, legend_title):
+def _save(plt, fig, ax, path, legend_title, figures: Figures):
+    """The figure in each format (path with that suffix); in a paper's style without its
+    title, which goes to the caption file."""
     entries = len(ax.get_legend_handles_labels()[0])
     ax.legend(title=legend_title, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1),
               borderaxespad=0, ncol=1 + (entries - 1) // 25)
-    # "tight" grows the saved image to take in the legend beside the axes
-    with replacing(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=120, bbox_inches="tight")
+    if figures.paper:
+        write_atomic(caption_path(path), ax.get_title().replace("\n", ". ") + ".\n")
+        ax.set_title("")
+    for form in figures.formats:
+        # "tight" grows the saved image to take in the legend beside the axes
+        with replacing(path.with_suffix(f".{form}"), "wb") as f:
+            fig.savefig(f, format=form, dpi=figures.dpi, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -253,6 +306,11 @@ def _net_label(row) -> str:
     if net.endswith((".yaml", ".yml")):
         net = Path(net).stem
     return setup_label({**row, "net": net})
+
+
+def _with_variant(label_of):
+    """label_of(row), then the fields that differ between the report's setups (H=5)."""
+    return lambda row: label_of(row) + (f" ({row['variant']})" if row.get("variant") else "")
 
 
 def _claim(name: str, taken: set) -> str:

@@ -1,17 +1,19 @@
-"""A sweep's setups: its rows grouped by strategy, network, failures and projection (the seeds
-of one setup), in table order, and each setup's label; read by the tables and the plots."""
+"""A report's setups: its rows grouped by their whole setting but the seed (groups.py: the
+strategy and its parameters, the network, failures, projection and every other field of the
+runs' configuration), in table order, and each setup's label; read by the tables and the
+plots."""
 from __future__ import annotations
 
 import math
 
+from .groups import setting_key
+
 
 def by_setup(rows: list[dict]) -> dict:
-    """Rows grouped by (strategy, net, faults, projection), in table order: the seeds of
-    one setup."""
+    """Rows grouped by their setting, in table order: the seeds of one setup."""
     groups = {}
     for row in sorted(rows, key=row_order):
-        key = (row["strategy"], row["net"], row.get("faults", "none"), row["projection"])
-        groups.setdefault(key, []).append(row)
+        groups.setdefault(setting_key(row), []).append(row)
     return dict(sorted(groups.items(), key=lambda item: row_order({**item[1][0], "seed": 0})))
 
 
@@ -26,7 +28,7 @@ def row_order(row):
     bandwidth = row["bottleneck_bandwidth"]
     return (row["strategy"], row.get("seed") or 0,
             -(bandwidth if bandwidth is not None else math.inf), row["net"],
-            _failure_rate(row.get("faults", "none")))
+            _failure_rate(row.get("faults", "none")), setting_key(row))
 
 
 def _failure_rate(faults: str) -> tuple:

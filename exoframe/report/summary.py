@@ -66,6 +66,7 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "net": job.sim.net,
         "real_network": job.sim.real,  # --net real: the times are measured, not simulated
         "bottleneck_bandwidth": job.sim.topology.bottleneck(),
+        "latency": job.sim.topology.longest_latency(),
         "compute_model": job.sim.compute.describe(),
         "stragglers": job.sim.stragglers.describe(),
         **failure_summary(job, ranks),

@@ -3,8 +3,10 @@
 Each run folder gives one row for the network it trained on (summary.json, metrics.jsonl)
 and one per replay through another network (replays/*.json). Rows carry each step's
 simulated time next to the run's losses, so loss can be drawn against simulated time.
-Rows of the same strategy, network, simulated failures and projection (the seeds) are
-summarized as a mean and a standard deviation per metric.
+Rows of one setting (groups.py: the run's whole recorded configuration but the seed, on one
+network) are the seeds of one setup, summarized as a mean and a standard deviation per
+metric, with the speed-up over a baseline strategy and the bandwidth each setup needs for
+a compute utilization (compare.py).
 """
 from __future__ import annotations
 
@@ -14,24 +16,38 @@ from pathlib import Path
 
 from ..errors import ExoframeError
 from ..files import replacing, write_atomic
+from ..sim.units import format_duration
 from . import strict_json
+from .compare import (UTILIZATION_LEVELS, choose_baseline, level_csv, level_text, speedups,
+                      utilization_table)
+from .groups import cells, check_distinct_seeds, column_name, read_config, varying
 from .setups import by_setup, row_order, setup_label
 from .summary import LOW_UTILIZATION, format_bytes, format_seconds
 
-COLUMNS = ["strategy", "seed", "net", "bottleneck_bandwidth", "faults", "projection",
+COLUMNS = ["strategy", "seed", "net", "bottleneck_bandwidth", "latency", "faults", "projection",
            "simulated_seconds", "time_to_target", "compute_utilization", "bytes_sent_per_node",
            "final_loss", "final_val_loss", "failures", "lost_steps", "source", "run_dir"]
-# Summarized over the seeds of each (strategy, net, faults, projection): <metric>_mean,
-# <metric>_std.
+# Summarized over the seeds of each setup (setups.py): <metric>_mean, <metric>_std.
 METRICS = ["simulated_seconds", "time_to_target", "compute_utilization", "bytes_sent_per_node",
            "final_loss", "final_val_loss", "failures", "lost_steps"]
-SUMMARY_COLUMNS = ["strategy", "net", "bottleneck_bandwidth", "faults", "projection", "seeds",
-                   "seeds_at_target", *(f"{m}_{s}" for m in METRICS for s in ("mean", "std"))]
+# speedup.csv: each setup's speed-up over the baseline, with its times and final loss
+# (the fields that differ between setups after the fifth column).
+SPEEDUP_COLUMNS = ["strategy", "net", "bottleneck_bandwidth", "faults", "projection", "seeds",
+                   "baseline", "speedup_mean", "speedup_std", "speedup_seeds_paired",
+                   "seeds_at_target", "time_to_target_mean", "time_to_target_std",
+                   "simulated_seconds_mean", "simulated_seconds_std", "final_val_loss_mean",
+                   "final_val_loss_std", "final_loss_mean", "final_loss_std"]
+# utilization.csv: the bandwidth (Mbit/s; <= and > mark bounds) for each utilization level
+LEVEL_COLUMNS = [f"bandwidth_for_{100 * level:g}pct_mbit" for level in UTILIZATION_LEVELS]
 
 
 def collect_rows(run_dirs, target_loss: float | None = None) -> list[dict]:
-    rows = []
+    """The rows of the run folders (a folder given twice counts once), in their order; two
+    runs of one setting and one seed are refused (groups.py)."""
+    rows, given = [], {}
     for run_dir in map(Path, run_dirs):
+        given.setdefault(run_dir.resolve(), run_dir)
+    for run_dir in given.values():
         try:
             rows += _rows_of(run_dir)
         except (KeyError, TypeError, IndexError) as e:
@@ -41,6 +57,7 @@ def collect_rows(run_dirs, target_loss: float | None = None) -> list[dict]:
     for row in rows:
         row["target_loss"] = target_loss
         row["time_to_target"] = time_to_target(row, target_loss)
+    check_distinct_seeds(rows)
     return rows
 
 
@@ -65,13 +82,16 @@ def _rows_of(run_dir: Path) -> list[dict]:
             "model_parameters": summary.get("model_parameters"),
             "compute_model": summary.get("compute_model"),
             "bytes_sent": [m.get("bytes_sent_per_node") for m in metrics],
+            # the run's whole setting but the seed (groups.py)
+            "config": read_config(run_dir),
             "faults": summary.get("faults", "none"),
             "failures": len(summary.get("failures", [])),
             "failed_at": [f["failed_at"] for f in summary.get("failures", [])],
             "lost_steps": summary.get("lost_steps", 0)}
     rows = [{**base, "net": summary["net"],
              "bottleneck_bandwidth": summary.get("bottleneck_bandwidth"),
-             "projection": None, "simulated_seconds": summary["simulated_seconds"],
+             "latency": summary.get("latency"), "projection": None,
+             "simulated_seconds": summary["simulated_seconds"],
              "compute_utilization": summary["compute_utilization"],
              "bytes_sent_per_node": summary["bytes_sent_per_node"], "source": "run",
              "sim_times": [m["sim_time"] for m in metrics]}]
@@ -79,7 +99,8 @@ def _rows_of(run_dir: Path) -> list[dict]:
         replay = _mapping(strict_json.load(path, "replay"), path)
         rows.append({**base, **{k: replay[k] for k in (
             "net", "bottleneck_bandwidth", "projection", "simulated_seconds",
-            "compute_utilization", "bytes_sent_per_node", "sim_times")}, "source": "replay"})
+            "compute_utilization", "bytes_sent_per_node", "sim_times")},
+            "latency": replay.get("latency"), "source": "replay"})
     return rows
 
 
@@ -102,69 +123,94 @@ def time_to_target(row: dict, target: float | None) -> float | None:
     return None
 
 
-def summarize(rows: list[dict]) -> list[dict]:
-    """One row per (strategy, net, faults, projection): `seeds` (how many rows it has), and each
-    metric's mean and sample standard deviation over the rows where it is known (the std
-    is None below two values). `seeds_at_target` counts the rows that reached the target
-    loss (None without a target); the time-to-target statistics are over those rows."""
-    summaries = []
-    for (strategy, net, faults, projection), group in by_setup(rows).items():
+def summarize(rows: list[dict], baseline: str | None = None) -> list[dict]:
+    """One row per setup (groups.py: the rows' setting but the seed): the fields that differ
+    between setups (groups.varying), `seeds` (its distinct seeds), each metric's mean and
+    sample standard deviation over the rows where it is known (the std is None below two
+    values), and the speed-up over `baseline` (compare.py; the first strategy by default).
+    `seeds_at_target` counts the rows that reached the target loss (None without a target);
+    the time-to-target statistics are over those rows."""
+    baseline = choose_baseline(rows, baseline)
+    keys, ratios, summaries = varying(rows), speedups(rows, baseline), []
+    for key, group in by_setup(rows).items():
+        first = group[0]
         targeted = any(r.get("target_loss") is not None for r in group)
-        summary = {"strategy": strategy, "net": net,
-                   "bottleneck_bandwidth": group[0]["bottleneck_bandwidth"], "faults": faults,
-                   "projection": projection, "seeds": len(group),
+        mean, std, pairs = ratios.get(key, (None, None, None))
+        summary = {"strategy": first["strategy"], "net": first["net"],
+                   "bottleneck_bandwidth": first["bottleneck_bandwidth"],
+                   "faults": first.get("faults", "none"), "projection": first["projection"],
+                   **dict(zip(map(column_name, keys), cells(first, keys))),
+                   "seeds": len({r.get("seed") for r in group}),
                    "seeds_at_target": sum(r["time_to_target"] is not None for r in group)
-                   if targeted else None}
-        for key in METRICS:
-            values = [r.get(key) for r in group if r.get(key) is not None]
-            summary[f"{key}_mean"] = statistics.mean(values) if values else None
-            summary[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else None
+                   if targeted else None,
+                   "baseline": baseline, "speedup_mean": mean, "speedup_std": std,
+                   "speedup_seeds_paired": pairs}
+        for metric in METRICS:
+            values = [r.get(metric) for r in group if r.get(metric) is not None]
+            summary[f"{metric}_mean"] = statistics.mean(values) if values else None
+            summary[f"{metric}_std"] = statistics.stdev(values) if len(values) > 1 else None
         summaries.append(summary)
     return summaries
 
 
-HEADERS = ["strategy", "network", "simulated time", "to target", "compute util.",
-           "sent / node", "final val loss"]
-TO_TARGET = HEADERS.index("to target")
-
-
-def table(rows: list[dict]) -> str:
-    """One line per row; with several seeds of a setup, one line per setup instead, each
-    metric as mean ± standard deviation over its seeds. The "to target" column only with a
-    target; below the table, what each strategy's validation loss is of."""
-    summaries = summarize(rows)
+def table(rows: list[dict], baseline: str | None = None) -> str:
+    """One line per setup: with several seeds of a setup, each metric as mean ± standard
+    deviation over its seeds; with one, the run's seed beside its strategy. The fields
+    that differ between setups as columns; the "to target" column only with a target, the
+    speed-up over the baseline only with several strategies; below the table, what each
+    strategy's validation loss is of."""
+    summaries = summarize(rows, baseline)
+    keys = varying(rows)
+    several = any(s["seeds"] > 1 for s in summaries)
     failures = any(r.get("faults", "none") != "none" for r in rows)
-    extra = ["failures (node-steps lost)"] if failures else []
     targeted = any(r.get("target_loss") is not None for r in rows)
-    if any(s["seeds"] > 1 for s in summaries):
-        headers = [*HEADERS[:2], "seeds", *HEADERS[2:], *extra]
-        lines = [_summary_line(s) + (_failure_cell(s, "_mean") if failures else [])
-                 for s in summaries]
-        column = TO_TARGET + 1
-    else:
-        headers = [*HEADERS, *extra]
-        lines = [[
-            r["strategy"] + (f" s{r['seed']}" if r.get("seed") else ""),
-            setup_label(r),
-            format_seconds(r["simulated_seconds"]),
-            "-" if r["time_to_target"] is None else format_seconds(r["time_to_target"]),
-            "-" if r["compute_utilization"] is None
-            else f"{100 * r['compute_utilization']:.1f}%",
-            format_bytes(r["bytes_sent_per_node"]),
-            # a projection's times are for another model: the trained model's loss is not
-            "-" if r["final_val_loss"] is None or r["projection"]
-            else f"{r['final_val_loss']:.4f}",
-            *(_failure_cell(r) if failures else [])]
-            for r in sorted(rows, key=row_order)]
-        column = TO_TARGET
-    if targeted:
-        target = _one(rows, "target_loss")
-        headers[column] = f"to val loss {target:g}" if target is not None else "to target"
-    else:
-        headers.pop(column)
-        for line in lines:
-            line.pop(column)
+    compared = len({r["strategy"] for r in rows}) > 1 and any(
+        s["speedup_mean"] is not None for s in summaries)
+    target = _one(rows, "target_loss")
+    headers = ["strategy", "network", *map(column_name, keys), *(["seeds"] * several),
+               "simulated time",
+               *([f"to val loss {target:g}" if target is not None else "to target"]
+                 * targeted),
+               *([f"speed-up vs {summaries[0]['baseline']}"] * compared),
+               "compute util.", "sent / node", "final val loss",
+               *(["failures (node-steps lost)"] * failures)]
+    lines = []
+    for s, group in zip(summaries, by_setup(rows).values()):
+        seed = group[0].get("seed")
+        cell = _cells(s)
+        lines.append([s["strategy"] + (f" s{seed}" if seed and not several else ""),
+                      setup_label(s), *cells(group[0], keys), *([str(s["seeds"])] * several),
+                      cell("simulated_seconds", format_seconds, _duration),
+                      *([_to_target(s, cell)] * targeted),
+                      *([cell("speedup", lambda x: f"{x:.2f}×", lambda x: f"{x:.2f}")]
+                        * compared),
+                      cell("compute_utilization", lambda u: f"{100 * u:.1f}%"),
+                      cell("bytes_sent_per_node", format_bytes),
+                      # a projection's times are for another model: its loss is not
+                      "-" if s["projection"] else cell("final_val_loss", lambda x: f"{x:.4f}"),
+                      *(_failure_cell(s, "_mean") if failures else [])])
     return "\n".join([_aligned(headers, lines), *validated_notes(rows)])
+
+
+def utilization_text(rows: list[dict]) -> str | None:
+    """The bandwidth each setup needs for each compute-utilization level, as a table; None
+    where no setup ran at two bandwidths or more."""
+    entries = utilization_table(rows)
+    if not entries:
+        return None
+    keys = [k for k in varying(rows) if k != "latency"]
+    headers = ["strategy", *map(column_name, keys), "bandwidths",
+               *(f"{100 * level:g}% util." for level in UTILIZATION_LEVELS)]
+    lines = [[e["strategy"] + (f" [{e['projection']}]" if e["projection"] else ""),
+              *("-" if e.get(k) is None else str(e[k]) for k in keys), str(e["bandwidths"]),
+              *map(level_text, e["levels"])] for e in entries]
+    notes = ["  bandwidth needed for each compute utilization (the bottleneck link; "
+             "interpolated in log bandwidth between the runs that bracket it)"]
+    if any(len(e["latencies"]) > 1 for e in entries):
+        notes.append("  note: the networks' latencies differ too (" + ", ".join(
+            sorted({format_duration(x) for e in entries for x in e["latencies"]})) + "): the "
+            "bandwidth is not the only change between these points.")
+    return "\n".join([_aligned(headers, lines), *notes])
 
 
 def validated_notes(rows: list[dict]) -> list[str]:
@@ -201,7 +247,8 @@ def _failure_cell(row: dict, suffix: str = "") -> list[str]:
     return ["-" if count is None else f"{count:g} ({lost:g})"]
 
 
-def _summary_line(s: dict) -> list[str]:
+def _cells(s: dict):
+    """A cell maker for summary `s`: a metric's mean, ± its std over the seeds."""
     def cell(key, fmt, fmt_std=None):
         mean, std = s[f"{key}_mean"], s[f"{key}_std"]
         if mean is None:
@@ -209,15 +256,14 @@ def _summary_line(s: dict) -> list[str]:
         if std is None or std <= 1e-9 * abs(mean):  # one seed, or float noise
             return fmt(mean)
         return f"{fmt(mean)} ± {(fmt_std or fmt)(std)}"
+    return cell
 
-    to_target = cell("time_to_target", format_seconds, _duration)
-    if to_target != "-" and s["seeds_at_target"] < s["seeds"]:
-        to_target += f" ({s['seeds_at_target']}/{s['seeds']} seeds)"
-    return [s["strategy"], setup_label(s),
-            str(s["seeds"]), cell("simulated_seconds", format_seconds, _duration), to_target,
-            cell("compute_utilization", lambda u: f"{100 * u:.1f}%"),
-            cell("bytes_sent_per_node", format_bytes),
-            "-" if s["projection"] else cell("final_val_loss", lambda x: f"{x:.4f}")]
+
+def _to_target(s: dict, cell) -> str:
+    text = cell("time_to_target", format_seconds, _duration)
+    if text != "-" and s["seeds_at_target"] < s["seeds"]:
+        text += f" ({s['seeds_at_target']}/{s['seeds']} seeds)"
+    return text
 
 
 def _duration(s: float) -> str:
@@ -234,29 +280,52 @@ def _aligned(headers: list[str], lines: list[list[str]]) -> str:
 
 
 def write_outputs(rows: list[dict], folder, plots: bool = True,
-                  target_loss: float | None = None) -> list[Path]:
-    """sweep.csv and sweep.json (one row per run and network), sweep_summary.csv and
-    sweep_summary.json (one row per strategy, network and projection: mean and std over
-    seeds) and (with matplotlib) the PNG plots in `folder`. `target_loss` draws a line on
-    the loss plots; by default the one the rows were collected with."""
+                  target_loss: float | None = None, baseline: str | None = None,
+                  figures=None) -> list[Path]:
+    """In `folder`: sweep.csv and sweep.json (one row per run and network), sweep_summary.csv
+    and sweep_summary.json (one row per setup: mean and std over seeds, and the speed-up over
+    `baseline`, by default the first row's strategy), speedup.csv (the comparison: speed-up,
+    time to target and final loss with their spread), utilization.csv and utilization.json
+    (the bandwidth each setup needs for each compute utilization, where it ran at several)
+    and (with matplotlib) the plots, as `figures` (plots.Figures) asks. `target_loss` draws
+    a line on the loss plots; by default the one the rows were collected with."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    baseline = choose_baseline(rows, baseline)
     rows = sorted(rows, key=row_order)
-    with replacing(folder / "sweep.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    keys = varying(rows)
+    names = [column_name(k) for k in keys]
+    _write_csv(folder / "sweep.csv", [*COLUMNS[:7], *names, *COLUMNS[7:]],
+               [{**r, **dict(zip(names, cells(r, keys)))} for r in rows])
     write_atomic(folder / "sweep.json", strict_json.dumps(rows, indent=1) + "\n")
-    summaries = summarize(rows)
-    with replacing(folder / "sweep_summary.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, SUMMARY_COLUMNS)
-        writer.writeheader()
-        writer.writerows(summaries)
+    summaries = summarize(rows, baseline)
+    _write_csv(folder / "sweep_summary.csv", list(summaries[0]) if summaries else [], summaries)
     write_atomic(folder / "sweep_summary.json", strict_json.dumps(summaries, indent=1) + "\n")
+    _write_csv(folder / "speedup.csv", [*SPEEDUP_COLUMNS[:5], *names, *SPEEDUP_COLUMNS[5:]],
+               summaries)
+    utilization = utilization_table(rows)
+    _write_csv(folder / "utilization.csv",
+               ["strategy", "projection", "faults", *(column_name(k) for k in keys
+                                                      if k != "latency"),
+                "bandwidths", "latencies", *LEVEL_COLUMNS],
+               [{**{k: v for k, v in e.items() if k != "levels"},
+                 **{column_name(k): e[k] for k in keys if k in e},
+                 "latencies": " ".join(map(format_duration, e["latencies"])),
+                 **dict(zip(LEVEL_COLUMNS, map(level_csv, e["levels"])))}
+                for e in utilization])
+    write_atomic(folder / "utilization.json", strict_json.dumps(utilization, indent=1) + "\n")
     written = [folder / name for name in
-               ("sweep.csv", "sweep.json", "sweep_summary.csv", "sweep_summary.json")]
+               ("sweep.csv", "sweep.json", "sweep_summary.csv", "sweep_summary.json",
+                "speedup.csv", "utilization.csv", "utilization.json")]
     if plots:
         from .plots import plot_sweep
 
-        written += plot_sweep(rows, folder, target_loss)
+        written += plot_sweep(rows, folder, target_loss, baseline, figures)
     return written
+
+
+def _write_csv(path: Path, columns: list[str], rows: list[dict]):
+    with replacing(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)

@@ -62,6 +62,11 @@ class Topology:
         slowest = min(links, default=math.inf)
         return None if math.isinf(slowest) else slowest
 
+    def longest_latency(self) -> float:
+        """The longest one-way latency of any link, in s: with the bottleneck, what tells
+        two networks apart in a report."""
+        return max(s.latency for s in [*self.intra, *self.inter.values()])
+
     def is_ideal(self) -> bool:
         """Unlimited bandwidth and no latency anywhere: every transfer is instantaneous."""
         specs = [*self.intra, *self.inter.values()]
