@@ -15,7 +15,7 @@ from .options import (check_out_folder, config_file_option, progress_mode, progr
 from .start_up import import_engine
 
 plots_option = click.option("--plots/--no-plots", default=True,
-                            help="Write PNG plots (needs matplotlib).")
+                            help="Write plots (PNG; needs matplotlib).")
 
 
 @cli.command()
@@ -56,7 +56,7 @@ def sweep(config_file, bandwidth, points, project_params, step_time, payload_bit
         import_engine()
     from ..config import load_yaml
     from ..engine.sweep import config_axes, parse_grid, sweep as run_sweep
-    from ..report.sweep import compute_warning, table
+    from ..report.sweep import compute_warning, table, utilization_text
 
     given, axes = sweep_values(flags)
     # -p is scoped by strategy in a sweep ([STRATEGY.]KEY=VALUE): engine/sweep.py places it.
@@ -80,6 +80,9 @@ def sweep(config_file, bandwidth, points, project_params, step_time, payload_bit
                              progress_mode(progress, progress_every), grid, progress_every,
                              faults, executor, ray_address, axes=axes)
     click.echo(table(rows))
+    utilization = utilization_text(rows)
+    if utilization:
+        click.echo(utilization)
     click.echo(f"  sweep folder: {folder}")
     warning = compute_warning(rows)
     if warning:
