@@ -243,7 +243,11 @@ def test_a_real_two_seed_sweep_summarizes_its_seeds(tmp_path, capsys):
         losses = [r["final_val_loss"] for r in rows if r["net"] == s["net"]]
         assert s["final_val_loss_mean"] == pytest.approx(statistics.mean(losses))
         assert s["final_val_loss_std"] == pytest.approx(statistics.stdev(losses))
-    assert printed.count("±") >= 2 and len(printed.strip().splitlines()) == 1 + 2 + 1 + 1
+    lines = printed.strip().splitlines()
+    utilization = next(i for i, line in enumerate(lines) if "% util." in line)
+    # The table (a header, a row per network, the note), then the utilization table.
+    assert printed.count("±") >= 2 and utilization == 1 + 2 + 1
+    assert lines[-1].startswith("  sweep folder:")
     assert "  val loss of: ddp: replicas' model (equal on every node)" in printed
     assert "to target" not in printed  # no target, no column of dashes
     assert {p.name for p in folder.glob("compare_*.png")} == {"compare_wan-100mbps.png",
