@@ -263,6 +263,11 @@ def test_any_field_and_any_strategy_parameter_is_a_sweep_axis(tmp_path):
                                for s in (0, 1)])
     rows = json.loads((folder / "sweep.json").read_text())
     assert len(rows) == 12 and len({r["run_dir"] for r in rows}) == 12
+    # Reported as groups of 2 seeds: diloco's 4 (H × partition), ddp's 2 (partition).
+    groups = json.loads((folder / "sweep_summary.json").read_text())
+    assert sorted((g["strategy"], g["H"], g["partition"], g["seeds"]) for g in groups) == \
+        sorted([("diloco", str(h), p, 2) for h in (5, 20) for p in ("iid", "dirichlet:0.5")]
+               + [("ddp", "-", p, 2) for p in ("iid", "dirichlet:0.5")])
 
 
 def test_a_sweep_axis_value_is_checked_before_anything_trains(tmp_path, capsys):
