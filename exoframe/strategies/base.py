@@ -216,6 +216,12 @@ class Strategy(metaclass=StrategyType):
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if self.comm.world_size == 1 and params:
+            # The mean over one rank is its gradient: no flat copy, no division (a 1-node
+            # GPU step's largest cost of its own); the network model still sees the bytes.
+            nbytes = sum(p.grad.numel() * p.grad.element_size() for p in params)
+            self.comm.all_reduce(params[0].grad.new_empty(0), op="mean", wire_bytes=nbytes)
+            return
         flat = flatten(p.grad for p in params)
         if ranks is None:
             self.comm.all_reduce(flat, op="mean")
