@@ -20,7 +20,7 @@ import statistics
 
 from ..errors import ExoframeError
 from ..sim.units import format_bandwidth
-from .groups import STRATEGY_PARAM, setting, varying
+from .groups import STRATEGY_PARAM, setting, setting_key, varying
 from .setups import by_setup
 
 UTILIZATION_LEVELS = (0.5, 0.8, 0.9, 0.95, 0.99)
@@ -76,8 +76,7 @@ def speedups(rows: list[dict], baseline: str | None) -> dict:
 
 
 def _without_strategy(row: dict) -> str:
-    return repr(sorted((k, repr(v)) for k, v in setting(row).items()
-                       if k != "strategy" and not k.startswith(STRATEGY_PARAM)))
+    return setting_key(row, lambda k: k == "strategy" or k.startswith(STRATEGY_PARAM))
 
 
 def utilization_table(rows: list[dict]) -> list[dict]:
@@ -88,8 +87,7 @@ def utilization_table(rows: list[dict]) -> list[dict]:
     families = {}
     for row in rows:
         if row["bottleneck_bandwidth"] is not None and row["compute_utilization"] is not None:
-            key = repr(sorted((k, repr(v)) for k, v in setting(row).items()
-                              if k not in ("net", "latency")))
+            key = setting_key(row, lambda k: k in ("net", "latency"))
             families.setdefault(key, []).append(row)
     keys = varying([r for family in families.values() for r in family])
     keys = [k for k in keys if k != "latency"]

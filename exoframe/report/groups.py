@@ -66,9 +66,11 @@ def setting(row: dict) -> dict:
             "latency": row.get("latency")}
 
 
-def setting_key(row: dict) -> str:
-    """The row's setting as one hashable value (rows of one key are seeds of one group)."""
-    return json.dumps(setting(row), sort_keys=True, default=str)
+def setting_key(row: dict, leave_out=lambda key: False) -> str:
+    """The row's setting as one hashable value (rows of one key are seeds of one group),
+    without the fields `leave_out(key)` names."""
+    return json.dumps({k: v for k, v in setting(row).items() if not leave_out(k)},
+                      sort_keys=True, default=str)
 
 
 def varying(rows: list[dict]) -> list[str]:
