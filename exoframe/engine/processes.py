@@ -11,7 +11,7 @@ import time
 import traceback
 
 from ..errors import ExoframeError
-from ..stop_signals import stopped_by
+from ..stop_signals import STOP_SIGNALS, stopped_by
 from .messages import ChildFailed
 
 
@@ -19,7 +19,6 @@ class RunInterrupted(ExoframeError):
     pass
 
 
-STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
 STACK_SIGNAL = signal.SIGUSR1  # the watchdog asks a stuck child for its stack
 
 

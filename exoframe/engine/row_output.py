@@ -4,6 +4,7 @@ it (the ranks send it their models themselves: engine/model_state.py)."""
 from __future__ import annotations
 
 from ..errors import ExoframeError
+from ..stop_signals import signals_held
 from .job import Job
 from .messages import StepDone, Validated
 from .processes import RankFailed
@@ -41,10 +42,12 @@ class RowOutput:
         self.rows.add_val(message.step, message.loss, message.metrics, message.replicas_loss)
 
     def emit(self, unvalidated=False):
-        for row in self.rows.ready(unvalidated):
-            self.emitted.append(row)
-            if self.on_row is not None:
-                self.on_row(row)
+        if self.rows.any_ready(unvalidated):
+            with signals_held():  # (a row taken is a row in every record)
+                for row in self.rows.ready(unvalidated):
+                    if self.on_row is not None:
+                        self.on_row(row)
+                    self.emitted.append(row)
         if self.commits is not None and not unvalidated:
             self.commits.commit_ready(len(self.emitted), self.emitted, self.sim_log)
 

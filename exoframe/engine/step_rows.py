@@ -56,11 +56,14 @@ class StepRows:
         """The finished steps whose rows wait for the evaluator."""
         return [step for step in self.rows if self.awaiting(step)]
 
+    def any_ready(self, unvalidated=False) -> bool:
+        return self.next_step in self.rows and (unvalidated
+                                                or not self.awaiting(self.next_step))
+
     def ready(self, unvalidated=False):
         """Rows that can be emitted now, in order; with `unvalidated`, also the rows whose
         validation has not come (when the run stops: they are kept without val_loss)."""
-        while self.next_step in self.rows and (unvalidated
-                                               or not self.awaiting(self.next_step)):
+        while self.any_ready(unvalidated):
             step = self.next_step
             row = self.rows.pop(step)
             row.update(self.validated.pop(step, {}))

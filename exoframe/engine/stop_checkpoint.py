@@ -13,8 +13,8 @@ import sys
 import threading
 
 from .messages import CheckpointNow
-from ..stop_signals import stopped_by
-from .processes import STOP_SIGNALS, RunInterrupted, interrupted
+from ..stop_signals import STOP_SIGNALS, stopped_by
+from .processes import RunInterrupted, interrupted
 
 
 class StopCheckpoint:
