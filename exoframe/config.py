@@ -12,7 +12,7 @@ import yaml
 from .errors import ExoframeError, did_you_mean, shorten
 from .fields import Sweep, option
 from .optimizer_values import check_optimizer_values
-from .sim.inputs import build_dataclass, load_yaml, safe_load
+from .inputs import build_dataclass, load_yaml, safe_load
 from .sinks import parse_sink
 
 # The simulator's collectives are planned for at most MAX_NODES ranks; past a few nodes per

@@ -833,7 +833,7 @@ def test_options_and_sweep_points_are_refused_before_any_folder(here, capsys, ar
 def test_exponents_without_a_dot_are_floats(here):
     """YAML 1.1 reads 1e-12 as text ("must be float"); YAML 1.2 and users read a float."""
     from exoframe.config import parse_assignments, resolve_config
-    from exoframe.engine.job import resolve_names
+    from exoframe.engine.resolve import resolve_names
 
     (here / "c.yaml").write_text("lr: 1e-3\nstrategy: sparta\nstrategy_params: {p: 1E-12}\n")
     config = resolve_config("c.yaml", {"strategy_params": parse_assignments(["p=2e-12"], "-p")})

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from exoframe.config import RunConfig
-from exoframe.engine.cluster import ClusterEnv
-from exoframe.engine.job import job_from_config
+from exoframe.engine.cluster_env import ClusterEnv
+from exoframe.engine.resolve import job_from_config
 from exoframe.engine.node_memory import NodeMemory, node_memory
 from exoframe.engine.placement import GPU_RESERVED_BYTES, Machine, place
 from exoframe.errors import ExoframeError

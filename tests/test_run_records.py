@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from exoframe.cli import cli as exoframe_cli
 
 from exoframe.engine.checkpoint import CheckpointFolder
-from exoframe.engine.cluster import ClusterEnv
+from exoframe.engine.cluster_env import ClusterEnv
 from exoframe.engine.replay import load_trace
 from exoframe.errors import ExoframeError
 from exoframe.sinks import CsvSink, JsonlSink, RunInfo

@@ -58,7 +58,7 @@ def test_a_label_skewed_training_split_still_validates_on_every_shard():
     workload = mlp(train_examples=4000, val_examples=800)
     job_config = dict(workload="mlp", partition="dirichlet:0.1", nodes=8, steps=2)
     from exoframe.config import RunConfig
-    from exoframe.engine.job import build_job
+    from exoframe.engine.resolve import build_job
     job = build_job(RunConfig(**job_config), workload, workload.build_model())
     val_set = validation_set(job.dataset, 8, 64)
     indices = torch.as_tensor(val_set.dataset.indices)

@@ -16,7 +16,7 @@ import click
 
 from ..config import RunConfig, parse_assignments, parse_scalar
 from ..errors import ExoframeError, did_you_mean, shorten
-from ..sim.inputs import build_dataclass
+from ..inputs import build_dataclass
 from ..fields import (declared_flag, default_text, long_flag, option_of, sweep_flag, value_type,
                       with_default)
 

@@ -21,7 +21,7 @@ def run(config_file, progress, progress_every, debug, **flags):
     """Train a workload on N simulated nodes under a strategy."""
     import_engine()
     from ..engine import execute, job_from_config
-    from ..engine.cluster import ClusterEnv
+    from ..engine.cluster_env import ClusterEnv
 
     given = overrides(flags)
     cluster = ClusterEnv.from_environ()  # started by torchrun

@@ -26,7 +26,7 @@ from ..config import EXECUTORS
 from ..errors import ExoframeError
 from ..files import replacing
 from ..sim import resolve_sim
-from .job import job_from_config
+from .resolve import job_from_config
 from .progress import Off
 from .replay import Projection, replay_trace, save_replay
 from .run import execute

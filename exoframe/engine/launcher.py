@@ -31,7 +31,8 @@ from .data import Batches
 from .evaluator import evaluate
 from .flops import count_step_flops
 from .job import Job
-from .cluster import ClusterEnv, Service, join
+from .cluster import Service, join
+from .cluster_env import ClusterEnv
 from .loop import check_loss
 from .messages import EvaluatorDone, EvaluatorStop, Rendezvous
 from .model_state import ModelState

@@ -22,7 +22,7 @@ import torch
 
 from ..errors import ExoframeError
 from . import devices
-from .cluster import ClusterEnv
+from .cluster_env import ClusterEnv
 from .node_memory import NodeMemory
 
 # A process per node up to this many nodes per core, and this many in all (forked ranks

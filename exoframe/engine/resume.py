@@ -23,7 +23,7 @@ from ..errors import ExoframeError, shorten
 from . import rank_state
 from .checkpoint import (MAY_CHANGE_ON_RESUME, Checkpoint, CheckpointFolder, config_difference,
                          identity)
-from .job import job_from_config
+from .resolve import job_from_config
 from .run import RunResult, execute
 from .run_lock import RunLock
 

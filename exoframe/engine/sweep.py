@@ -29,7 +29,7 @@ from ..sim.setup import REAL
 from ..sim.netconfig import load_network
 from ..sim.units import format_bandwidth, parse_bandwidth
 from .executors import SweepPoint, check_executor, run_points
-from .job import build_job, workload_and_model
+from .resolve import build_job, workload_and_model
 from .progress import progress_display
 from .replay import Projection
 from .run_folder import RunFolder

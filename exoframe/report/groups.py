@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import ExoframeError
-from ..sim.inputs import read_text
+from ..inputs import read_text
 from ..sim.units import format_duration
 
 # RunConfig fields that do not change what a run computes, or that a row gives itself.

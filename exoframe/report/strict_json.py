@@ -9,7 +9,7 @@ import json
 import math
 
 from ..errors import ExoframeError
-from ..sim.inputs import read_text
+from ..inputs import read_text
 
 
 def finite(value):

@@ -1,11 +1,25 @@
 """The network in the loop: a flow-level network model on simpy, simulated clocks, compute
-models and stragglers. The bottom layer: it imports neither torch nor anything else of
-exoframe (its presets and algorithms are registered by exoframe/builtins.py)."""
-from .collectives import Plan
-from .setup import SimSetup, resolve_sim
-from .simulator import SimulationError, Simulator
-from .topology import LinkSpec, Sites, Topology
+models and stragglers. It imports neither torch nor anything of exoframe but the ground
+floor (exoframe/errors.py, exoframe/inputs.py); its presets and algorithms are registered by
+exoframe/builtins.py.
 
-__all__ = ["Plan", "SimSetup", "resolve_sim", "Simulator", "SimulationError", "LinkSpec",
-           "Sites", "Topology"]
+The names below load on first use: reading units or a network file needs no simpy."""
+import importlib
 
+_HOMES = {"Plan": ".collectives", "SimSetup": ".setup", "resolve_sim": ".setup",
+          "Simulator": ".simulator", "SimulationError": ".simulator", "LinkSpec": ".topology",
+          "Sites": ".topology", "Topology": ".topology"}
+
+__all__ = list(_HOMES)
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'exoframe.sim' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(__all__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from .inputs import ExoframeError
+from ..errors import ExoframeError
 from .collectives import Plans
 from .compute import ComputeClock
 from .protocol import Listen, Mail, Op, Post, Probe, Probed, Quorum, Quorumed, Wait, Waited

@@ -33,7 +33,7 @@ import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .inputs import ExoframeError
+from ..errors import ExoframeError
 from .topology import Sites, Topology
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")

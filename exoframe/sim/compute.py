@@ -21,7 +21,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from .inputs import ExoframeError, did_you_mean, shorten
+from ..errors import ExoframeError, did_you_mean, shorten
 from .units import parse_duration
 
 # Peak dense FLOP/s in the precision one trains in on each device.

@@ -16,7 +16,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from .inputs import ExoframeError, shorten
+from ..errors import ExoframeError, shorten
 from .units import parse_seconds
 
 _EXPLICIT = re.compile(r"^(\d+)@([^:]+):(.+)$")

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields
 from itertools import combinations
 from pathlib import Path
 
-from .inputs import build_dataclass, load_yaml
-from .inputs import ExoframeError, did_you_mean, shorten
+from ..inputs import build_dataclass, load_yaml
+from ..errors import ExoframeError, did_you_mean, shorten
 from .site_ranks import assign_ranks, check_listed_ranks
 from .collectives import BUILTIN
 from .tcp import parse_protocol

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-from .inputs import load_yaml
+from ..inputs import load_yaml
 
 PRESET_DIR = importlib.resources.files("exoframe.netmodels")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .inputs import ExoframeError
+from ..errors import ExoframeError
 from .collectives import plan_for
 from .compute import ComputeModel, Stragglers, parse_compute, parse_stragglers
 from .netconfig import load_network

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .inputs import ExoframeError
+from ..errors import ExoframeError
 
 _SIZES = {"b": 1, "kb": 1e3, "mb": 1e6, "kib": 2 ** 10, "mib": 2 ** 20}
 

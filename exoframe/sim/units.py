@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 
-from .inputs import ExoframeError, did_you_mean, shorten
+from ..errors import ExoframeError, did_you_mean, shorten
 
 # Bits per second per unit; case-insensitive, "/s" suffix optional ("mbit" or "Mbit/s").
 BIT_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}

@@ -38,7 +38,7 @@ import torch
 
 from ..comm import Communicator, flatten, flatten_bytes, unflatten_bytes_into, unflatten_into
 from ..errors import ExoframeError, did_you_mean, shorten
-from ..sim.inputs import build_dataclass
+from ..inputs import build_dataclass
 from .optimizers import OptimizerSpec, optimizer_tensors
 from .spec import StrategyType
 

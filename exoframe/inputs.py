@@ -1,13 +1,9 @@
-"""The user's input, read strictly: the one-line error type, typed YAML into dataclasses.
-
-At the bottom of exoframe (the network model reads its YAML with these, and imports nothing
-from the rest of exoframe); exoframe.errors and exoframe.config re-export them. An
-ExoframeError is shown as one line (no traceback unless --debug).
-"""
+"""The user's input, read strictly: typed YAML into dataclasses, text files named when they
+cannot be read. The ground floor with errors.py: it imports nothing else of exoframe (the
+network model reads its YAML with these)."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 import types
@@ -16,34 +12,7 @@ from pathlib import Path
 
 import yaml
 
-
-class ExoframeError(Exception):
-    """An error caused by the user's input or environment, with a message that says the fix."""
-
-
-def did_you_mean(name, known):
-    """' Did you mean 'x'?' for the closest known name, or ''."""
-    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.5)
-    return f" Did you mean '{close[0]}'?" if close else ""
-
-
-def unknown_name_error(kind, name, known):
-    known = sorted(known)
-    return ExoframeError(
-        f"unknown {kind} '{name}'.{did_you_mean(name, known)} Known: {', '.join(known)}."
-    )
-
-
-MAX_SHOWN = 200  # characters of a user's value quoted in a message
-
-
-def shorten(value, limit: int = MAX_SHOWN) -> str:
-    """repr(value), cut to `limit` characters: a message quotes input, it must not echo a
-    megabyte of it (a YAML alias bomb expands 400 bytes into 58 MB)."""
-    text = value if isinstance(value, str) else repr(value)
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text)} characters)"
+from .errors import ExoframeError, shorten
 
 
 def _type_name(tp) -> str:
