@@ -15,7 +15,7 @@ from pathlib import Path
 
 from exoframe.config import RunConfig, config_to_dict
 from exoframe.engine import execute, job_from_config
-from exoframe.engine.checkpoint import CheckpointFolder
+from exoframe.engine.records.checkpoint import CheckpointFolder
 from exoframe.engine.resume import resume
 
 

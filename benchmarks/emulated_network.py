@@ -91,7 +91,7 @@ class CaseError(Exception):
 
 def hidden_for(network: dict, nodes: int, seconds: float) -> int:
     """The MLP width whose ring all-reduce takes about `seconds` on the slowest hop."""
-    from exoframe.sim.netconfig import NetConfig
+    from exoframe.sim.network.netconfig import NetConfig
 
     topology = NetConfig.from_dict(network, "case", "case").validate().topology(nodes)
     flows = max(1, sum(1 for r in range(nodes)
@@ -193,7 +193,7 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
     folder = Path(tempfile.mkdtemp(prefix=f"{case.name}-{strategy}-", dir=workdir))
     net_file = folder / "network.yaml"
     net_file.write_text(yaml.safe_dump(network, sort_keys=False))
-    from exoframe.sim.netconfig import load_file
+    from exoframe.sim.network.netconfig import load_file
 
     topology = load_file(net_file, "case").topology(nodes)
     (folder / "real").mkdir()

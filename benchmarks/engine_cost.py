@@ -69,9 +69,9 @@ def plain_diloco():
 
     from exoframe.config import RunConfig
     from exoframe.engine import job_from_config
-    from exoframe.engine.data import Batches
-    from exoframe.engine.evaluator import validate
-    from exoframe.engine.validation_set import validation_set
+    from exoframe.engine.node.data import Batches
+    from exoframe.engine.launch.evaluator import validate
+    from exoframe.engine.launch.validation_set import validation_set
 
     torch.set_num_threads(1)
     job = job_from_config(RunConfig(strategy="diloco", strategy_params={"H": H}, nodes=NODES,

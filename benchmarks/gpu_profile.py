@@ -1,5 +1,5 @@
 """Where an exoframe run's time goes on a GPU: rank 0's process (its own, or the worker of
-nodes packed on the device, engine/packing.py) under cProfile and torch.profiler, beside a
+nodes packed on the device, engine/node/packing.py) under cProfile and torch.profiler, beside a
 plain loop of the same compute under torch.profiler, so that what the engine adds per step
 can be read off.
 
@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 from gpu_step_time import config, exoframe_step, plain_in_turn  # beside this file
 
-from exoframe.engine import devices, launcher
+from exoframe.engine.launch import launcher
+from exoframe.engine.plan import devices
 
 
 def activities():

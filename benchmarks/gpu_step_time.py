@@ -28,8 +28,8 @@ import torch
 
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
-from exoframe.engine.data import Batches
-from exoframe.engine.loop import to_device
+from exoframe.engine.node.data import Batches
+from exoframe.engine.node.loop import to_device
 
 GPT_85M = dict(n_layer=12, n_embd=768, n_head=12, block_size=256)
 CASES = {  # name: (workload params, nodes, strategy, params, precision)

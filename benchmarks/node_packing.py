@@ -20,7 +20,7 @@ import torch
 
 from exoframe.config import RunConfig
 from exoframe.engine import job_from_config
-from exoframe.engine.data import Batches
+from exoframe.engine.node.data import Batches
 
 
 def nodes_of(n: int, steps: int):

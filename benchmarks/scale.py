@@ -5,7 +5,7 @@ single-process loop training N models one after another (the same compute).
     python benchmarks/scale.py [--nodes 64,256,1024] [--steps 20] [--strategy fedavg]
                                [--nodes-per-process N]
 
-Past 8 nodes on 2 cores the run packs its nodes into a worker per core (engine/packing.py);
+Past 8 nodes on 2 cores the run packs its nodes into a worker per core (engine/node/packing.py);
 --nodes-per-process sets the packing (N = the node count: one worker, the plain loop's
 single process).
 
@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 from node_packing import average, nodes_of, plain  # beside this file
 
-from exoframe.engine.evaluator import validate
-from exoframe.engine.validation_set import validation_set
+from exoframe.engine.launch.evaluator import validate
+from exoframe.engine.launch.validation_set import validation_set
 from exoframe.strategies.localsgd import LocalSGD
 
 

@@ -17,8 +17,8 @@ import statistics
 import time
 
 from exoframe.sim import Simulator, Topology
-from exoframe.sim.collectives import BUILTIN, plan_for
-from exoframe.sim.protocol import Op
+from exoframe.sim.clocks.protocol import Op
+from exoframe.sim.network.collectives import BUILTIN, plan_for
 
 BANDWIDTH, LATENCY = 1.25e8, 0.01
 

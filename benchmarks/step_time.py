@@ -14,7 +14,7 @@ import torch
 
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
-from exoframe.engine.data import Batches
+from exoframe.engine.node.data import Batches
 
 NODES = 4
 

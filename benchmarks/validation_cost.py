@@ -81,8 +81,8 @@ def launcher_memory():
     import torch
 
     from exoframe.config import RunConfig
-    from exoframe.engine.resolve import job_from_config
-    from exoframe.engine.launcher import launch, prepare
+    from exoframe.engine.plan.resolve import job_from_config
+    from exoframe.engine.launch.launcher import launch, prepare
 
     config = RunConfig(workload="gpt", workload_params=dict(n_layer=4, n_embd=256, n_head=4,
                                                             block_size=128),

@@ -6,8 +6,8 @@ import functools
 
 from .hookspecs import hookimpl
 from .plugins import lazy
-from .sim.collectives import BUILTIN
-from .sim.presets import description as preset_description, presets
+from .sim.network.collectives import BUILTIN
+from .sim.network.presets import description as preset_description, presets
 
 STRATEGIES = {
     "ddp": "exoframe.strategies.ddp:DDP",

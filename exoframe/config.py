@@ -11,12 +11,12 @@ import yaml
 
 from .errors import ExoframeError, did_you_mean, shorten
 from .fields import Sweep, option
-from .optimizer_values import check_optimizer_values
 from .inputs import build_dataclass, load_yaml, safe_load
+from .optimizer_values import check_optimizer_values
 from .sinks import parse_sink
 
 # The simulator's collectives are planned for at most MAX_NODES ranks; past a few nodes per
-# core, nodes share worker processes (engine/packing.py), so memory is not the limit.
+# core, nodes share worker processes (engine/node/packing.py), so memory is not the limit.
 MAX_NODES = 1024
 
 
@@ -51,7 +51,7 @@ class RunConfig:
     nodes: int = option(2, help="Number of simulated nodes.")
     nodes_per_process: typing.Optional[int] = option(
         None, help="Nodes sharing a worker process, stepping in turn and exchanging in memory, "
-        "on the CPU or their GPU (engine/packing.py).",
+        "on the CPU or their GPU (engine/node/packing.py).",
         unset="CPU: a process per node up to 4 per core and 32 in all, else a worker per core; "
               "GPU: a worker per GPU where nodes outnumber the GPUs")
     steps: int = option(300, help="Training steps per rank.")
@@ -70,7 +70,7 @@ class RunConfig:
     seed: int = option(0, help="Seed for model init, data order, partition and strategy masks.",
                        sweep=Sweep("Seeds, comma-separated.", flag="--seeds",
                                    default="the config's seed, else 0"))
-    # The training loop (engine/loop.py).
+    # The training loop (engine/node/loop.py).
     schedule: str = option("constant", choices=SCHEDULES,
                            help="Learning-rate schedule after --warmup-steps.")
     warmup_steps: int = option(0, help="Linear warm-up steps.")
@@ -207,7 +207,7 @@ class RunConfig:
             raise ExoframeError(f"sinks: '{shorten(twice)}' is named twice with the same "
                                 "options; it would write every row twice: name it once.")
         from .partition import parse_partition
-        from .sim.faults import parse_faults
+        from .sim.network.faults import parse_faults
 
         parse_partition(self.partition)
         parse_faults(self.faults).check_ranks(self.nodes)
@@ -216,7 +216,7 @@ class RunConfig:
 
 def budget_seconds(value) -> float:
     """A time budget in seconds: a number, or a time with a unit ('2h', '90min', '600s')."""
-    from .sim.units import parse_seconds
+    from .sim.network.units import parse_seconds
 
     try:
         seconds = parse_seconds(value, "time_budget", "config")

@@ -47,7 +47,7 @@ _comm = None  # this rank's Communicator: the engine binds it when the rank star
 
 
 def bind(comm) -> None:
-    """Make `comm` this process's rank (the engine does, for each rank; engine/packing.py
+    """Make `comm` this process's rank (the engine does, for each rank; engine/node/packing.py
     for each node as it resumes)."""
     global _comm
     _comm = comm

@@ -3,7 +3,7 @@ whose metadata carries its flag, help and choices.
 
 From that one declaration come the field's YAML key (its name), its `exoframe run` flag and
 `exoframe sweep` flag (cli/config_flags.py) and its Trainer.fit keyword
-(engine/fit_keywords.py). The help shows the field's default, so no help text restates it.
+(engine/plan/fit_keywords.py). The help shows the field's default, so no help text restates it.
 Imports neither click nor torch.
 """
 from __future__ import annotations

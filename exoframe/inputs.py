@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import ExoframeError, shorten
+from .errors import ExoframeError, did_you_mean, shorten
 
 
 def _type_name(tp) -> str:

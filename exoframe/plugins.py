@@ -32,7 +32,7 @@ STRICT_ENV = "EXOFRAME_STRICT_PLUGINS"
 # Built-in plugin modules and the kinds of item each registers.
 BUILTIN_PLUGINS = {"exoframe.builtins": {"strategies", "workloads", "networks", "algorithms"},
                    "exoframe.strategies": {"optimizers"}, "exoframe.sinks": {"sinks"},
-                   "exoframe.commands": {"commands"}}
+                   "exoframe.cli.commands": {"commands"}}
 KINDS = {"strategies": "exoframe_register_strategies", "workloads": "exoframe_register_workloads",
          "networks": "exoframe_register_networks",
          "algorithms": "exoframe_register_algorithms", "sinks": "exoframe_register_sinks",

@@ -24,7 +24,7 @@ from .engine.run import RunResult
 from .engine.trainer import Trainer
 from .plugins import get_plugin_manager
 from .sim import Simulator, resolve_sim
-from .sim.protocol import Op
+from .sim.clocks.protocol import Op
 from .strategies.base import Strategy
 from .strategies.optimizers import OptimizerSpec
 

@@ -12,13 +12,13 @@ from click.testing import CliRunner
 from exoframe.cli import cli as exoframe_cli
 from exoframe.config import resolve_config
 from exoframe.engine import job_from_config
-from exoframe.engine.checkpoint import Checkpoint, CheckpointFolder, identity
+from exoframe.engine.records.checkpoint import Checkpoint, CheckpointFolder, identity
 from exoframe.engine.resume import check_resumable, resume
 from exoframe.errors import ExoframeError
 from exoframe.sim import Simulator, Topology
-from exoframe.sim.collectives import BUILTIN
-from exoframe.sim.feed import Feed
-from exoframe.sim.protocol import Op, StepEnd
+from exoframe.sim.clocks.feed import Feed
+from exoframe.sim.clocks.protocol import Op, StepEnd
+from exoframe.sim.network.collectives import BUILTIN
 
 from conftest import HANG_GUARD, HANGING_WORKLOAD, metric_lines, only_run, wait_for
 

@@ -157,7 +157,7 @@ def test_version_prints_the_version(capsys):
 def test_nets_shows_each_preset_file_and_a_copy_of_it_is_the_same_network(capsys, tmp_path):
     from exoframe.cli import main
     from exoframe.plugins import Registry
-    from exoframe.sim.netconfig import load_network
+    from exoframe.sim.network.netconfig import load_network
 
     main(["nets"])
     listed = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}

@@ -1,5 +1,5 @@
-"""Runs across machines under torchrun (engine/cluster.py) and the transports that carry a
-rank's messages (sim/transport.py): real torchrun agents on loopback, compared with the
+"""Runs across machines under torchrun (engine/launch/cluster.py) and the transports that carry a
+rank's messages (sim/clocks/transport.py): real torchrun agents on loopback, compared with the
 local fork run of the same config."""
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ import torch
 from conftest import one_line_error
 
 from exoframe import testing
-from exoframe.engine.messages import Hello, Rendezvous, StepDone
-from exoframe.sim.protocol import (Listen, Mail, Op, Post, Probe, Probed, Quorum, Quorumed,
-                                   StepEnd, Wait, Waited)
+from exoframe.engine.ipc.messages import Hello, Rendezvous, StepDone
 from exoframe.errors import ExoframeError
-from exoframe.sim.transport import Listener, TransportError, connect, in_process
+from exoframe.sim.clocks.protocol import (Listen, Mail, Op, Post, Probe, Probed, Quorum, Quorumed,
+                                          StepEnd, Wait, Waited)
+from exoframe.sim.clocks.transport import Listener, TransportError, connect, in_process
 from exoframe.strategies.ddp import DDP
 from exoframe.workloads.mlp import mlp
 

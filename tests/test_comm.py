@@ -10,8 +10,8 @@ import torch.nn as nn
 from torch.utils.data import TensorDataset
 
 import exoframe
-from exoframe.engine.messages import Rendezvous
-from exoframe.engine.node_host import join_group
+from exoframe.engine.ipc.messages import Rendezvous
+from exoframe.engine.node.node_host import join_group
 
 N, K = 3, 6  # ranks, elements per rank's chunk
 

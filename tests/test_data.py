@@ -9,8 +9,8 @@ import torch
 from conftest import REPO
 
 from exoframe.config import RunConfig
-from exoframe.engine.data import Batches
-from exoframe.engine.resolve import build_job, job_from_config, load_workload
+from exoframe.engine.node.data import Batches
+from exoframe.engine.plan.resolve import build_job, job_from_config, load_workload
 from exoframe.errors import ExoframeError
 from exoframe.partition import parse_partition, partition_indices
 from exoframe.plugins import get_plugin_manager

@@ -9,11 +9,11 @@ from exoframe.engine import execute, job_from_config
 from exoframe.errors import ExoframeError
 from exoframe.plugins import get_plugin_manager
 from exoframe.sim import Simulator, Topology
-from exoframe.sim.collectives import BUILTIN
-from exoframe.sim.faults import Failure, parse_faults
-from exoframe.sim.netconfig import load_network
-from exoframe.sim.protocol import Quorum, Quorumed
-from exoframe.sim.units import parse_bandwidth, parse_duration
+from exoframe.sim.clocks.protocol import Quorum, Quorumed
+from exoframe.sim.network.collectives import BUILTIN
+from exoframe.sim.network.faults import Failure, parse_faults
+from exoframe.sim.network.netconfig import load_network
+from exoframe.sim.network.units import parse_bandwidth, parse_duration
 
 H = 5  # diloco's sync period in these runs
 STEPS = 40

@@ -1,4 +1,4 @@
-"""Nodes sharing a GPU train as one worker on it (engine/packing.py): the same records as a
+"""Nodes sharing a GPU train as one worker on it (engine/node/packing.py): the same records as a
 process per node, admitted by the GPU's memory, and a failure stops the run cleanly.
 Skipped without a CUDA GPU (counted through NVML: CUDA is never initialized in pytest's
 process, whose forked ranks could not use it then)."""
@@ -11,10 +11,11 @@ from conftest import SMALL_GPT
 from test_packing import FailsOnRankTwo, _alive, _parent
 
 from exoframe.config import RunConfig
-from exoframe.engine import devices, execute, job_from_config
-from exoframe.engine.node_memory import node_memory
-from exoframe.engine.placement import GPU_RESERVED_BYTES, Machine
-from exoframe.engine.processes import RankFailed
+from exoframe.engine import execute, job_from_config
+from exoframe.engine.ipc.processes import RankFailed
+from exoframe.engine.plan import devices
+from exoframe.engine.plan.node_memory import node_memory
+from exoframe.engine.plan.placement import GPU_RESERVED_BYTES, Machine
 from exoframe.errors import ExoframeError
 
 pytestmark = pytest.mark.skipif(devices.gpu_count() == 0, reason="needs a CUDA GPU")

@@ -11,7 +11,7 @@ from torch.utils.data import TensorDataset
 
 import exoframe
 from exoframe.config import RunConfig
-from exoframe.engine.resolve import job_from_config
+from exoframe.engine.plan.resolve import job_from_config
 from exoframe.engine.run import execute
 
 # The setting: the default gpt workload, 2 nodes, wan-100mbps, 50 ms per step.

@@ -496,9 +496,9 @@ def test_sigterm_and_sighup_stop_the_run_like_ctrl_c_and_keep_the_rows(cli, sign
 def test_a_stop_signal_while_a_row_is_written_keeps_the_row_in_every_record():
     """A signal that lands between a row's records (the CI race: the summary's rows had step
     9, metrics.jsonl ended at 8) is acted on once the row is in all of them."""
-    from exoframe.engine.row_output import RowOutput
+    from exoframe.engine.launch.row_output import RowOutput
     from types import SimpleNamespace
-    from exoframe.stop_signals import catch_stop_signals, restore_signals
+    from exoframe.engine.ipc.stop_signals import catch_stop_signals, restore_signals
 
     written = []
 
@@ -833,7 +833,7 @@ def test_options_and_sweep_points_are_refused_before_any_folder(here, capsys, ar
 def test_exponents_without_a_dot_are_floats(here):
     """YAML 1.1 reads 1e-12 as text ("must be float"); YAML 1.2 and users read a float."""
     from exoframe.config import parse_assignments, resolve_config
-    from exoframe.engine.resolve import resolve_names
+    from exoframe.engine.plan.resolve import resolve_names
 
     (here / "c.yaml").write_text("lr: 1e-3\nstrategy: sparta\nstrategy_params: {p: 1E-12}\n")
     config = resolve_config("c.yaml", {"strategy_params": parse_assignments(["p=2e-12"], "-p")})

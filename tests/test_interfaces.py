@@ -1,14 +1,18 @@
 """The engine's interfaces, written down as Protocols, hold for every implementation: a
-rank's Exchange (torch.distributed, in memory) and its Clock (simulated, measured, solo)."""
+rank's Exchange (torch.distributed, in memory), its Clock (simulated, measured, solo) and
+every Conn a message crosses (a pipe, a socket, in process, a packed node's)."""
+import multiprocessing
 import time
 
 from exoframe.comm.exchange import Exchange, TorchExchange, Work
 from exoframe.comm.memory import MemoryExchange, MemoryWork, Pack
-from exoframe.sim.clock import Clock, RankClock, SoloClock, StepClock
-from exoframe.sim.compute import ComputeClock, parse_compute, parse_stragglers
-from exoframe.sim.measured import RealClock
-from exoframe.sim.topology import DEFAULT_ALGORITHMS
-from exoframe.sim.collectives import BUILTIN
+from exoframe.engine.node.packing import NodeConn
+from exoframe.sim.clocks.clock import Clock, RankClock, SoloClock, StepClock
+from exoframe.sim.clocks.compute import ComputeClock, parse_compute, parse_stragglers
+from exoframe.sim.clocks.measured import RealClock
+from exoframe.sim.clocks.transport import Conn, in_process
+from exoframe.sim.network.collectives import BUILTIN
+from exoframe.sim.network.topology import DEFAULT_ALGORITHMS
 
 
 def test_every_exchange_is_an_exchange():
@@ -32,3 +36,14 @@ def test_every_clock_is_a_clock():
         assert isinstance(clock, StepClock), type(clock).__name__
     assert isinstance(SoloClock(), Clock)
     assert not isinstance(SoloClock(), StepClock)  # it has no steps: a Communicator's only
+
+
+def test_every_connection_is_a_conn():
+    pipe = multiprocessing.Pipe()
+    try:
+        for conn in (*pipe, *in_process(), NodeConn(node=None)):
+            assert isinstance(conn, Conn), type(conn).__name__
+    finally:
+        for end in pipe:
+            end.close()
+    assert not isinstance(object(), Conn)

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from exoframe.sim.events import Environment
-from exoframe.sim.network import FlowNetwork
-from exoframe.sim.topology import LinkSpec, Topology
+from exoframe.sim.network.events import Environment
+from exoframe.sim.network.flows import FlowNetwork
+from exoframe.sim.network.topology import LinkSpec, Topology
 
 INF = math.inf
 

@@ -1,13 +1,13 @@
 """--net real: each rank's waits for exchanges split into waiting for its peers and the
-transfer itself (exoframe/sim/measured.py), from the times every rank noted."""
+transfer itself (exoframe/sim/clocks/measured.py), from the times every rank noted."""
 import threading
 import time
 
 import pytest
 
-from exoframe.sim.clock import operation_key
-from exoframe.sim.collectives import BUILTIN
-from exoframe.sim.measured import RealClock, split_measured
+from exoframe.sim.clocks.clock import operation_key
+from exoframe.sim.clocks.measured import RealClock, split_measured
+from exoframe.sim.network.collectives import BUILTIN
 
 
 def exchange(key, arrived, waiting, ended, hidden=0.0):

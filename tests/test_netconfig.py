@@ -6,11 +6,11 @@ import pytest
 
 from exoframe.errors import ExoframeError
 from exoframe.plugins import Entry, Registry
-from exoframe.sim import presets
-from exoframe.sim.netconfig import NetConfig, load_network
-from exoframe.sim.topology import DEFAULT_ALGORITHMS
-from exoframe.sim.units import (format_bandwidth, format_duration, parse_bandwidth,
-                                parse_duration)
+from exoframe.sim.network import presets
+from exoframe.sim.network.netconfig import NetConfig, load_network
+from exoframe.sim.network.topology import DEFAULT_ALGORITHMS
+from exoframe.sim.network.units import (format_bandwidth, format_duration, parse_bandwidth,
+                                        parse_duration)
 
 SHIPPED = ["ideal", "nvlink", "dc-100gbps", "lan-10gbps", "lan-1gbps", "wan-1gbps",
            "wan-100mbps", "wan-10mbps", "home-broadband", "geo-2dc"]
@@ -349,7 +349,7 @@ def test_an_algorithm_alias_works_in_network_yaml(write):
     import exoframe
     from exoframe.plugins import PluginManager
     from exoframe.sim import resolve_sim
-    from exoframe.sim.collectives import BUILTIN
+    from exoframe.sim.network.collectives import BUILTIN
 
     class Plugin:
         @exoframe.hookimpl

@@ -13,7 +13,7 @@ import exoframe
 from exoframe.cli import main
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
-from exoframe.engine.launcher import RankFailed
+from exoframe.engine.launch.launcher import RankFailed
 
 
 
@@ -180,7 +180,7 @@ def test_the_real_network_trains_the_same_weights_and_measures_its_time(tmp_path
     import json
 
     from exoframe import testing
-    from exoframe.sim.replay import ReplayError, check_trace
+    from exoframe.sim.traces.replay import ReplayError, check_trace
 
     real = testing.run("diloco", {"H": 2}, nodes=2, steps=6, net="real",
                        out=str(tmp_path / "runs"))

@@ -1,4 +1,4 @@
-"""Many nodes per worker process (engine/packing.py): the packing changes nothing a run
+"""Many nodes per worker process (engine/node/packing.py): the packing changes nothing a run
 computes, each node is charged its own compute, and a failing node stops the run."""
 import json
 import os
@@ -15,8 +15,8 @@ from exoframe import testing
 from exoframe.comm.memory import fold
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
-from exoframe.engine.launcher import RankFailed
-from exoframe.engine.placement import Machine, max_workers, nodes_per_process, packed, place
+from exoframe.engine.launch.launcher import RankFailed
+from exoframe.engine.plan.placement import Machine, max_workers, nodes_per_process, packed, place
 from exoframe.errors import ExoframeError
 
 

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from exoframe.config import RunConfig
-from exoframe.engine.cluster_env import ClusterEnv
-from exoframe.engine.resolve import job_from_config
-from exoframe.engine.node_memory import NodeMemory, node_memory
-from exoframe.engine.placement import GPU_RESERVED_BYTES, Machine, place
+from exoframe.engine.plan.cluster_env import ClusterEnv
+from exoframe.engine.plan.node_memory import NodeMemory, node_memory
+from exoframe.engine.plan.placement import GPU_RESERVED_BYTES, Machine, place
+from exoframe.engine.plan.resolve import job_from_config
 from exoframe.errors import ExoframeError
 
 GIB = 2**30

@@ -154,7 +154,7 @@ def test_plugin_json_lists_hooks_items_versions_and_failures(cli):
     assert plugins["broken_plugin"]["status"] == "failed"
     assert plugins["broken_plugin"]["error"] == "ImportError: no gpu here"
     assert plugins["exoframe.sinks"]["items"] == {"sinks": ["jsonl", "csv"]}
-    assert "plugins" in plugins["exoframe.commands"]["items"]["commands"]
+    assert "plugins" in plugins["exoframe.cli.commands"]["items"]["commands"]
 
 
 def test_strict_mode_turns_a_broken_plugin_into_an_error_naming_it(cli):
@@ -286,7 +286,7 @@ def test_csv_sink_widens_its_header_when_a_metric_first_appears(tmp_path):
 
 
 def test_new_plugin_readme_points_to_what_exists(tmp_path):
-    from exoframe.scaffold import write_skeleton
+    from exoframe.cli.scaffold import write_skeleton
 
     folder = write_skeleton("every-h", tmp_path)
     text = (folder / "README.md").read_text()
@@ -415,7 +415,7 @@ def test_registering_reads_no_description_and_a_listing_reads_each_once(monkeypa
     an entry is listed, and then once."""
     import exoframe.builtins
     from exoframe.plugins import Lazy
-    from exoframe.sim import presets
+    from exoframe.sim.network import presets
 
     read = []
     first_doc_line, preset_description = Lazy.first_doc_line, presets.description

@@ -2,7 +2,7 @@
 import io
 import re
 
-from exoframe.engine.progress import Lines
+from exoframe.engine.launch.progress import Lines
 
 
 def test_lines_come_every_interval_and_once_at_the_end():

@@ -245,8 +245,8 @@ def test_streaming_diloco_tau1_sends_its_buckets_during_the_backward_pass(traces
     for a step later. On a link where one fragment (4e8 bytes) takes 3.28 s to all-reduce,
     three steps, that earlier start saves time against sending it after the compute, and
     the run still computes every step in full."""
-    from exoframe.sim.projection import project as project_traces
-    from exoframe.sim.replay import replay
+    from exoframe.sim.traces.projection import project as project_traces
+    from exoframe.sim.traces.replay import replay
     trace = traces["streaming-tau1"]
     net = network(tmp_path, "1gbit", "40ms")
     sim = resolve_sim(net, "measured", "", 2, get_plugin_manager())

@@ -255,7 +255,7 @@ def test_a_call_that_no_rank_can_serve_is_reported_as_a_deadlock():
 def test_runs_with_remote_calls_are_not_checkpointed_or_replayed(tmp_path):
     with pytest.raises(ExoframeError, match="makes remote calls, which cannot be checkpointed"):
         testing.run("param-server", nodes=2, steps=2, checkpoint_every=1, out=str(tmp_path))
-    from exoframe.sim.replay import ReplayError, check_trace
+    from exoframe.sim.traces.replay import ReplayError, check_trace
     testing.run("param-server", nodes=2, steps=2, out=str(tmp_path / "runs"))
     [trace] = (tmp_path / "runs").glob("*/trace.json")
     with pytest.raises(ReplayError, match="made remote calls"):

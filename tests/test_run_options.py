@@ -17,7 +17,7 @@ from exoframe.cli.config_flags import is_axis, overrides, sweep_values
 from exoframe.cli.run import run
 from exoframe.cli.sweep import sweep
 from exoframe.config import RunConfig, resolve_config
-from exoframe.engine.fit_keywords import ALIASES, REFUSED, fit_config
+from exoframe.engine.plan.fit_keywords import ALIASES, REFUSED, fit_config
 from exoframe.errors import ExoframeError
 from exoframe.fields import api_default, field_default, option_of, sweep_flag, value_type
 
@@ -199,8 +199,8 @@ def test_a_job_is_frozen_and_what_is_learnt_later_makes_a_new_one():
     """The FLOP count of a step is counted once the model and a batch exist (launcher's
     prepare): it is a new Job, and each run resolves its own network setup."""
     from exoframe.engine import job_from_config
-    from exoframe.engine.flops import count_step_flops
-    from exoframe.engine.launcher import prepare
+    from exoframe.engine.plan.flops import count_step_flops
+    from exoframe.engine.launch.launcher import prepare
 
     config = resolve_config(None, {"workload": "mlp", "compute": "flops:cpu", "steps": 2})
     job, other = job_from_config(config), job_from_config(config)

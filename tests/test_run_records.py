@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 from exoframe.cli import cli as exoframe_cli
 
-from exoframe.engine.checkpoint import CheckpointFolder
-from exoframe.engine.cluster_env import ClusterEnv
+from exoframe.engine.plan.cluster_env import ClusterEnv
+from exoframe.engine.records.checkpoint import CheckpointFolder
 from exoframe.engine.replay import load_trace
 from exoframe.errors import ExoframeError
 from exoframe.sinks import CsvSink, JsonlSink, RunInfo

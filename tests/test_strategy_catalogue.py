@@ -185,3 +185,12 @@ def test_only_the_asynchronous_strategies_depend_on_timing():
     assert [n for n, s in strategies.items() if s.timing_dependent] == ["async-localsgd",
                                                                          "halos",
                                                                          "param-server"]
+
+
+def test_every_built_in_strategy_is_exported_by_its_class_name():
+    from exoframe.builtins import STRATEGIES
+
+    for name, target in STRATEGIES.items():
+        module, class_name = target.split(":")
+        assert class_name in exoframe.strategies.__all__, name
+        assert getattr(exoframe.strategies, class_name).__module__ == module

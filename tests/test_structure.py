@@ -1,15 +1,23 @@
 """The package's shape, read from its source with ast: the imports between exoframe's modules
 (at the top of a module and inside its functions, relative ones resolved) form no cycle;
-exoframe.sim imports nothing of exoframe outside itself and no torch; strategies import
-nothing from the config, the sinks or the report; no module is over 400 lines."""
+the ground floor (errors, inputs) imports nothing of exoframe; exoframe.sim imports nothing
+of exoframe outside itself but the ground floor, and no torch; the wings of the engine and of
+the simulator import one way; strategies import nothing from the config, the sinks or the
+report; no folder but strategies/ holds more than 15 modules; no module is over 400 lines."""
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "exoframe"
 MAX_LINES = 400
+MAX_MODULES = 15  # in one folder (strategies/ is a catalogue: a file per method)
+GROUND = ("exoframe.errors", "exoframe.inputs")
+# Each package's wings, highest first: a wing imports only the wings after it (and itself).
+WINGS = {"exoframe.engine": [("",), ("launch",), ("node",), ("plan", "ipc", "records")],
+         "exoframe.sim": [("", "traces"), ("clocks",), ("network",)]}
 
 
 def module_files() -> dict[str, Path]:
@@ -102,13 +110,15 @@ def test_no_import_cycle():
 
 
 def test_sim_imports_nothing_above_it_and_no_torch():
-    """exoframe.sim imports only exoframe.sim, the standard library, simpy and yaml."""
+    """exoframe.sim imports only exoframe.sim, the ground floor, the standard library, simpy
+    and yaml."""
     inside, every = import_graph()
     allowed = set(sys.stdlib_module_names) | {"simpy", "yaml", "exoframe"}
     sim = [m for m in inside if m == "exoframe.sim" or m.startswith("exoframe.sim.")]
     assert len(sim) > 10
     for module in sim:
-        above = sorted(m for m in inside[module] if not m.startswith("exoframe.sim"))
+        above = sorted(m for m in inside[module]
+                       if not m.startswith("exoframe.sim") and m not in GROUND)
         assert not above, f"{module} imports {above}, outside exoframe.sim"
         outside = sorted(every[module] - allowed)
         assert not outside, f"{module} imports {outside}"
@@ -138,3 +148,51 @@ def test_no_module_over_400_lines():
     long = {module: n for module, path in module_files().items()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_the_ground_floor_imports_nothing_of_exoframe_and_needs_no_simpy():
+    inside, _ = import_graph()
+    assert inside["exoframe.errors"] == set()
+    assert inside["exoframe.inputs"] == {"exoframe.errors"}
+    # (the config, the first thing every command reads, loads no network model either)
+    code = ("import sys; sys.modules['simpy'] = None; import exoframe.errors, exoframe.config; "
+            "assert 'exoframe.sim.clocks.simulator' not in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr
+
+
+def wing_of(module: str, package: str) -> str:
+    rest = module[len(package) + 1:].split(".") if module != package else []
+    return rest[0] if len(rest) > 1 else ""  # a module of the package itself: ""
+
+
+def test_wings_import_one_way():
+    inside, _ = import_graph()
+    for package, floors in WINGS.items():
+        floor_of = {wing: i for i, wings in enumerate(floors) for wing in wings}
+        subpackages = {m.split(".")[len(package.split("."))] for m in inside
+                       if m.startswith(package + ".") and (PACKAGE.parent / m.replace(".", "/")
+                                                           ).is_dir()}
+        assert subpackages == set(floor_of) - {""}, f"{package}: wings {sorted(subpackages)}"
+        for module in inside:
+            if not module.startswith(package + "."):
+                continue
+            mine = wing_of(module, package)
+            for target in inside[module]:
+                if not target.startswith(package + ".") or wing_of(target, package) == mine:
+                    continue
+                theirs = wing_of(target, package)
+                assert floor_of[theirs] > floor_of[mine], \
+                    f"{module} ({mine or package}) imports {target}, a wing above or beside it"
+
+
+def test_no_folder_but_strategies_holds_more_than_15_modules():
+    folders = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "netmodels" not in path.parts and path.name != "__init__.py":
+            folders.setdefault(path.parent.relative_to(PACKAGE.parent), []).append(path.name)
+    crowded = {str(folder): len(names) for folder, names in folders.items()
+               if len(names) > MAX_MODULES and folder.name != "strategies"}
+    assert not crowded, crowded
+    assert len(folders) >= 12  # (the wings were found)

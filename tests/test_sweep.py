@@ -17,7 +17,7 @@ from exoframe.engine import execute, job_from_config
 from exoframe.engine.replay import Projection, replay_trace
 from exoframe.plugins import get_plugin_manager
 from exoframe.sim import resolve_sim
-from exoframe.sim.netconfig import load_network
+from exoframe.sim.network.netconfig import load_network
 
 NETS = ["wan-10mbps", "geo-2dc", "home-broadband"]
 

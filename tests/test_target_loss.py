@@ -10,8 +10,8 @@ from torch.utils.data import TensorDataset
 import exoframe
 from exoframe.cli import main
 from exoframe.config import RunConfig
+from exoframe.engine.plan.target import LAG
 from exoframe.engine.sweep import sweep
-from exoframe.engine.target import LAG
 from exoframe.errors import ExoframeError
 
 SHARD, STEPS = 12, 30

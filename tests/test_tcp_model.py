@@ -1,4 +1,4 @@
-"""The network model under `protocol: tcp` (exoframe/sim/tcp.py, also a network file that
+"""The network model under `protocol: tcp` (exoframe/sim/network/tcp.py, also a network file that
 leaves protocol out) against closed forms derived here from TCP's mechanics, and
 `protocol: none` against the exact alpha-beta model."""
 import math
@@ -8,8 +8,8 @@ import pytest
 from test_maxmin import deliveries
 
 from exoframe.errors import ExoframeError
-from exoframe.sim.netconfig import NetConfig
-from exoframe.sim.tcp import TcpModel
+from exoframe.sim.network.netconfig import NetConfig
+from exoframe.sim.network.tcp import TcpModel
 
 GBIT = 1e9 / 8
 
@@ -70,7 +70,7 @@ def test_protocol_none_is_the_exact_alpha_beta_model():
 
 def test_a_network_file_without_protocol_gets_the_presets_tcp_model(tmp_path):
     from exoframe.plugins import Registry
-    from exoframe.sim.netconfig import load_network
+    from exoframe.sim.network.netconfig import load_network
 
     path = tmp_path / "mine.yaml"
     path.write_text("bandwidth: 100mbit\nlatency: 10ms\n")
@@ -100,7 +100,7 @@ def test_a_bad_protocol_is_one_line_naming_the_field(protocol, says):
 
 def test_presets_of_real_networks_model_tcp_and_ideal_does_not():
     from exoframe.plugins import get_plugin_manager
-    from exoframe.sim.netconfig import load_network
+    from exoframe.sim.network.netconfig import load_network
 
     networks = get_plugin_manager().networks
     for name in ("wan-100mbps", "lan-1gbps", "geo-2dc", "home-broadband"):

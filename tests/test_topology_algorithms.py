@@ -15,8 +15,8 @@ import exoframe
 from exoframe.errors import ExoframeError
 from exoframe.plugins import PluginManager
 from exoframe.sim import Plan, Simulator, Sites, resolve_sim
-from exoframe.sim.collectives import BUILTIN, Plans, plan_for, takes_topology
-from exoframe.sim.protocol import Op, Waited
+from exoframe.sim.clocks.protocol import Op, Waited
+from exoframe.sim.network.collectives import BUILTIN, Plans, plan_for, takes_topology
 
 S = 4e6  # bytes
 # Site a: ranks 0, 2, 5 on 10 Gbit/s NICs, 20 us apart; site b: ranks 1, 3, 4 on 40 Gbit/s,
@@ -239,7 +239,7 @@ def test_the_example_in_the_docs_is_this_algorithm(pm, net):
 def test_a_builtin_algorithms_bytes_are_its_plans_from_the_closed_form():
     """A rank counts the bytes it moves from the closed form of a built-in algorithm (no
     plan is built: a ring among 1024 is 2M flows); they equal its plan's, to the last bit."""
-    from exoframe.sim.collectives import KINDS, _cached_plan, closed_form
+    from exoframe.sim.network.collectives import KINDS, _cached_plan, closed_form
     checked = 0
     for function in BUILTIN.values():
         for kind in (*KINDS, "send"):

@@ -10,8 +10,8 @@ from conftest import Regressor
 from torch.utils.data import IterableDataset, TensorDataset
 
 import exoframe
-from exoframe.engine import devices
-from exoframe.engine.schedule import lr_at
+from exoframe.engine.node.schedule import lr_at
+from exoframe.engine.plan import devices
 from exoframe.errors import ExoframeError
 from exoframe.plugins import PluginManager
 from exoframe.strategies import OptimizerSpec
@@ -359,7 +359,7 @@ def test_time_budget_stops_at_the_first_step_whose_end_reaches_it(tmp_path):
 
 # -- GPUs -----------------------------------------------------------------------------------
 
-# Counted through NVML (engine/devices.py): is_available() would initialize CUDA in pytest's
+# Counted through NVML (engine/plan/devices.py): is_available() would initialize CUDA in pytest's
 # process, and the ranks forked from it could not use CUDA.
 needs_cuda = pytest.mark.skipif(devices.gpu_count() == 0, reason="needs a CUDA GPU")
 

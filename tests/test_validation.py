@@ -7,10 +7,10 @@ from conftest import Regressor
 from torch.utils.data import TensorDataset
 
 import exoframe
-from exoframe.engine.data import fetch
-from exoframe.engine.evaluator import validate
-from exoframe.engine.model_state import Fold
-from exoframe.engine.validation_set import validation_set
+from exoframe.engine.launch.evaluator import validate
+from exoframe.engine.launch.validation_set import validation_set
+from exoframe.engine.node.data import fetch
+from exoframe.engine.node.model_state import Fold
 from exoframe.errors import ExoframeError
 from exoframe.workloads.base import shard_factory
 from exoframe.workloads.mlp import mlp
@@ -58,7 +58,7 @@ def test_a_label_skewed_training_split_still_validates_on_every_shard():
     workload = mlp(train_examples=4000, val_examples=800)
     job_config = dict(workload="mlp", partition="dirichlet:0.1", nodes=8, steps=2)
     from exoframe.config import RunConfig
-    from exoframe.engine.resolve import build_job
+    from exoframe.engine.plan.resolve import build_job
     job = build_job(RunConfig(**job_config), workload, workload.build_model())
     val_set = validation_set(job.dataset, 8, 64)
     indices = torch.as_tensor(val_set.dataset.indices)

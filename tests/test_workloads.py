@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import exoframe
-from exoframe.engine.data import Batches
+from exoframe.engine.node.data import Batches
 from exoframe.workloads.base import shard, split_factory
 from exoframe.workloads.markov import MarkovSource
 from exoframe.workloads.mlp import best_loss

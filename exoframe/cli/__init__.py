@@ -4,7 +4,7 @@ The group is group.py; the commands live beside it, one module per family: run.p
 sweep.py (`sweep`, `replay`), report.py (`report`), listings.py (what is installed, `new-plugin`);
 config_flags.py makes the flags of RunConfig's fields, options.py holds the other flags and
 checks they share, start_up.py imports the engine for the commands that train. Plugins add
-commands through the same hook (exoframe.commands).
+commands through the same hook (exoframe.cli.commands).
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import traceback
 
 import click
 
+from ..engine.ipc.stop_signals import catch_stop_signals, restore_signals, stopped_by
 from ..errors import ExoframeError, shorten
 from ..files import describe_os_error
-from ..stop_signals import catch_stop_signals, restore_signals, stopped_by
 from .group import cli
 
 MAX_MESSAGE = 1000  # characters of an error line; values inside are cut at 200 already

@@ -41,8 +41,8 @@ def nets():
     """List network presets: name, what it models, source package, and the preset's file
     (copy it to make a network of your own; a file without `protocol:` models TCP)."""
     from ..plugins import PluginManager
-    from ..sim.netconfig import load_network
-    from ..sim.tcp import parse_protocol
+    from ..sim.network.netconfig import load_network
+    from ..sim.network.tcp import parse_protocol
 
     pm = PluginManager(kinds={"networks"})
     entries = list(pm.networks)
@@ -84,7 +84,7 @@ def plugins(as_json):
 def new_plugin(name, parent):
     """Write a plugin package skeleton exoframe-NAME: a strategy, its entry point and a test."""
     from ..plugins import get_plugin_manager
-    from ..scaffold import write_skeleton
+    from .scaffold import write_skeleton
 
     taken = get_plugin_manager().strategies.get_entry_or_none(name)
     if taken is not None:

@@ -28,7 +28,7 @@ def progress_options(command):
 
 
 def progress_mode(flag, every: float) -> str:
-    from ..engine.progress import default_mode
+    from ..engine.launch.progress import default_mode
 
     return default_mode(every) if flag is None else "bar" if flag else "off"
 
@@ -52,7 +52,7 @@ def check_out_folder(folder, flag: str):
 
 def projection_from_flags(project_params, step_time, payload_bits, bucket_mb):
     from ..engine.replay import Projection
-    from ..sim.units import parse_seconds
+    from ..sim.network.units import parse_seconds
 
     if project_params is None and step_time is None:
         for flag, value in (("--payload-bits", payload_bits), ("--bucket-mb", bucket_mb)):

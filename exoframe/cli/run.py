@@ -5,8 +5,8 @@ import click
 
 from ..config import config_to_dict, resolve_config
 from ..fields import long_flag
-from .group import cli
 from .config_flags import FIELDS, field_option, overrides, run_options
+from .group import cli
 from .options import (check_out_folder, config_file_option, debug_option, progress_mode,
                       progress_options)
 from .start_up import import_engine
@@ -21,7 +21,7 @@ def run(config_file, progress, progress_every, debug, **flags):
     """Train a workload on N simulated nodes under a strategy."""
     import_engine()
     from ..engine import execute, job_from_config
-    from ..engine.cluster_env import ClusterEnv
+    from ..engine.plan.cluster_env import ClusterEnv
 
     given = overrides(flags)
     cluster = ClusterEnv.from_environ()  # started by torchrun
@@ -36,7 +36,7 @@ def run(config_file, progress, progress_every, debug, **flags):
     record.update(strategy=job.strategy_name, batch_size=job.batch_size, lr=job.optimizer.lr,
                   eval_every=job.eval_every, strategy_params=vars(job.strategy_params).copy())
     if cluster is not None and cluster.rank != 0:  # rank 0's process writes the run folder
-        from ..engine.launcher import run_cluster_rank
+        from ..engine.launch.launcher import run_cluster_rank
 
         run_cluster_rank(job, cluster, record)  # does not return
     result = execute(job, out=config.out, config_record=record,

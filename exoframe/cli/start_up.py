@@ -24,7 +24,7 @@ def import_engine():
     enabled = gc.isenabled()
     gc.disable()
     try:
-        from ..engine.launcher import preload
+        from ..engine.launch.launcher import preload
 
         preload()
         gc.freeze()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ExoframeError
-from ..sim.clock import Clock, SoloClock
+from ..sim.clocks.clock import Clock, SoloClock
 from .exchange import Exchange, TorchExchange
 from .flat import flatten_bytes, unflatten_bytes_into
 from .remote import RemoteCalls
@@ -46,6 +46,15 @@ class Handle:
             self._complete()
         return self._done
 
+    def wait_serving(self, serve):
+        """wait(), giving each message that reaches the rank meanwhile to serve(mail) (the
+        remote calls a rank serves while it waits at a barrier: comm/remote.py)."""
+        if not self._done:
+            while (mail := self._comm.clock.listen(self._op_id)) is not None:
+                serve(mail)
+            self._complete()  # its wait is over: the Listen was answered as a Wait
+        return self._result
+
     def _complete(self):
         if self._work is not None:
             self._work.wait()
@@ -59,9 +68,9 @@ class Handle:
 class Communicator:
     def __init__(self, rank: int, world_size: int, clock: Clock | None = None, group=None,
                  p2p_group=None, faults=None, exchange: Exchange | None = None):
-        """clock: the rank's exoframe.sim.clock.RankClock (the engine makes it); without
+        """clock: the rank's exoframe.sim.clocks.clock.RankClock (the engine makes it); without
         one, a Communicator serves a single process (world size 1). p2p_group: the group for
-        send and recv when it is not `group` (gloo beside NCCL, see engine/rank.py).
+        send and recv when it is not `group` (gloo beside NCCL, see engine/node/rank.py).
         faults: the rank's comm.faults.RankFaults under simulated failures, else None.
         exchange: what moves the tensors (comm/exchange.py; default: torch.distributed in
         `group` and `p2p_group`)."""

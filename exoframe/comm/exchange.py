@@ -54,7 +54,7 @@ class Exchange(Protocol):
 
 class TorchExchange:
     """group: the collectives' process group (None: the default one); p2p_group: the one for
-    send and recv (gloo beside NCCL, see engine/rank.py)."""
+    send and recv (gloo beside NCCL, see engine/node/rank.py)."""
 
     def __init__(self, group=None, p2p_group=None):
         self.group, self.p2p_group = group, p2p_group if p2p_group is not None else group

@@ -1,4 +1,4 @@
-"""A rank's side of simulated failures (exoframe/sim/faults.py says when nodes fail).
+"""A rank's side of simulated failures (exoframe/sim/network/faults.py says when nodes fail).
 
 A node fails at the first step start at or after its failure time on its own simulated
 clock. From then on it is down: its process keeps stepping with the others, so that every
@@ -16,8 +16,8 @@ synchronization on.
 from __future__ import annotations
 
 from ..errors import ExoframeError
-from ..sim.faults import FaultPlan
-from ..sim.protocol import Quorumed
+from ..sim.clocks.protocol import Quorumed
+from ..sim.network.faults import FaultPlan
 
 
 class RankFaults:

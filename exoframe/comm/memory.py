@@ -1,4 +1,4 @@
-"""Exchanges among nodes packed into worker processes (engine/packing.py), without
+"""Exchanges among nodes packed into worker processes (engine/node/packing.py), without
 torch.distributed: between nodes of one process in memory (on their device: a GPU's nodes
 fold on the GPU), between processes as raw bytes over the pipes the launcher made between
 every pair of workers.

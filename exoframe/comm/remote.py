@@ -121,12 +121,8 @@ class RemoteCalls:
         if self.comm.rank in self.comm.live:
             self._await(sorted(self.outstanding))
         token = torch.zeros(1, device=self.comm.exchange.token_device())
-        handle = self.comm.all_reduce(token, async_op=True)
-        if handle._done:  # a rank that is down takes no part in the simulated one
-            return
-        while (mail := self.comm.clock.listen(handle._op_id)) is not None:
-            self._open(mail)
-        handle._complete()  # its wait is over: the Listen was answered as a Wait
+        # (a rank that is down takes no part in the simulated one: its handle is done)
+        self.comm.all_reduce(token, async_op=True).wait_serving(self._open)
 
     # -- plumbing --------------------------------------------------------------------------
     def _check_target(self, rank, func):

@@ -26,11 +26,11 @@ from ..config import EXECUTORS
 from ..errors import ExoframeError
 from ..files import replacing
 from ..sim import resolve_sim
-from .resolve import job_from_config
-from .progress import Off
+from .launch.progress import Off
+from .plan.resolve import job_from_config
+from .records.run_folder import RunFolder
 from .replay import Projection, replay_trace, save_replay
 from .run import execute
-from .run_folder import RunFolder
 
 
 

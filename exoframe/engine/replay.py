@@ -14,11 +14,11 @@ from pathlib import Path
 from ..errors import ExoframeError, shorten
 from ..files import write_atomic
 from ..plugins import get_plugin_manager
-from ..sim import SimSetup, resolve_sim
-from ..sim.collectives import Plans
 from ..report import strict_json
-from ..sim.projection import DDP_BUCKET_BYTES, project
-from ..sim.replay import NotReplayable, ReplayError, all_reduce_alone, check_trace, replay
+from ..sim import SimSetup, resolve_sim
+from ..sim.network.collectives import Plans
+from ..sim.traces.projection import DDP_BUCKET_BYTES, project
+from ..sim.traces.replay import NotReplayable, ReplayError, all_reduce_alone, check_trace, replay
 
 MIB = 1024 * 1024
 
@@ -28,7 +28,7 @@ class Projection:
     """Answer for a model of `parameters` parameters whose training step computes for
     `step_seconds`, whose exchanges carry `payload_bits` per value (32: fp32 as recorded,
     16: bf16, fewer for a quantized exchange) and whose streamed all-reduces go in buckets of
-    `bucket_mb` MiB (see exoframe.sim.projection)."""
+    `bucket_mb` MiB (see exoframe.sim.traces.projection)."""
 
     parameters: float
     step_seconds: float

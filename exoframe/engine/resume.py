@@ -2,11 +2,11 @@
 
 The run is rebuilt from its config.yaml (the config it ran), with more steps if asked;
 every rank starts from its saved state and the simulator from the inputs it had seen
-(engine/checkpoint.py), so the rows, clocks and weights are those of a run that never
+(engine/records/checkpoint.py), so the rows, clocks and weights are those of a run that never
 stopped. Sinks go on in the same folder.
 
 A resume touches nothing until it can resume: it takes the folder's lock (a run still going
-there refuses it, engine/run_lock.py), reads the checkpoint back whole (its rows those of
+there refuses it, engine/records/run_lock.py), reads the checkpoint back whole (its rows those of
 steps 1..its step) and checks that the config is the one it was made with (a checkpoint of
 an earlier version records none: the model and optimizer state it holds are checked). The
 folder's records (config.yaml, metrics, summary) are replaced only once the resume has
@@ -20,12 +20,12 @@ import torch
 
 from ..config import config_to_dict, resolve_config
 from ..errors import ExoframeError, shorten
-from . import rank_state
-from .checkpoint import (MAY_CHANGE_ON_RESUME, Checkpoint, CheckpointFolder, config_difference,
-                         identity)
-from .resolve import job_from_config
+from .plan.resolve import job_from_config
+from .records import rank_state
+from .records.checkpoint import (MAY_CHANGE_ON_RESUME, Checkpoint, CheckpointFolder,
+                                 config_difference, identity)
+from .records.run_lock import RunLock
 from .run import RunResult, execute
-from .run_lock import RunLock
 
 
 def resume(run_dir, steps: int | None = None, progress="off",

@@ -19,16 +19,16 @@ import torch
 from ..errors import ExoframeError
 from ..files import describe_os_error, disk_full
 from ..report import build_summary
-from .job import Job
-from . import rank_state
-from .checkpoint import CheckpointFolder
-from .launcher import launch, prepare
-from .model_state import load
-from .progress import progress_display
-from .run_folder import RunFolder
-from .run_lock import RunLock
-from ..sim.measured import split_measured
+from ..sim.clocks.measured import split_measured
 from ..sinks import OpenSinks, RunInfo
+from .launch.launcher import launch, prepare
+from .launch.progress import progress_display
+from .node.model_state import load
+from .plan.job import Job
+from .records import rank_state
+from .records.checkpoint import CheckpointFolder
+from .records.run_folder import RunFolder
+from .records.run_lock import RunLock
 
 
 @dataclass
@@ -37,7 +37,7 @@ class RunResult:
     summary: dict
     metrics: list
     run_dir: Optional[Path] = None
-    trace: Optional[dict] = None  # what each rank's clock saw; see exoframe.sim.replay
+    trace: Optional[dict] = None  # what each rank's clock saw; see exoframe.sim.traces.replay
 
 
 def execute(job: Job, out: str | None = None, config_record: dict | None = None,
@@ -47,7 +47,8 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
     with `resume_dir`, on from job.resume_from, the latest checkpoint of that run folder,
     whose lock the caller holds (engine/resume.py). on_row(row): after each step. progress:
     "bar" (or True), "lines" (one every `progress_every` seconds) or "off". cluster: under
-    torchrun, what it told rank 0's process (engine/cluster.py: `exoframe run` passes it)."""
+    torchrun, what it told rank 0's process (engine/launch/cluster.py: `exoframe run` passes
+    it)."""
     if job.checkpoint_every is not None and out is None and resume_dir is None:
         raise ExoframeError("checkpoint_every: checkpoints are saved in the run folder; "
                             "give a folder for runs (out).")

@@ -24,15 +24,15 @@ from ..files import write_atomic
 from ..plugins import get_plugin_manager
 from ..report.sweep import collect_rows, write_outputs
 from ..sim import resolve_sim
-from ..sim.faults import parse_faults
+from ..sim.network.faults import parse_faults
+from ..sim.network.netconfig import load_network
+from ..sim.network.units import format_bandwidth, parse_bandwidth
 from ..sim.setup import REAL
-from ..sim.netconfig import load_network
-from ..sim.units import format_bandwidth, parse_bandwidth
 from .executors import SweepPoint, check_executor, run_points
-from .resolve import build_job, workload_and_model
-from .progress import progress_display
+from .launch.progress import progress_display
+from .plan.resolve import build_job, workload_and_model
+from .records.run_folder import RunFolder
 from .replay import Projection
-from .run_folder import RunFolder
 from .sweep_axes import SamePoints, apply, check_distinct, combinations, strategy_axes
 
 # Every grid point is a training run or a replay and a row: past a thousand, a sweep runs
@@ -204,7 +204,7 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
     if grid is not None and len(nets) != 1:
         raise ExoframeError("--bandwidth applies a grid to one base network; give one --net.")
     pm = get_plugin_manager()
-    # Each run validates every step and stops at the target (see exoframe.engine.target).
+    # Each run validates every step and stops at the target (see exoframe.engine.plan.target).
     target_loss = base.target_loss if target_loss is None else target_loss
     params = strategy_params(strategies, assignments or {}, pm, base.strategy_params,
                              base.strategy)

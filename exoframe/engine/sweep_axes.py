@@ -70,7 +70,7 @@ RESOLVED = ("steps", "batch_size", "eval_every", "strategy_params", "time_budget
 
 class SamePoints:
     """Refuses a run that another point of the sweep already is: `add` each run's config
-    with its Job (engine/job.py)."""
+    with its Job (engine/plan/job.py)."""
 
     def __init__(self, base: RunConfig):
         self.base, self.seen = base, {}

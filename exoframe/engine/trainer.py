@@ -19,8 +19,8 @@ import torch
 from ..config import config_to_dict
 from ..errors import ExoframeError
 from ..workloads.base import Workload, shard_factory
-from .fit_keywords import fit_config, fit_signature
-from .resolve import build_job
+from .plan.fit_keywords import fit_config, fit_signature
+from .plan.resolve import build_job
 from .resume import resume_job
 from .run import RunResult, execute
 

@@ -19,7 +19,7 @@ import math
 import statistics
 
 from ..errors import ExoframeError
-from ..sim.units import format_bandwidth
+from ..sim.network.units import format_bandwidth
 from .groups import STRATEGY_PARAM, setting, setting_key, varying
 from .setups import by_setup
 

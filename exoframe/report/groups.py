@@ -18,7 +18,7 @@ import yaml
 
 from ..errors import ExoframeError
 from ..inputs import read_text
-from ..sim.units import format_duration
+from ..sim.network.units import format_duration
 
 # RunConfig fields that do not change what a run computes, or that a row gives itself.
 NOT_SETTING = frozenset({"seed", "out", "sinks", "hang_timeout", "connect_timeout",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import ExoframeError
 from ..files import replacing, write_atomic
-from ..sim.units import format_duration
+from ..sim.network.units import format_duration
 from .compare import with_speedups
 from .groups import variant, varying
 from .plot_style import (MIN_BAND_SEEDS, Figures, common, file_name, line_styles,

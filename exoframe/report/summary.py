@@ -1,7 +1,7 @@
 """The run summary (summary.json) and its short terminal table."""
 from __future__ import annotations
 
-from ..sim.units import YEAR, format_duration
+from ..sim.network.units import YEAR, format_duration
 
 # Below this share of simulated time spent computing, the compute model says so: times
 # then compare networks alone (flops:h100 on a tiny model gives microseconds per step).
@@ -25,7 +25,7 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "comm_seconds": r["comm_seconds"],
         "idle_seconds": r["idle_seconds"],
         "down_seconds": r["down_seconds"],
-        # --net real: comm is the transfer, idle the wait (exoframe/sim/measured.py)
+        # --net real: comm is the transfer, idle the wait (exoframe/sim/clocks/measured.py)
         **{key: r[key] for key in ("transfer_seconds", "wait_seconds", "compute_cpu_seconds")
            if key in r},
         "steps_down": sum(f["steps_down"] for f in r["failures"]),
@@ -54,7 +54,7 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         # What val_loss, the time to target and the final model are of: the model a node
         # would deploy (the strategy's declaration, strategies/base.py held_model).
         "validated_model": job.strategy_cls.held_model,
-        # The examples validated on and what validating cost (engine/validation_set.py).
+        # The examples validated on and what validating cost (engine/launch/validation_set.py).
         "validation": launch_result.validation,
         # Read from the validation loss of that model, validated at every step.
         "target_loss": job.target_loss,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import ExoframeError
 from ..files import replacing, write_atomic
-from ..sim.units import format_duration
+from ..sim.network.units import format_duration
 from . import strict_json
 from .compare import (UTILIZATION_LEVELS, choose_baseline, level_csv, level_text, speedups,
                       utilization_table)
@@ -113,7 +113,7 @@ def _mapping(value, path) -> dict:
 def time_to_target(row: dict, target: float | None) -> float | None:
     """Simulated time of the first step whose validation loss of the held model is at most
     `target`, on the row's network: a replay keeps the step and reads its own time for
-    it. A sweep with a target validates every step (engine/target.py); for runs made
+    it. A sweep with a target validates every step (engine/plan/target.py); for runs made
     without one, the time is only resolved to their evaluation steps."""
     if target is None:
         return None

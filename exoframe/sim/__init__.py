@@ -6,9 +6,10 @@ exoframe/builtins.py.
 The names below load on first use: reading units or a network file needs no simpy."""
 import importlib
 
-_HOMES = {"Plan": ".collectives", "SimSetup": ".setup", "resolve_sim": ".setup",
-          "Simulator": ".simulator", "SimulationError": ".simulator", "LinkSpec": ".topology",
-          "Sites": ".topology", "Topology": ".topology"}
+_HOMES = {"Plan": ".network.collectives", "SimSetup": ".setup", "resolve_sim": ".setup",
+          "Simulator": ".clocks.simulator", "SimulationError": ".clocks.simulator",
+          "LinkSpec": ".network.topology", "Sites": ".network.topology",
+          "Topology": ".network.topology"}
 
 __all__ = list(_HOMES)
 

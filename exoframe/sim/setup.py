@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ExoframeError
-from .collectives import plan_for
-from .compute import ComputeModel, Stragglers, parse_compute, parse_stragglers
-from .netconfig import load_network
-from .topology import Sites, Topology
+from .clocks.compute import ComputeModel, Stragglers, parse_compute, parse_stragglers
+from .network.collectives import plan_for
+from .network.netconfig import load_network
+from .network.topology import Sites, Topology
 
 
 # `--net real`: no simulator; the ranks' exchanges take the time they take (measured.RealClock).
@@ -26,7 +26,7 @@ class SimSetup:
 
 def resolve_sim(net: str, compute: str, stragglers: str, nodes: int, pm) -> SimSetup:
     """net: preset name, YAML path or "real"; compute and stragglers: the spec strings of
-    exoframe.sim.compute. pm: the plugin manager (network presets and algorithms)."""
+    exoframe.sim.clocks.compute. pm: the plugin manager (network presets and algorithms)."""
     # Aliases too: a network file may name an algorithm by any name it was registered under.
     algorithms = {name: entry.obj for entry in pm.algorithms
                   for name in (entry.name, *entry.aliases)}

@@ -2,15 +2,21 @@
 from ..hookspecs import hookimpl
 from .async_localsgd import AsyncLocalSGD
 from .base import Strategy
-from .optimizers import OptimizerSpec, torch_optimizers
 from .ddp import DDP
+from .desloc import DESLOC
 from .diloco import DiLoCo
+from .eager_diloco import EagerDiLoCo
 from .gossip import Gossip
+from .halos import HALoS
+from .hier_diloco import HierDiLoCo
 from .localsgd import LocalSGD
 from .muon import hidden_matrices, muon_with_rule
 from .noloco import NoLoCo
+from .optimizers import OptimizerSpec, torch_optimizers
+from .param_server import ParameterServer
 from .powersgd import PowerSGD
 from .randomk_ef import RandomKEF
+from .sparseloco import SparseLoCo
 from .sparta import Sparta
 from .sparta_diloco import SpartaDiLoCo
 from .streaming_diloco import StreamingDiLoCo
@@ -18,7 +24,8 @@ from .topk_ef import TopKEF
 
 __all__ = ["Strategy", "OptimizerSpec", "DDP", "LocalSGD", "DiLoCo", "Sparta",
            "StreamingDiLoCo", "SpartaDiLoCo", "TopKEF", "RandomKEF", "PowerSGD", "Gossip",
-           "NoLoCo", "AsyncLocalSGD"]
+           "NoLoCo", "AsyncLocalSGD", "ParameterServer", "SparseLoCo", "EagerDiLoCo", "DESLOC",
+           "HierDiLoCo", "HALoS"]
 
 
 @hookimpl

@@ -57,10 +57,11 @@ class Strategy(metaclass=StrategyType):
     #: one a real implementation would overlap with that step's backward pass (inner step and
     #: outer gradient computed layer by layer as the backward produces gradients):
     #: projections stream it in buckets during the backward pass, where that is not slower
-    #: than sending it after the compute (sim/projection.py).
+    #: than sending it after the compute (sim/traces/projection.py).
     outer_sync_overlaps_backward: ClassVar[bool] = False
     #: False when a run with this strategy cannot be checkpointed: its state is more than
-    #: state_dict() holds at any step end with no exchange in flight (engine/checkpoint.py).
+    #: state_dict() holds at any step end with no exchange in flight
+    #: (engine/records/checkpoint.py).
     checkpointable: ClassVar[bool] = True
     #: True when the strategy goes on through simulated node failures: every exchange it
     #: makes is inside `with self.sync():` (see exoframe/comm/faults.py).

@@ -37,7 +37,7 @@ from .base import Strategy, check_fraction, check_positive
 
 GPS = 0
 # rank -> its HALoS strategy, for the ranks that serve (one per process, or several where
-# nodes share a process, engine/packing.py)
+# nodes share a process, engine/node/packing.py)
 _SERVERS: dict = {}
 
 

@@ -36,7 +36,7 @@ from ..comm import flatten, unflatten_into
 from .base import Strategy
 
 # rank -> its ParameterServer, for the ranks that hold a shard (one in a rank's process;
-# several where nodes share a process, engine/packing.py)
+# several where nodes share a process, engine/node/packing.py)
 _SERVERS: dict = {}
 
 

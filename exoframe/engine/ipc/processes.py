@@ -1,0 +1,121 @@
+"""The child processes of a run: how each starts and reports a failure, and how the launcher
+stops them all (SIGTERM and SIGHUP become an interruption: exoframe/engine/ipc/stop_signals.py)."""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import signal
+import sys
+import time
+import traceback
+
+from ...errors import ExoframeError
+from .messages import ChildFailed
+from .stop_signals import STOP_SIGNALS, stopped_by
+
+
+class RunInterrupted(ExoframeError):
+    pass
+
+
+STACK_SIGNAL = signal.SIGUSR1  # the watchdog asks a stuck child for its stack
+
+
+def die_with_parent(who):
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        # ps, top and /proc/PID/comm show which rank a process is
+        libc.prctl(PR_SET_NAME, f"exo-{'rank-' if isinstance(who, int) else ''}{who}".encode())
+
+
+def child_name(who) -> str:
+    """A child as messages name it: "rank 3", "evaluator", "simulator", "watchdog"."""
+    return who if isinstance(who, str) else f"rank {who}"
+
+
+class RankFailed(ExoframeError):
+    """A child process failed; `who` is its rank, or "evaluator", or "simulator"."""
+
+    def __init__(self, who, message: str, details: str, user_error: bool, host: str = ""):
+        """host: the machine of a rank on another one (torchrun)."""
+        super().__init__(f"{child_name(who)}{f' on {host}' if host else ''}: {message}")
+        self.who, self.details, self.user_error = who, details, user_error
+
+
+def stack_file(folder: str, who) -> str:
+    """Where child `who` writes its Python stack when the watchdog asks (SIGUSR1)."""
+    return os.path.join(folder, f"stack-{who}")
+
+
+def child_entry(who, target, args, conn, stack_path: str | None, forked: bool = True):
+    """Run target(*args, conn) and exit. forked: a child of the launcher, which handles stop
+    signals for everyone; else a rank that torchrun started, whose agent stops it and which
+    says its own error too (on its host's terminal). stack_path: where to write the stack
+    when the watchdog asks (None: a rank on another machine, out of the watchdog's reach)."""
+    if forked:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        die_with_parent(who)
+    if stack_path is not None:
+        # faulthandler writes from its C signal handler: it answers even when Python code
+        # is stuck in a sleep or a C call. The file stays open for the process's life.
+        faulthandler.register(STACK_SIGNAL, file=open(stack_path, "w"), all_threads=True)
+    code = 0
+    try:
+        target(*args, conn)
+    except BaseException as e:  # report, then exit: the launcher stops the other children
+        code = 1
+        who = getattr(e, "failed_rank", who)  # a packed node (engine/node/packing.py)
+        user_error = isinstance(e, ExoframeError)
+        message = str(e) if user_error else f"{type(e).__name__}: {e}"
+        if not forked and _launcher_gone(conn):
+            user_error = True  # rank 0's launcher stopped the run and says why
+            message = "lost the connection to rank 0's launcher: the run stopped there."
+        details = traceback.format_exc()
+        if not forked:
+            print(f"exoframe: {child_name(who)}: {message}"
+                  f"{'' if user_error else chr(10) + details}", file=sys.stderr)
+        try:
+            conn.send(ChildFailed(who, time.time(), message, details, user_error))
+        except Exception:
+            pass
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # skip interpreter teardown: a half-open process group can hang in it
+
+
+def _launcher_gone(conn) -> bool:
+    """Whether the launcher closed this rank's connection (the run stopped there: a rank
+    then fails in whatever it was doing, a recv or a collective with a stopped peer)."""
+    try:
+        while conn.poll(0):
+            conn.recv()  # what the launcher sent before it closed
+        return False
+    except (EOFError, OSError):
+        return True
+
+
+def interrupted(e: KeyboardInterrupt) -> RunInterrupted:
+    return RunInterrupted(f"interrupted{stopped_by(e)}: every rank was stopped.")
+
+
+def stop_all(processes):
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+    for p in processes:
+        p.join(timeout=5)
+
+
+def closing(ends: list, target):
+    """target, in a child that first closes the inherited pipe `ends` it has no use for
+    (so that a worker gone is seen as gone by its peers)."""
+    def run(*args):
+        for end in ends:
+            end.close()
+        return target(*args)
+    return run

@@ -1,0 +1,117 @@
+"""The pieces of one training step that surround the strategy: precision, micro-batches,
+clipping and the learning rate. engine/node/rank.py strings them together:
+
+    lr = set_lr(strategy, ...)                     # the schedule's lr for this step
+    loss = forward_backward(model, batches, ...)   # K micro-batches, gradients accumulated
+    grad_norm = precision.unscale_and_clip(...)    # local gradients, before the strategy
+    strategy.step()                                # replaces optimizer.step()
+    precision.update()
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from ...errors import ExoframeError
+
+
+def to_device(batch, device: torch.device):
+    """The batch (a tensor, or tuples, lists and dicts of them) on `device`."""
+    if device.type == "cpu":
+        return batch
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+class Precision:
+    """fp32; bf16 (autocast); fp16 (autocast and a dynamic loss scale, torch's GradScaler).
+
+    With fp16, a step whose unscaled local gradients overflow contributes zero gradients on
+    that rank and the scale is halved. Unlike GradScaler, which skips the optimizer step,
+    the strategy still runs (so every rank's exchanges stay matched): its optimizer steps
+    with zero local gradients (Adam's moments decay, momentum carries on)."""
+
+    DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+    def __init__(self, name: str, device: torch.device):
+        self.name, self.device_type = name, device.type
+        self.dtype = self.DTYPES[name]
+        self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+
+    def autocast(self):
+        if self.dtype is None:  # fp32: autocast(enabled=False) would do nothing, at ~3 µs
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor):
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def unscale_and_clip(self, optimizer, params, max_norm) -> float | None:
+        """Unscale the local gradients (fp16), clip their total norm to `max_norm` (None: no
+        clipping) and return the norm before clipping (None when neither applies)."""
+        if max_norm is None and self.scaler is None:
+            return None
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        with_grad = [p for p in params if p.grad is not None]
+        norm = float(torch.nn.utils.clip_grad_norm_(with_grad, max_norm or math.inf))
+        if self.scaler is not None and not math.isfinite(norm):
+            for p in with_grad:
+                p.grad.zero_()
+        return norm
+
+    def update(self):
+        if self.scaler is not None:
+            self.scaler.update()
+
+    def metrics(self) -> dict:
+        return {"loss_scale": self.scaler.get_scale()} if self.scaler is not None else {}
+
+
+def forward_backward(model, batches, accumulate: int, precision: Precision,
+                     device: torch.device, step: int) -> float:
+    """Forward and backward over `accumulate` micro-batches, each loss divided by
+    `accumulate`: the gradient is that of the mean loss over all of them. Returns the mean
+    loss as a float32 value (a loss of -0.0 is logged 0.0)."""
+    if accumulate == 1:  # no division by 1, no tensor sum: the same bits in fewer ops
+        loss = forward(model, batches, precision, device, step)
+        precision.backward(loss)
+        return loss.detach().float().item() + 0.0
+    total = 0.0
+    for _ in range(accumulate):
+        loss = forward(model, batches, precision, device, step)
+        precision.backward(loss / accumulate)
+        total = total + loss.detach().float()
+    return (total / accumulate).item()
+
+
+def forward(model, batches, precision: Precision, device: torch.device, step: int):
+    """The loss of the next micro-batch, checked to be a scalar tensor."""
+    batch = to_device(next(batches), device)
+    with precision.autocast():
+        loss = model(batch)
+    check_loss(loss, step)
+    return loss
+
+
+def check_loss(loss, step=None):
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ExoframeError(
+            f"the model's forward(batch) must return a scalar loss tensor; it returned {shape}"
+            f"{f' at step {step}' if step else ''}. Reduce it, e.g. with .mean().")
+
+
+def set_lr(strategy, lr: float) -> float:
+    """The step's learning rate, in the local optimizer and visible to the strategy."""
+    strategy.lr = lr
+    for group in strategy.optimizer.param_groups:
+        group["lr"] = lr
+    return lr

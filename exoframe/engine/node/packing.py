@@ -1,0 +1,401 @@
+"""Many simulated nodes per worker process: each node is a greenlet running the same rank
+code (rank.py's train) with its own model, optimizer, strategy, data and simulated clock;
+the process's hub resumes them in turn.
+
+Why greenlets: a node gives way only where it waits (for the simulator, a verdict, an
+exchange's parts) and after a turn of STEPS_PER_TURN steps, so nodes step one after another
+as a plain loop over N models would
+(benchmarks/node_packing.py: ×1.00 of that loop; threads handing a baton ×1.8, free threads
+×3–7.5 on 2 cores), and no process per node, no gloo full mesh: 1024 nodes fit one machine.
+
+What a node holds of the process's globals is swapped in and out with it: torch's and
+Python's random generators (dropout, a user's random draws), torch's grad mode, and the
+rank that exoframe.distributed serves. numpy's global generator is not (its state costs
+~60 µs to swap, a tenth of a small model's step): the nodes of a worker share it. Its
+compute, under `--compute measured`, is the CPU time of the process's thread while it runs
+(its `timer`), less the time its exchanges take (`off_clock`), not the process's.
+
+The hub talks to the launcher over one pipe, messages for many nodes bundled per round
+(Bundle, NodeMessage), and to the other workers over a pipe per pair (comm/memory.py's
+Contributions). One thread sends everything, so that a worker never blocks in a send while
+its peer blocks in one to it.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import faulthandler
+import multiprocessing.connection
+import random
+import select
+import signal
+import time
+import traceback
+from collections import deque
+
+import torch
+from greenlet import greenlet
+
+from ... import distributed
+from ...comm.memory import Contribution, MemoryExchange, Pack
+from ...files import write_atomic
+from ..ipc.messages import Bundle, CheckpointLate, NodeMessage, StepDone
+from ..ipc.processes import STACK_SIGNAL
+from ..ipc.sender import Sender
+from . import model_state
+from .rank import measures, train
+
+# A node that does not wait runs up to this many steps before the next node's turn: each
+# turn costs a switch and a swap of the node's globals (~30 µs), and its model stays in the
+# cache.
+STEPS_PER_TURN = 10
+FLUSH_SECONDS = 1.0  # what the nodes said reaches the launcher at least this often
+
+
+def _always() -> bool:
+    return True
+
+
+class Outbox:
+    """Messages for one pipe, sent as one Bundle at flush() by send(bundle)."""
+
+    def __init__(self, conn, send):
+        self.conn, self.pending, self._send = conn, [], send
+
+    def flush(self):
+        if self.pending:
+            bundle, self.pending = Bundle(tuple(self.pending)), []
+            self._send(bundle)
+
+
+class NodeGlobals:
+    """What a node keeps of its process's globals, swapped in for its turns and out after:
+    torch's and Python's random generators (and its GPU's), grad mode, and the rank that
+    exoframe.distributed serves. A node starts from the process's state, as a forked rank
+    from the launcher's."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
+        self.cuda_rng = None  # on a GPU: its CUDA generator's, once it has run
+        self.grad = torch.is_grad_enabled()
+        self.bound = None  # its Communicator
+
+    def swap_in(self):
+        torch.set_rng_state(self.torch_rng)
+        random.setstate(self.python_rng)
+        if torch.is_grad_enabled() != self.grad:
+            torch.set_grad_enabled(self.grad)
+        distributed.bind(self.bound)
+        if self.cuda and self.cuda_rng is not None:
+            torch.cuda.set_rng_state(self.cuda_rng)
+
+    def swap_out(self):
+        if self.cuda:
+            self.cuda_rng = torch.cuda.get_rng_state()
+        self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
+        self.grad, self.bound = torch.is_grad_enabled(), distributed.current()
+
+
+class Node:
+    """One simulated node of a worker: its greenlet and what it keeps of the globals."""
+
+    def __init__(self, rank: int, run, hub: "Hub"):
+        """run(node): the node's life."""
+        self.rank, self.hub = rank, hub
+        self.glet = greenlet(lambda: run(self), parent=hub.main)
+        self.inbox: deque = deque()
+        self.ready = None  # while it waits: what must hold for it to go on
+        self.cpu, self.resumed_at = 0.0, None
+        # Its first turn is one step (unless it waits in it): the launcher hears of every
+        # node's first step at once.
+        self.steps_this_turn = STEPS_PER_TURN - 1
+        self.globals = NodeGlobals(hub.cuda)
+        self.gpu_seconds, self.turn_start = 0.0, None  # its GPU time (hub.gpu_timing)
+        self.off_spans: list = []  # its exchanges' GPU work this turn: (start, end) events
+
+    def timer(self) -> float:
+        """The CPU time this node has run (its compute under --compute measured)."""
+        running = time.thread_time() - self.resumed_at if self.resumed_at is not None else 0.0
+        return self.cpu + running
+
+    def gpu_timer(self) -> float:
+        """The GPU time of this node's turns (its compute under --compute measured on a
+        GPU: the worker's stream runs one node's kernels at a time), read with CUDA events."""
+        if self.turn_start is None:
+            return self.gpu_seconds
+        now = torch.cuda.Event(enable_timing=True)
+        now.record()
+        now.synchronize()
+        exchanges = sum(start.elapsed_time(end) for start, end in self.off_spans)
+        self.off_spans = []
+        self.gpu_seconds -= exchanges / 1000
+        return self.gpu_seconds + self.turn_start.elapsed_time(now) / 1000
+
+
+class NodeConn:
+    """A node's side of its connection to the launcher: a Conn (sim/clocks/transport.py), as
+    a rank's pipe is."""
+
+    def __init__(self, node: Node):
+        self.node = node
+
+    def send(self, message):
+        self.node.hub.launcher.pending.append(message)
+        if isinstance(message, StepDone):
+            self.node.hub.step_ended()
+        elif isinstance(message, CheckpointLate):  # the node waits for the answer
+            self.node.hub.launcher.flush()
+
+    def recv(self):
+        inbox = self.node.inbox
+        self.node.hub.block(lambda: bool(inbox))
+        return inbox.popleft()
+
+    def poll(self, timeout=0) -> bool:
+        return bool(self.node.inbox)
+
+    def close(self):
+        pass  # (the worker's pipe stays open for its other nodes)
+
+
+class Hub:
+    """Runs a worker's nodes until all are done: resumes every node that can go on, sends
+    what they said, reads what came, and again."""
+
+    def __init__(self, conn, peers: dict, index: int, home: list, evaluator, ranks: list,
+                 device: torch.device = torch.device("cpu"), gpu_timing: bool = False):
+        """conn: the pipe to the launcher; peers: worker index -> pipe to it; evaluator:
+        the pipe to the evaluator; ranks: the worker's nodes; device: theirs; gpu_timing:
+        time each node's turns on the GPU (measured compute on a GPU)."""
+        self.main = greenlet.getcurrent()
+        self.cuda, self.gpu_timing = device.type == "cuda", gpu_timing
+        self.sender = Sender()
+        self.sender.start()
+        self.launcher = Outbox(conn, self.sender.sender_for(conn))
+        # Models have a thread of their own: a fold outgrows the pipe, and the evaluator may
+        # be validating; the worker's other messages must not wait behind it.
+        self.models_sender = Sender()
+        self.models_sender.start()
+        self.to_evaluator = self.models_sender.sender_for(evaluator)
+        self.ranks = ranks
+        self.folds: dict[tuple, model_state.FoldedModels] = {}  # (step, held?) -> the nodes'
+        self.last_held = None  # (weights, exact buffers) of the last held model sent
+        self.peers = {i: Outbox(c, self.sender.sender_for(c)) for i, c in peers.items()}
+        self.reading = [conn, *peers.values()]
+        self.pack = Pack(home, index, self.post, self.block, self.off_clock)
+        self.nodes: dict[int, Node] = {}
+        self.current: Node | None = None
+        self.flushed_at = time.monotonic()
+        self.launcher_poll = select.poll()  # whether the launcher said something, in 0.4 µs
+        self.launcher_poll.register(conn.fileno(), select.POLLIN)
+
+    def post(self, process: int, message: Contribution):
+        self.peers[process].pending.append(message)
+
+    def add(self, rank: int, run):
+        """run(node): what the node does, in its greenlet."""
+        self.nodes[rank] = Node(rank, run, self)
+
+    @contextlib.contextmanager
+    def off_clock(self):
+        """Leave what runs inside out of the current node's compute: the work of an
+        exchange (gloo does it in its own threads), its CPU time and, on a GPU under
+        gpu_timing, its kernels' time. Nothing inside may give way."""
+        start = time.thread_time()
+        spans = self.current.off_spans if self.gpu_timing and self.current is not None else None
+        if spans is not None:  # (on a GPU: the exchange's kernels, timed by events)
+            spans.append((torch.cuda.Event(enable_timing=True),
+                          torch.cuda.Event(enable_timing=True)))
+            spans[-1][0].record()
+        try:
+            yield
+        finally:
+            if spans is not None:
+                spans[-1][1].record()
+            if self.current is not None:
+                self.current.cpu -= time.thread_time() - start
+
+    def add_models(self, strategy, rank: int, step: int, live: bool, held: bool,
+                   replicas: bool, device):
+        """A node's models at an evaluation step, added into its worker's fold (on the nodes'
+        device: model_state.add_models); the fold goes to the evaluator once every node of
+        the worker is in."""
+        key = (step, held)
+        folded = model_state.add_models(self.folds.get(key), strategy, rank, step, live, held,
+                                        replicas, device)
+        self.folds[key] = folded
+        if folded.ranks == len(self.ranks):
+            del self.folds[key]
+            if len(self.ranks) == len(self.pack.home):  # every node is here
+                self.finish(folded)
+            self.to_evaluator(folded)
+
+    def finish(self, folded: model_state.FoldedModels):
+        """A fold of every node: only its result goes, and a held model equal to the one
+        sent last (DiLoCo between outer steps) goes as a mark (FoldedModels.held_same)."""
+        for fold in (folded.held, folded.replicas):
+            if fold is not None:
+                fold.collapse()
+        if folded.held is None:
+            return
+        held, last = folded.held.result(), self.last_held
+        if last is not None and torch.equal(last[0], held) and \
+                model_state.same_buffers(last[1], folded.exact):
+            folded.held, folded.held_same = None, True
+        else:
+            self.last_held = (held, folded.exact)
+
+    def step_ended(self):
+        """The current node ended a step. Its turn ends after STEPS_PER_TURN steps, once the
+        launcher has said something (a checkpoint request is for the step after the furthest
+        reported one) or once the last flush is FLUSH_SECONDS old (the watchdog hears from
+        every worker)."""
+        node = self.current
+        node.steps_this_turn += 1
+        if node.steps_this_turn >= STEPS_PER_TURN or self.launcher_said() \
+                or time.monotonic() - self.flushed_at > FLUSH_SECONDS:
+            self.block(_always, give_way=True)
+
+    def launcher_said(self) -> bool:
+        return bool(self.launcher_poll.poll(0))
+
+    def block(self, ready, give_way: bool = False):
+        """Called by a node: give way until ready() holds (give_way: even if it does)."""
+        if ready() and not give_way:
+            return
+        node = self.current
+        node.ready, node.steps_this_turn = ready, 0
+        self.main.switch()
+
+    def run(self):
+        try:
+            while self.nodes:
+                ran = self._run_ready()
+                self._flush()
+                self._receive(block=not ran)
+        except BaseException:
+            # What the nodes said goes to the launcher; nothing more to peers, which may
+            # not be reading either (a bug on every node): the failure is reported at once.
+            self.launcher.flush()
+            self.sender.close(timeout=5)
+            raise
+        self.models_sender.close()
+        self.sender.close()
+
+    def _run_ready(self) -> bool:
+        ran = False
+        for node in list(self.nodes.values()):
+            if node.ready is None or node.ready():
+                node.ready = None
+                self._resume(node)
+                ran = True
+                if time.monotonic() - self.flushed_at > FLUSH_SECONDS or self.launcher_said():
+                    self._flush()  # within a long round
+                    self._receive(block=False)
+        return ran
+
+    def _resume(self, node: Node):
+        self.current = node
+        node.globals.swap_in()
+        if self.gpu_timing:
+            node.turn_start = torch.cuda.Event(enable_timing=True)
+            node.turn_start.record()
+        node.resumed_at = time.thread_time()
+        try:
+            node.glet.switch()
+        except BaseException as e:
+            e.failed_rank = node.rank  # (processes.child_entry names it)
+            raise
+        finally:
+            node.cpu += time.thread_time() - node.resumed_at
+            node.resumed_at = None
+            self.current = None
+        if self.gpu_timing:
+            node.gpu_seconds, node.turn_start = node.gpu_timer(), None
+        node.globals.swap_out()
+        if node.glet.dead:
+            del self.nodes[node.rank]
+
+    def _flush(self):
+        self.flushed_at = time.monotonic()
+        self.launcher.flush()
+        for outbox in self.peers.values():
+            outbox.flush()
+
+    def _receive(self, block: bool):
+        ready = multiprocessing.connection.wait(self.reading, timeout=None if block else 0)
+        for conn in ready:
+            while conn.poll():
+                try:
+                    bundle = conn.recv()
+                except EOFError:
+                    if conn is self.launcher.conn:
+                        raise
+                    self.reading.remove(conn)  # a peer whose nodes are all done
+                    break
+                for message in bundle.messages:
+                    if isinstance(message, NodeMessage):
+                        node = self.nodes.get(message.rank)
+                        if node is not None:  # (a finished node needs nothing more)
+                            node.inbox.append(message.message)
+                    else:
+                        self.pack.receive(message)
+
+
+def write_stacks_on(signum: int, path: str, hub: Hub):
+    """On `signum` (the watchdog's), write every node's Python stack to `path`: where each
+    waits, which a dump of the process's thread (the hub's) would not show."""
+    def stack(node: Node, frame) -> str:
+        if node is hub.current:
+            return f"rank {node.rank} (running):\n" + "".join(traceback.format_stack(frame))
+        if node.glet.gr_frame is None:
+            return f"rank {node.rank} (not started)\n"
+        return f"rank {node.rank} (waiting):\n" + "".join(
+            traceback.format_stack(node.glet.gr_frame))
+
+    def write(_signum, frame):
+        write_atomic(path, "\n".join(stack(node, frame) for node in hub.nodes.values())
+                     or "no node left\n")
+    faulthandler.unregister(signum)
+    signal.signal(signum, write)
+
+
+class PackedNode:
+    """A node's host in a worker (node_host.NodeHost): it exchanges in memory with the other
+    nodes (comm/memory.py), its compute is timed over its own turns, and its models are added
+    into the worker's fold (Hub.add_models)."""
+
+    def __init__(self, node: Node, gpu_timing: bool):
+        self.node = node
+        self.timer = node.gpu_timer if gpu_timing else node.timer
+
+    def join(self, rank: int, job):
+        device = job.placement.device_of(rank)
+        return (device, MemoryExchange(rank, self.node.hub.pack),
+                copy.deepcopy(job.model).to(device))
+
+    def add_models(self, *models):
+        self.node.hub.add_models(*models)
+
+    def close(self):
+        pass  # (the hub sends the fold once every node's models are in)
+
+
+def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: dict,
+              stack_path: str, evaluator, conn):
+    """A worker process: train `ranks` as nodes of one hub (see train in rank.py). peers:
+    worker index -> the pipe to it; stack_path: where the watchdog reads the stacks;
+    evaluator: the pipe to the evaluator."""
+    torch.set_num_threads(job.threads)
+    device = job.placement.device_of(ranks[0])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    gpu_timing = device.type == "cuda" and measures(job)
+    hub = Hub(conn, peers, index, home, evaluator, list(ranks), device, gpu_timing)
+    write_stacks_on(STACK_SIGNAL, stack_path, hub)
+    for rank in ranks:
+        hub.add(rank, lambda node: train(node.rank, job, batches[node.rank], NodeConn(node),
+                                         PackedNode(node, gpu_timing)))
+    hub.run()
+

@@ -1,0 +1,380 @@
+"""A network as written in YAML (netmodels/*.yaml), in tc-netem / Mininet vocabulary.
+
+Unit strings ("100mbit", "25ms") stay strings here; `validate()` and `topology()` parse them,
+and every error names the file and the field ("net.yaml: sites.us.bandwidth: ...").
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass, field, fields
+from itertools import combinations
+from pathlib import Path
+
+from ...errors import ExoframeError, did_you_mean, shorten
+from ...inputs import build_dataclass, load_yaml
+from .collectives import BUILTIN
+from .site_ranks import assign_ranks, check_listed_ranks
+from .tcp import parse_protocol
+from .topology import DEFAULT_ALGORITHMS, LinkSpec, Topology
+from .units import format_bandwidth, format_duration, parse_bandwidth, parse_duration
+
+BUILTIN_ALGORITHMS = tuple(BUILTIN)
+
+# A bandwidth or duration as written: "100mbit", "25ms", 0, .inf. None: not given.
+Unit = str | float | None
+
+
+@dataclass
+class SiteConfig:
+    """One site (e.g. a datacenter). Keys left out take the top level's values."""
+
+    ranks: list[int] | None = None  # None: a share of the ranks no site lists
+    bandwidth: Unit = None
+    upload: Unit = None
+    download: Unit = None
+    latency: Unit = None  # between two ranks of this site
+    jitter: Unit = None
+    bandwidth_trace: list | str | None = None  # each node's NIC over time (as a link's)
+
+
+@dataclass
+class LinkConfig:
+    """A full-duplex link between two sites; each direction has `bandwidth`."""
+
+    between: list[str] = field(default_factory=list)
+    bandwidth: Unit = None  # required
+    latency: Unit = None  # None: 0
+    jitter: Unit = None
+    # The bandwidth over time: [[time, bandwidth], ...] or a CSV file of time,bandwidth
+    # lines (relative to this file's folder); each bandwidth holds from its time on, and
+    # 'down' (or 0) stops the link until the next entry.
+    bandwidth_trace: list | str | None = None
+
+
+@dataclass
+class NetKeys:
+    """The keys of a network YAML file."""
+
+    description: str = ""
+    bandwidth: Unit = None  # each node's NIC, each direction; None: unlimited
+    upload: Unit = None  # asymmetric overrides of bandwidth
+    download: Unit = None
+    latency: Unit = None  # one way; None: 0
+    jitter: Unit = None  # each message's latency is uniform in latency ± jitter
+    # Each node's NIC bandwidth over time, both directions: [[time, bandwidth], ...] or a
+    # CSV file, as a link's (below); `bandwidth`/`upload`/`download` hold before the first.
+    bandwidth_trace: list | str | None = None
+    algorithm: str | dict | None = None  # one name for every collective, or {collective: name}
+    sites: dict[str, SiteConfig] = field(default_factory=dict)
+    links: list[LinkConfig] = field(default_factory=list)
+    # How TCP uses the links (exoframe/sim/network/tcp.py): tcp (left out: the presets' TCP model),
+    # none (the exact alpha-beta model), or a dict of TcpModel's fields, e.g. {window: 64KiB}.
+    protocol: str | dict | None = "tcp"
+
+
+@dataclass
+class NetConfig(NetKeys):
+    """A loaded network: its YAML keys plus where it came from (for messages)."""
+
+    name: str = ""  # preset name or file stem
+    where: str = ""  # file path, or "network 'name'" for a preset given as a dict
+
+    @classmethod
+    def from_dict(cls, values: dict, name: str, where: str) -> NetConfig:
+        """Check key names and types; units are parsed later, by validate() and topology()."""
+        if isinstance(values, dict):
+            # `sites:` or `links:` with nothing under it reads as None: the same as leaving it out.
+            values = {k: v for k, v in values.items()
+                      if not (k in ("sites", "links") and v is None)}
+        keys = build_dataclass(NetKeys, values, where, finite=False)
+        sites = {str(site): build_dataclass(SiteConfig, {} if raw is None else raw,
+                                            f"{where}: sites.{site}", finite=False)
+                 for site, raw in keys.sites.items()}
+        links = [build_dataclass(LinkConfig, raw, f"{where}: links[{i}]", finite=False)
+                 for i, raw in enumerate(keys.links)]
+        top = {f.name: getattr(keys, f.name) for f in fields(NetKeys)}
+        return cls(**{**top, "sites": sites, "links": links}, name=name, where=where)
+
+    def validate(self, algorithms: Collection[str] | None = None) -> NetConfig:
+        """Parse every unit and check sites, links and algorithm names (if `algorithms` is
+        given) so that a bad network fails before training. Checks that need the number of
+        ranks (ranks out of range, a missing link) are left to topology()."""
+        self._endpoint(None)
+        self._nic_trace(None)
+        for site in self.sites:
+            self._endpoint(site)
+            self._nic_trace(site)
+        self._links()
+        check_listed_ranks(self.sites, self._error)
+        self._algorithms(algorithms)
+        parse_protocol(self.protocol, self.where)
+        return self
+
+    def topology(self, n: int,
+                 algorithms: Collection[str] | None = BUILTIN_ALGORITHMS) -> Topology:
+        """This network resolved for `n` ranks. `algorithms`: the known collective algorithm
+        names (None: names are not checked)."""
+        if n < 1:
+            raise ExoframeError(f"{self.where}: a network needs at least one rank, got {n}.")
+        chosen = self._algorithms(algorithms)
+        if not self.sites:
+            up, down, intra = self._endpoint(None)
+            return Topology(uplink=[up] * n, downlink=[down] * n, site_of=[0] * n,
+                            intra=[intra], algorithms=chosen,
+                            nic_trace=[self._nic_trace(None)] * n,
+                            protocol=parse_protocol(self.protocol, self.where))
+        names = list(self.sites)
+        endpoints = [self._endpoint(site) for site in names]
+        links = self._links()
+        check_listed_ranks(self.sites, self._error)
+        site_of = assign_ranks(self.sites, n, self._error)
+        for a, b in combinations(sorted(set(site_of)), 2):
+            if (a, b) not in links:
+                raise self._error("links", f"no link between sites '{names[a]}' and "
+                                           f"'{names[b]}'; add one under links:.")
+        inter = {}
+        for (a, b), spec in links.items():
+            inter[(a, b)] = inter[(b, a)] = spec
+        traces = [self._nic_trace(site) for site in names]
+        return Topology(uplink=[endpoints[s][0] for s in site_of],
+                        downlink=[endpoints[s][1] for s in site_of], site_of=site_of,
+                        sites=names, intra=[intra for _, _, intra in endpoints], inter=inter,
+                        algorithms=chosen, nic_trace=[traces[s] for s in site_of],
+                        protocol=parse_protocol(self.protocol, self.where))
+
+    def summary(self) -> str:
+        """One line for listings, e.g. '100 Mbit/s, 25 ms ± 2 ms'."""
+        if not self.sites:
+            up, down, intra = self._endpoint(None)
+            return f"{_nic_text(up, down)}, {_delay_text(intra)}"
+        names = list(self.sites)
+        nics = {_nic_text(up, down) for up, down, _ in map(self._endpoint, names)}
+        text = f"{len(names)} sites ({', '.join(names)}): "
+        text += f"{nics.pop()} inside" if len(nics) == 1 else "NICs differ by site"
+        links = self._links()
+        between = {f"{format_bandwidth(s.bandwidth)}, {_delay_text(s)}" for s in links.values()}
+        if len(between) == 1:
+            text += f"; {between.pop()} between"
+        elif between:
+            text += f"; {len(links)} links between"
+        return text
+
+    # -- resolution helpers ------------------------------------------------------------------
+
+    def _error(self, path: str, problem: str) -> ExoframeError:
+        return ExoframeError(f"{self.where}: {path}: {problem}")
+
+    def _pick(self, site: str | None, *keys: str) -> tuple[Unit, str]:
+        """The first value given among site.<key> for each key, then top-level <key> for each
+        key, with its field path (for messages)."""
+        scopes = ([(self.sites[site], f"sites.{site}.")] if site is not None else []) + [(self, "")]
+        for scope, prefix in scopes:
+            for key in keys:
+                value = getattr(scope, key)
+                if value is not None:
+                    return value, prefix + key
+        return None, keys[0]
+
+    def _endpoint(self, site: str | None) -> tuple[float, float, LinkSpec]:
+        """(upload, download, LinkSpec(latency, jitter)) of a site's nodes (None: top level)."""
+        up, down = (self._bandwidth(*self._pick(site, direction, "bandwidth"))
+                    for direction in ("upload", "download"))
+        latency = self._duration(*self._pick(site, "latency"))
+        jitter = self._jitter(latency, *self._pick(site, "jitter"))
+        return up, down, LinkSpec(latency=latency, jitter=jitter)
+
+    def _nic_trace(self, site: str | None) -> tuple:
+        """The bandwidth trace of a site's nodes' NICs (None: top level), () if none."""
+        value, path = self._pick(site, "bandwidth_trace")
+        if value is None:
+            return ()
+        up, down, _ = self._endpoint(site)
+        if math.inf in (up, down):
+            raise self._error(path, "a NIC with a bandwidth_trace needs a finite bandwidth "
+                                    "(upload and download) until the trace's first time, "
+                                    "e.g. bandwidth: 1gbit.")
+        return self._trace(value, path)
+
+    def _bandwidth(self, value: Unit, path: str) -> float:
+        return parse_bandwidth("inf" if value is None else value, path, self.where)
+
+    def _duration(self, value: Unit, path: str) -> float:
+        return parse_duration(0 if value is None else value, path, self.where)
+
+    def _jitter(self, latency: float, value: Unit, path: str) -> float:
+        jitter = self._duration(value, path)
+        if jitter > latency:
+            # latency ± jitter would draw negative delays.
+            raise self._error(path, f"{format_duration(jitter)} exceeds the latency "
+                                    f"{format_duration(latency)}; jitter must be at most the "
+                                    f"latency.")
+        return jitter
+
+    def _links(self) -> dict[tuple[int, int], LinkSpec]:
+        """(site index, site index) in increasing order -> the link's spec."""
+        names = list(self.sites)
+        specs: dict[tuple[int, int], LinkSpec] = {}
+        first: dict[tuple[int, int], int] = {}
+        for i, link in enumerate(self.links):
+            path = f"links[{i}]"
+            ends = link.between
+            if len(ends) != 2 or not all(isinstance(end, str) for end in ends):
+                raise self._error(f"{path}.between", f"expected two site names like [us, eu], "
+                                                     f"got {shorten(ends)}.")
+            for end in ends:
+                if end not in self.sites:
+                    known = (f"Sites: {', '.join(names)}." if names
+                             else "No sites are defined; add them under sites:.")
+                    raise self._error(f"{path}.between", f"unknown site '{end}'."
+                                                         f"{did_you_mean(end, names)} {known}")
+            if ends[0] == ends[1]:
+                raise self._error(f"{path}.between", f"a link joins two different sites, "
+                                                     f"got [{ends[0]}, {ends[1]}].")
+            key = tuple(sorted(names.index(end) for end in ends))
+            if key in first:
+                raise self._error(f"{path}.between", f"a second link between '{ends[0]}' and "
+                                                     f"'{ends[1]}' (the first is "
+                                                     f"links[{first[key]}]); keep one.")
+            first[key] = i
+            if link.bandwidth is None:
+                raise self._error(f"{path}.bandwidth", "missing; give the link's bandwidth in "
+                                                       "each direction, e.g. '1gbit'.")
+            latency = self._duration(link.latency, f"{path}.latency")
+            if link.bandwidth_trace is not None and \
+                    self._bandwidth(link.bandwidth, f"{path}.bandwidth") == math.inf:
+                raise self._error(f"{path}.bandwidth", "a link with a bandwidth_trace needs a "
+                                                       "finite bandwidth until the trace's "
+                                                       "first time, e.g. '1gbit'.")
+            specs[key] = LinkSpec(bandwidth=self._bandwidth(link.bandwidth, f"{path}.bandwidth"),
+                                  latency=latency,
+                                  jitter=self._jitter(latency, link.jitter, f"{path}.jitter"),
+                                  trace=self._trace(link.bandwidth_trace,
+                                                    f"{path}.bandwidth_trace"))
+        return specs
+
+    def _trace(self, value: list | str | None, path: str) -> tuple:
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            value, path = self._trace_file(value, path)
+        trace = []
+        for i, entry in enumerate(value):
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 2) or None in entry:
+                raise self._error(f"{path}[{i}]", f"expected [time, bandwidth] like "
+                                                  f"['10min', '50mbit'], got {shorten(entry)}.")
+            t = self._duration(entry[0], f"{path}[{i}] time")
+            if entry[1] in (0, "0", "down"):
+                bandwidth = 0.0  # the link is down: its flows wait until a later entry
+            else:
+                bandwidth = self._bandwidth(entry[1], f"{path}[{i}] bandwidth")
+            if not bandwidth < math.inf:
+                raise self._error(f"{path}[{i}]", "a traced bandwidth must be finite; write "
+                                                  "'down' (or 0) for a link that is down.")
+            if trace and t <= trace[-1][0]:
+                raise self._error(f"{path}[{i}]", f"times must increase: {entry[0]} comes "
+                                                  f"after {format_duration(trace[-1][0])}.")
+            trace.append((t, bandwidth))
+        return tuple(trace)
+
+    def _trace_file(self, name: str, path: str) -> tuple[list, str]:
+        """The [time, bandwidth] rows of a CSV file (blank lines, '#' comments and a
+        header line skipped), and the path naming it in messages."""
+        file = Path(name)
+        if not file.is_absolute() and Path(self.where).is_file():
+            file = Path(self.where).parent / file
+        try:
+            lines = file.read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise self._error(path, f"cannot read the trace file {name}: {e.strerror or e}.")
+        except UnicodeDecodeError:
+            raise self._error(path, f"the trace file {name} is not a UTF-8 text file; give "
+                                    "a CSV of time,bandwidth lines.") from None
+        rows = [[cell.strip() for cell in line.split(",")] for line in lines
+                if line.strip() and not line.lstrip().startswith("#")]
+        if rows and rows[0][0].lower() in ("time", "t", "seconds"):
+            rows = rows[1:]
+        return [[_number_or_text(cell) for cell in row] for row in rows], f"{path} ({name})"
+
+    def _algorithms(self, algorithms: Collection[str] | None) -> dict[str, str]:
+        """The collective -> algorithm mapping for Topology (over DEFAULT_ALGORITHMS)."""
+        if self.algorithm is None:
+            return dict(DEFAULT_ALGORITHMS)
+        if isinstance(self.algorithm, str):
+            chosen = {kind: (self.algorithm, "algorithm") for kind in DEFAULT_ALGORITHMS}
+        else:
+            chosen = {}
+            for kind, name in self.algorithm.items():
+                path = f"algorithm.{kind}"
+                if kind not in DEFAULT_ALGORITHMS:
+                    raise self._error(path, f"unknown collective '{kind}'."
+                                            f"{did_you_mean(kind, DEFAULT_ALGORITHMS)} "
+                                            f"Collectives: {', '.join(DEFAULT_ALGORITHMS)}.")
+                if not isinstance(name, str):
+                    raise self._error(path, f"expected an algorithm name like 'ring', "
+                                            f"got {shorten(name)}.")
+                chosen[kind] = (name, path)
+        if algorithms is not None:
+            known = sorted(algorithms)
+            for name, path in chosen.values():
+                if name not in known:
+                    raise self._error(path, f"unknown collective algorithm '{name}'."
+                                            f"{did_you_mean(name, known)} "
+                                            f"Known: {', '.join(known)}.")
+        return {**DEFAULT_ALGORITHMS, **{kind: name for kind, (name, _) in chosen.items()}}
+
+
+def _nic_text(up: float, down: float) -> str:
+    if up == down:
+        return format_bandwidth(up)
+    return f"up {format_bandwidth(up)} / down {format_bandwidth(down)}"
+
+
+def _delay_text(spec: LinkSpec) -> str:
+    if spec.latency == 0 and spec.jitter == 0:
+        return "no latency"
+    jitter = f" ± {format_duration(spec.jitter)}" if spec.jitter else ""
+    return f"{format_duration(spec.latency)}{jitter}"
+
+
+def _number_or_text(cell: str):
+    """A CSV cell: 0 as a number (a time of 0 needs no unit), else the text ('600s')."""
+    try:
+        return float(cell) if float(cell) == 0 else cell
+    except ValueError:
+        return cell
+
+
+def _looks_like_path(spec: str) -> bool:
+    return "/" in spec or "\\" in spec or spec.endswith((".yaml", ".yml"))
+
+
+def load_file(path: Path, name: str) -> NetConfig:
+    """A network from a YAML file, checked (all but what depends on the number of ranks)."""
+    return NetConfig.from_dict(load_yaml(path, "network file"), name=name,
+                               where=str(path)).validate()
+
+
+def load_network(spec: str, registry) -> NetConfig:
+    """`spec`: a preset name registered in `registry` (exoframe's registry of network presets:
+    registry.get(name) returns an entry with .name, .obj and .source), or a path to a
+    .yaml/.yml file."""
+    if _looks_like_path(spec):
+        path = Path(spec)
+        if not path.is_file():
+            raise ExoframeError(f"network file '{spec}' not found. Give the path to a .yaml "
+                                f"file, or a preset name (see `exoframe nets`).")
+        return load_file(path, name=path.stem)
+    try:
+        entry = registry.get(spec)
+    except ExoframeError as e:
+        raise ExoframeError(f"{e} A network can also be the path to a .yaml file.") from None
+    source = entry.obj
+    if isinstance(source, (str, Path)):
+        return load_file(Path(source), name=entry.name)
+    if isinstance(source, dict):
+        return NetConfig.from_dict(source, name=entry.name,
+                                   where=f"network '{entry.name}'").validate()
+    raise ExoframeError(f"network preset '{entry.name}' (from {entry.source}) is a "
+                        f"{type(source).__name__}; a preset must be a path to a YAML file or a "
+                        f"dict.")

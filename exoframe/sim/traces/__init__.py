@@ -1,0 +1,1 @@
+"""What reads a run's trace again: replays on another network, and projections to scale."""
