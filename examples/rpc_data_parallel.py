@@ -18,6 +18,7 @@ from torch.utils.data import TensorDataset
 
 import exoframe
 import exoframe.distributed as todist
+from exoframe.strategies import Traits
 from exoframe import testing
 from exoframe.comm import flatten, unflatten_into
 
@@ -45,7 +46,7 @@ def batch(step: int):
 class RpcDataParallel(exoframe.Strategy):
     """Rank 0 splits its batch over the ranks by remote calls and steps on the mean."""
 
-    remote_calls = True
+    traits = Traits(remote_calls=True)
 
     def setup(self):
         global MODEL

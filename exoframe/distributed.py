@@ -18,9 +18,9 @@ A call's function runs on the target rank for real; its request and result trave
 the simulated network and count in the rank's bytes (traffic kinds `remote`, the tensors'
 bytes, and `remote_envelope`, the pickled rest). When ranks serve calls, and why they
 cannot deadlock, is in exoframe/comm/remote.py; in short: while they wait in this module
-(`Future.wait()`, `barrier()`, `serve()`), and, for a strategy that sets
-`remote_calls = True`, at each step end and after the last step. A strategy that makes
-remote calls must set it. A served function that cannot answer yet raises `NotYet` and is
+(`Future.wait()`, `barrier()`, `serve()`), and, for a strategy whose traits declare
+`remote_calls=True`, at each step end and after the last step. A strategy that makes
+remote calls must declare it. A served function that cannot answer yet raises `NotYet` and is
 run again after the next call that rank serves. `compute(seconds)` charges a served function's simulated compute
 where the compute model does not measure it (`fixed`, `flops`).
 """

@@ -1,8 +1,14 @@
 import compileall
+import itertools
+import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -25,6 +31,14 @@ def pytest_sessionstart(session):
     compileall.compile_dir(REPO / "exoframe", quiet=1)
 
 
+def is_zombie(entry: Path) -> bool:
+    try:
+        return "zombie" in next(l for l in (entry / "status").read_text().splitlines()
+                                if l.startswith("State:"))
+    except (OSError, StopIteration):
+        return True
+
+
 def processes_with_marker(marker: str):
     """PIDs of live processes whose environment carries `marker` (ranks inherit it)."""
     found = []
@@ -42,12 +56,127 @@ def processes_with_marker(marker: str):
     return found
 
 
+def process_group(pid: int) -> int | None:
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[2])  # (the name, in parentheses, may hold spaces)
+
+
+class CommandServer:
+    """The client of tests/cli_server.py: a process that has imported torch and exoframe,
+    started once per session, which forks each command a test runs to completion."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "cli_server.py")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env={**os.environ, "PYTHONPATH": str(REPO)})
+        self.ids = itertools.count()
+        self.folder = Path(tempfile.mkdtemp(prefix="exoframe-cli-"))  # the commands' output
+        self.answers: dict[int, dict] = {}
+        self.changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            with self.changed:
+                self.answers.setdefault(message["id"], {}).update(message)
+                self.changed.notify_all()
+        with self.changed:
+            self.answers[-1] = {"gone": True}
+            self.changed.notify_all()
+
+    def _await(self, request_id: int, key: str, deadline: float):
+        with self.changed:
+            while key not in self.answers.get(request_id, {}):
+                if -1 in self.answers:
+                    raise RuntimeError("tests/cli_server.py stopped")
+                if not self.changed.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    return None
+            return self.answers[request_id][key]
+
+    def start(self, args: list, cwd: Path, env: dict) -> "ServedCommand":
+        request_id = next(self.ids)
+        out, err = (self.folder / f"{request_id}.{name}" for name in ("out", "err"))
+        request = dict(id=request_id, args=args, cwd=str(cwd), env=env, stdout=str(out),
+                       stderr=str(err))
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        pid = self._await(request_id, "pid", time.monotonic() + 120)
+        if pid is None:
+            raise RuntimeError("tests/cli_server.py did not start a command in 120 s")
+        return ServedCommand(self, request_id, args, pid, out, err)
+
+    def close(self):
+        self.proc.stdin.close()  # (it stops at the end of its input)
+        self.proc.wait(timeout=60)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_server = None
+
+
+def pytest_sessionfinish(session):
+    if _server is not None:
+        _server.close()
+
+
+def command_server() -> CommandServer:
+    global _server
+    if _server is None:
+        _server = CommandServer()
+    return _server
+
+
+class ServedCommand:
+    """A command the server forked, as much of a Popen as the tests use."""
+
+    def __init__(self, server: CommandServer, request_id: int, args: list, pid: int,
+                 out: Path, err: Path):
+        self.server, self.request_id, self.args, self.pid = server, request_id, args, pid
+        self.out, self.err = out, err
+        self.returncode = None
+
+    def wait(self, timeout=None):
+        deadline = time.monotonic() + (timeout if timeout is not None else 10 ** 6)
+        code = self.server._await(self.request_id, "returncode", deadline)
+        if code is None:
+            raise subprocess.TimeoutExpired(["exoframe", *self.args], timeout)
+        self.returncode = code
+        return code
+
+    def communicate(self, timeout=None):
+        """(stdout, stderr) once it ended; killed (its group) if it outlasts `timeout`."""
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.wait(60)
+            raise
+        texts = [path.read_text(errors="replace") for path in (self.out, self.err)]
+        for path in (self.out, self.err):
+            path.unlink(missing_ok=True)
+        self.stdout_text, self.stderr_text = texts
+        return tuple(texts)
+
+    def kill(self):
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 class CLI:
-    """Runs `python -m exoframe ...` in a subprocess tagged with a unique marker."""
+    """Runs `exoframe ...` commands: to completion in a child of the command server
+    (CommandServer, its own process group), or in a `python -m exoframe` subprocess
+    tagged with a unique marker (popen, or a command with its own environment)."""
 
     def __init__(self, cwd: Path):
         self.cwd = cwd
         self.marker = f"EXOFRAME_TEST_{uuid.uuid4().hex}"
+        self.groups: list[int] = []  # of the commands the server ran
 
     def env(self, extra=None):
         env = dict(os.environ)
@@ -68,13 +197,30 @@ class CLI:
                                 stderr=subprocess.PIPE, text=True, **kw)
 
     def __call__(self, *args, env=None, timeout=120):
-        proc = self.popen(*args, env=env)
-        out, err = proc.communicate(timeout=timeout)
-        proc.stdout_text, proc.stderr_text = out, err
+        if env is not None:  # (read at start-up by torch and Python: a fresh interpreter)
+            proc = self.popen(*args, env=env)
+            out, err = proc.communicate(timeout=timeout)
+            proc.stdout_text, proc.stderr_text = out, err
+            return proc
+        proc = self.start(*args)
+        proc.communicate(timeout=timeout)
+        return proc
+
+    def start(self, *args) -> ServedCommand:
+        """`exoframe ARGS` forked by the command server (no start-up imports to pay)."""
+        proc = command_server().start(list(map(str, args)), self.cwd, self.env())
+        self.groups.append(proc.pid)
         return proc
 
     def leftovers(self):
-        return processes_with_marker(self.marker)
+        """The live processes this CLI's commands started, theirs included."""
+        found = processes_with_marker(self.marker)
+        if self.groups:
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit() and process_group(int(entry.name)) in self.groups \
+                        and not is_zombie(entry):
+                    found.append(int(entry.name))
+        return sorted(set(found))
 
 
 @pytest.fixture

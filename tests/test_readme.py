@@ -344,7 +344,7 @@ def test_every_readme_command_runs_shrunk(cli):
         except AssertionError as e:
             failures.append(f"{command.line}\n  {e}")
             continue
-        running.append((command, args, cli.popen(*args)))
+        running.append((command, args, cli.start(*args)))
         if reads_earlier_output:
             finish_all()
     finish_all()

@@ -9,7 +9,7 @@ import torch
 import exoframe.distributed as todist
 from exoframe import testing
 from exoframe.errors import ExoframeError
-from exoframe.strategies.base import Strategy
+from exoframe.strategies import Strategy, Traits
 
 B = 100e6 / 8  # the network below: 100 Mbit/s NICs, 10 ms latency, no jitter
 ALPHA = 0.01
@@ -40,7 +40,7 @@ class CallsFromRankZero(Strategy):
     """Rank 0 computes the loss and gradient of one batch through remote_sync_call
     (batch_partitioner + mean_reducer) on every rank; the others serve."""
 
-    remote_calls = True
+    traits = Traits(remote_calls=True)
 
     def setup(self):
         global MODEL
@@ -116,7 +116,7 @@ def not_one_and_two():
 
 
 class Decorated(Strategy):
-    remote_calls = True
+    traits = Traits(remote_calls=True)
 
     def step(self):
         global SEEN
@@ -147,7 +147,7 @@ def test_rank_decorators_run_where_they_say(tmp_path):
 
 
 class CallsRankSeven(Strategy):
-    remote_calls = True
+    traits = Traits(remote_calls=True)
 
     def step(self):
         todist.remote_sync_call(note_seen, args=([],), partitioner=7)
@@ -167,7 +167,7 @@ class Undeclared(Strategy):
 def test_calls_outside_a_run_and_a_missing_declaration_are_one_line():
     with pytest.raises(ExoframeError, match="remote calls run inside a run's ranks"):
         todist.remote_sync_call(note_seen, args=([],), partitioner=0)
-    with pytest.raises(ExoframeError, match="set `remote_calls = True` on its class"):
+    with pytest.raises(ExoframeError, match=r"declare `traits = Traits\(remote_calls=True\)` on its class"):
         testing.run(Undeclared, nodes=2, steps=1, compute="fixed:100ms")
 
 
@@ -221,7 +221,7 @@ def fails(x):
 
 
 class CallsAFunctionThatRaises(Strategy):
-    remote_calls = True
+    traits = Traits(remote_calls=True)
 
     def step(self):
         if self.rank == 0:
@@ -238,7 +238,7 @@ def test_a_remote_exception_stops_the_run_with_the_serving_ranks_traceback():
 
 
 class CallsARankInACollective(Strategy):
-    remote_calls = True
+    traits = Traits(remote_calls=True)
 
     def step(self):
         if self.rank == 0:

@@ -1,6 +1,7 @@
 """The strategy catalogue (issue 5) against references computed another way, with real rank
 processes: equivalences to the classic strategies, byte counts against their closed forms,
 and asynchronous Local SGD's staleness under stragglers."""
+import dataclasses
 import math
 
 import pytest
@@ -182,7 +183,7 @@ def test_only_the_asynchronous_strategies_depend_on_timing():
     assert {"streaming-diloco", "sparta-diloco", "topk-ef", "randomk-ef", "powersgd", "gossip",
             "noloco", "async-localsgd", "param-server", "sparseloco", "eager-diloco", "desloc",
             "hier-diloco", "halos"} <= set(strategies)
-    assert [n for n, s in strategies.items() if s.timing_dependent] == ["async-localsgd",
+    assert [n for n, s in strategies.items() if s.traits.timing_dependent] == ["async-localsgd",
                                                                          "halos",
                                                                          "param-server"]
 
@@ -194,3 +195,22 @@ def test_every_built_in_strategy_is_exported_by_its_class_name():
         module, class_name = target.split(":")
         assert class_name in exoframe.strategies.__all__, name
         assert getattr(exoframe.strategies, class_name).__module__ == module
+
+
+def test_a_strategy_declares_itself_in_its_traits_not_in_loose_flags():
+    from exoframe.strategies import DiLoCo, Strategy, Traits
+
+    with pytest.raises(ExoframeError, match=r"strategy Loose sets `survives_failures = \.\.\.` "
+                                            r"on its class: declare it in its traits"):
+        class Loose(Strategy):
+            survives_failures = True
+
+    class Inherits(DiLoCo):
+        pass
+
+    class Changes(DiLoCo):
+        traits = dataclasses.replace(DiLoCo.traits, survives_failures=False)
+
+    assert Inherits.traits == DiLoCo.traits and Inherits.traits.survives_failures
+    assert not Changes.traits.survives_failures and Changes.traits.replicas_equal_after_sync
+    assert Strategy.traits == Traits() and Traits().checkpointable

@@ -18,6 +18,7 @@ from exoframe.engine.replay import Projection, replay_trace
 from exoframe.plugins import get_plugin_manager
 from exoframe.sim import resolve_sim
 from exoframe.sim.network.netconfig import load_network
+from exoframe.strategies import Traits
 
 NETS = ["wan-10mbps", "geo-2dc", "home-broadband"]
 
@@ -70,7 +71,7 @@ def test_projection_of_an_every_step_all_reduce_matches_the_ring_closed_form(tmp
 class Impatient(exoframe.Strategy):
     """Timing-dependent: averages only if last step's all-reduce is done by now."""
 
-    timing_dependent = True
+    traits = Traits(timing_dependent=True)
 
     @dataclass
     class Params:

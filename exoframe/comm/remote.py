@@ -7,7 +7,7 @@ like any flow: every tensor's bytes plus the pickled size of everything else (th
 simulator (through the launcher), handed over with the delivery.
 
 When a rank serves: whenever it waits in exoframe.distributed, for its own calls' results
-(`wait()`), in `barrier()` or `serve()`, and, when its strategy declares `remote_calls`,
+(`wait()`), in `barrier()` or `serve()`, and, when its strategy declares `remote_calls` (its traits),
 at each step end and after its last step until every rank is done (the engine calls
 `serve()` and a final `barrier()`). A call that arrives while the rank computes waits in
 its mailbox until then. Calls are served one at a time in order of arrival; the function's
@@ -77,8 +77,9 @@ class RemoteCalls:
                                 "which is down (simulated failure): a down node calls nobody.")
         if not self.declared and self.comm.world_size > 1:
             raise ExoframeError(f"remote call of {_name(func)}: the strategy makes remote "
-                                "calls, so set `remote_calls = True` on its class (its ranks "
-                                "then serve calls at step ends and until every rank is done).")
+                                "calls, so declare `traits = Traits(remote_calls=True)` on its "
+                                "class (its ranks then serve calls at step ends and until "
+                                "every rank is done).")
         for rank, _, _ in parts:
             self._check_target(rank, func)
         replies = []

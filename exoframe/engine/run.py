@@ -231,9 +231,9 @@ def build_trace(job: Job, rank_traces: list, steps: int) -> dict:
     return {
         "version": 1,
         "strategy": job.strategy_name,
-        "timing_dependent": job.strategy_cls.timing_dependent,
-        "bucketed_gradients": job.strategy_cls.gradient_all_reduce_after_backward,
-        "overlapped_outer_sync": job.strategy_cls.outer_sync_overlaps_backward,
+        "timing_dependent": job.strategy_cls.traits.timing_dependent,
+        "bucketed_gradients": job.strategy_cls.traits.gradient_all_reduce_after_backward,
+        "overlapped_outer_sync": job.strategy_cls.traits.outer_sync_overlaps_backward,
         "nodes": job.nodes,
         "steps": steps,
         "seed": job.seed,

@@ -53,7 +53,7 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "best_achievable_loss": job.best_loss,
         # What val_loss, the time to target and the final model are of: the model a node
         # would deploy (the strategy's declaration, strategies/base.py held_model).
-        "validated_model": job.strategy_cls.held_model,
+        "validated_model": job.strategy_cls.traits.held_model,
         # The examples validated on and what validating cost (engine/launch/validation_set.py).
         "validation": launch_result.validation,
         # Read from the validation loss of that model, validated at every step.

@@ -21,8 +21,9 @@ from .sparta import Sparta
 from .sparta_diloco import SpartaDiLoCo
 from .streaming_diloco import StreamingDiLoCo
 from .topk_ef import TopKEF
+from .traits import Traits
 
-__all__ = ["Strategy", "OptimizerSpec", "DDP", "LocalSGD", "DiLoCo", "Sparta",
+__all__ = ["Strategy", "Traits", "OptimizerSpec", "DDP", "LocalSGD", "DiLoCo", "Sparta",
            "StreamingDiLoCo", "SpartaDiLoCo", "TopKEF", "RandomKEF", "PowerSGD", "Gossip",
            "NoLoCo", "AsyncLocalSGD", "ParameterServer", "SparseLoCo", "EagerDiLoCo", "DESLOC",
            "HierDiLoCo", "HALoS"]

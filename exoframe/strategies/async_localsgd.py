@@ -35,6 +35,7 @@ import torch
 from ..comm import flatten, unflatten_into
 from ..errors import ExoframeError
 from .base import Strategy, check_fraction, check_positive
+from .traits import Traits
 
 SERVER = 0
 
@@ -42,10 +43,11 @@ SERVER = 0
 class AsyncLocalSGD(Strategy):
     """Workers push updates to a server on rank 0 when their round ends; no barrier."""
 
-    timing_dependent = True
-    checkpointable = False  # pushes and pulls stay in flight across steps
-    held_model_from = "rank0"
-    held_model = "server's global model"
+    traits = Traits(
+        timing_dependent=True,
+        checkpointable=False,  # pushes and pulls stay in flight across steps
+        held_model_from="rank0",
+        held_model="server's global model")
 
     @dataclass
     class Params:

@@ -41,46 +41,14 @@ from ..errors import ExoframeError, did_you_mean, shorten
 from ..inputs import build_dataclass
 from .optimizers import OptimizerSpec, optimizer_tensors
 from .spec import StrategyType
+from .traits import TRAIT_NAMES, Traits
 
 
 class Strategy(metaclass=StrategyType):
     """Base class of every strategy. Subclasses set `Params` and implement `step()`."""
 
-    #: True when the strategy's numerics depend on simulated timing (async methods).
-    timing_dependent: ClassVar[bool] = False
-    #: True when each step's exchange is the all-reduce of the gradients computed by that
-    #: step's backward pass, which real DDP overlaps with the backward pass (in buckets):
-    #: projections to larger models model that overlap.
-    gradient_all_reduce_after_backward: ClassVar[bool] = False
-    #: True when the strategy's outer synchronization, an all-reduce right after the compute
-    #: of the steps that have one (DiLoCo's outer gradient, Streaming DiLoCo's fragments), is
-    #: one a real implementation would overlap with that step's backward pass (inner step and
-    #: outer gradient computed layer by layer as the backward produces gradients):
-    #: projections stream it in buckets during the backward pass, where that is not slower
-    #: than sending it after the compute (sim/traces/projection.py).
-    outer_sync_overlaps_backward: ClassVar[bool] = False
-    #: False when a run with this strategy cannot be checkpointed: its state is more than
-    #: state_dict() holds at any step end with no exchange in flight
-    #: (engine/records/checkpoint.py).
-    checkpointable: ClassVar[bool] = True
-    #: True when the strategy goes on through simulated node failures: every exchange it
-    #: makes is inside `with self.sync():` (see exoframe/comm/faults.py).
-    survives_failures: ClassVar[bool] = False
-    #: True when the strategy makes remote calls (exoframe.distributed): its ranks then
-    #: serve calls at each step end and, after the last step, until every rank is done.
-    remote_calls: ClassVar[bool] = False
-    #: True when every rank holds the same parameters at the end of each step that ran a
-    #: `with self.sync():` block (DDP, DiLoCo, local SGD): the engine then compares their
-    #: checksums at those steps and stops the run, naming the ranks, if they differ.
-    #: Subclasses inherit it: one that keeps ranks apart sets it False.
-    replicas_equal_after_sync: ClassVar[bool] = False
-    #: The model a node would deploy, which the run validates and reports (val_loss, time to
-    #: target, result.model): each node's `held_weights()`, taken over the nodes as
-    #: `held_model_from` says: "average" (their mean) or "rank0" (the lowest live rank's).
-    #: By default, the mean of the current weights: "replicas' average" (docs/strategies.md).
-    held_model_from: ClassVar[str] = "average"
-    #: That model in words, for summary.json's `validated_model` and the tables.
-    held_model: ClassVar[str] = "replicas' average"
+    #: What the strategy declares about itself (strategies/traits.py).
+    traits: ClassVar[Traits] = Traits()
 
     @dataclass
     class Params:
@@ -88,6 +56,12 @@ class Strategy(metaclass=StrategyType):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        flags = sorted(TRAIT_NAMES & set(cls.__dict__))
+        if flags:
+            raise ExoframeError(
+                f"strategy {cls.__name__} sets `{flags[0]} = ...` on its class: declare it in "
+                f"its traits instead, e.g. `traits = Traits({flags[0]}=...)` "
+                "(from exoframe.strategies import Traits).")
         if "metrics" in cls.__dict__:
             cls.metrics = _checked_metrics(cls.__dict__["metrics"])
 
@@ -161,7 +135,7 @@ class Strategy(metaclass=StrategyType):
     def held_model_is_replicas_average(cls) -> bool:
         """True when the model the run validates is the mean of the nodes' current weights
         (then no second, replicas' average validation is needed)."""
-        return cls.held_weights is Strategy.held_weights and cls.held_model_from == "average"
+        return cls.held_weights is Strategy.held_weights and cls.traits.held_model_from == "average"
 
     def extra_state(self) -> dict:
         return {}

@@ -9,15 +9,17 @@ when the model has buffers.
 from dataclasses import dataclass
 
 from .base import Strategy
+from .traits import Traits
 
 
 class DDP(Strategy):
     """Data parallel: all-reduce (mean) of gradients every step."""
 
-    gradient_all_reduce_after_backward = True
-    survives_failures = True
-    replicas_equal_after_sync = True
-    held_model = "replicas' model (equal on every node)"
+    traits = Traits(
+        gradient_all_reduce_after_backward=True,
+        survives_failures=True,
+        replicas_equal_after_sync=True,
+        held_model="replicas' model (equal on every node)")
 
     @dataclass
     class Params:

@@ -23,6 +23,7 @@ import torch
 from ..comm import flatten, unflatten_into
 from ..errors import ExoframeError
 from .base import Strategy, check_positive
+from .traits import Traits
 
 MOMENTS = {"Ku": "exp_avg", "Kv": "exp_avg_sq"}  # Adam's names for u and v
 
@@ -30,10 +31,11 @@ MOMENTS = {"Ku": "exp_avg", "Kv": "exp_avg_sq"}  # Adam's names for u and v
 class DESLOC(Strategy):
     """Local Adam; parameters averaged every Kx steps, first moment every Ku, second every Kv."""
 
-    survives_failures = True
+    traits = Traits(
+        survives_failures=True,
+        replicas_equal_after_sync=False,
+        held_model="replicas' average (a model no node holds)")
     # A step that syncs only a moment leaves the parameters apart: no checksum check.
-    replicas_equal_after_sync = False
-    held_model = "replicas' average (a model no node holds)"
 
     @dataclass
     class Params:

@@ -20,6 +20,7 @@ import torch
 
 from ..comm import flatten, unflatten_into
 from .base import Strategy, check_fraction, check_positive
+from .traits import Traits
 from .optimizers import OptimizerSpec, optimizer_tensors, outer_optimizer_spec
 from .quantizers import OuterQuantizer, check_format, row_lengths
 
@@ -53,10 +54,11 @@ class OuterParams:
 class DiLoCo(Strategy):
     """Inner optimizer for H steps, then one all-reduce of the outer gradient and an outer Nesterov step."""
 
-    outer_sync_overlaps_backward = True
-    replicas_equal_after_sync = True
-    survives_failures = True
-    held_model = "global model as of the last outer step"
+    traits = Traits(
+        outer_sync_overlaps_backward=True,
+        replicas_equal_after_sync=True,
+        survives_failures=True,
+        held_model="global model as of the last outer step")
 
     Params = OuterParams
 

@@ -27,6 +27,7 @@ import torch
 
 from ..comm import flatten, unflatten_into
 from .base import Strategy
+from .traits import Traits
 from .diloco import OuterParams, outer_quantizer
 
 
@@ -35,7 +36,8 @@ class EagerDiLoCo(Strategy):
 
     # Each node's copy differs until the round's average arrives (its own outer gradient
     # stands in for it): their mean is validated.
-    held_model = "global model as of the last outer step (each node's eager copy, averaged)"
+    traits = Traits(
+        held_model="global model as of the last outer step (each node's eager copy, averaged)")
 
     @dataclass
     class Params(OuterParams):

@@ -20,6 +20,7 @@ import torch
 from ..comm import flatten, unflatten_into
 from ..errors import ExoframeError
 from .base import Strategy, check_fraction, check_positive
+from .traits import Traits
 
 GRAPHS = ("ring", "complete", "random")
 
@@ -69,7 +70,7 @@ def exchange_with(comm, tensor: torch.Tensor, peers) -> dict[int, torch.Tensor]:
 class Gossip(Strategy):
     """Every H steps, average parameters with graph neighbours (send/recv, no collective)."""
 
-    held_model = "replicas' average (a model no node holds)"
+    traits = Traits(held_model="replicas' average (a model no node holds)")
 
     @dataclass
     class Params:

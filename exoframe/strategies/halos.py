@@ -34,6 +34,7 @@ import torch
 from .. import distributed
 from ..comm import flatten, unflatten_into
 from .base import Strategy, check_fraction, check_positive
+from .traits import Traits
 
 GPS = 0
 # rank -> its HALoS strategy, for the ranks that serve (one per process, or several where
@@ -73,10 +74,11 @@ class DelayedNesterov:
 class HALoS(Strategy):
     """Workers push to their region's parameter server, which pushes to a global one."""
 
-    remote_calls = True
-    timing_dependent = True  # which model a worker gets depends on the order of arrivals
-    checkpointable = False
-    held_model = "replicas' average (the workers' copies of their regions' models)"
+    traits = Traits(
+        remote_calls=True,
+        timing_dependent=True,  # which model a worker gets depends on the order of arrivals
+        checkpointable=False,
+        held_model="replicas' average (the workers' copies of their regions' models)")
 
     @dataclass
     class Params:

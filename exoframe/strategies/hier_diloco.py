@@ -15,6 +15,7 @@ Bytes per rank: each step 2(m−1)/m · 4N among its site's m ranks (ring), plus
 Sources: Douillard et al., "DiLoCo" (2023); torchft's HSDP + DiLoCo (one DiLoCo worker per
 datacenter, made of data-parallel ranks).
 """
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -26,8 +27,10 @@ class HierDiLoCo(DiLoCo):
 
     # The exchange right after each step's compute is the site's gradient all-reduce, not
     # an outer sync to stream through the backward pass.
-    outer_sync_overlaps_backward = False
-    survives_failures = False  # the site all-reduce needs every rank of the site
+    traits = dataclasses.replace(
+        DiLoCo.traits,
+        outer_sync_overlaps_backward=False,
+        survives_failures=False)  # the site all-reduce needs every rank of the site
 
     @dataclass
     class Params(OuterParams):

@@ -9,14 +9,16 @@ from dataclasses import dataclass
 
 from ..comm import flatten
 from .base import Strategy, check_positive
+from .traits import Traits
 
 
 class LocalSGD(Strategy):
     """H local steps, then average parameters."""
 
-    survives_failures = True
-    replicas_equal_after_sync = True
-    held_model = "global model as of the last average"
+    traits = Traits(
+        survives_failures=True,
+        replicas_equal_after_sync=True,
+        held_model="global model as of the last average")
 
     @dataclass
     class Params:

@@ -20,13 +20,14 @@ import torch
 
 from ..comm import flatten, unflatten_into
 from .base import Strategy, check_fraction, check_positive
+from .traits import Traits
 from .gossip import exchange_with
 
 
 class NoLoCo(Strategy):
     """H local steps, then an outer step averaged with one random partner (no all-reduce)."""
 
-    held_model = "replicas' average (a model no node holds)"
+    traits = Traits(held_model="replicas' average (a model no node holds)")
 
     @dataclass
     class Params:

@@ -34,6 +34,7 @@ import torch
 from .. import distributed
 from ..comm import flatten, unflatten_into
 from .base import Strategy
+from .traits import Traits
 
 # rank -> its ParameterServer, for the ranks that hold a shard (one in a rank's process;
 # several where nodes share a process, engine/node/packing.py)
@@ -58,10 +59,11 @@ def pull(min_version: int) -> tuple[int, torch.Tensor]:
 class ParameterServer(Strategy):
     """Push gradient shards to server ranks, pull updated weights (sync or bounded staleness)."""
 
-    remote_calls = True
-    timing_dependent = True  # with staleness, which update a pull returns depends on timing
+    traits = Traits(
+        remote_calls=True,
+        timing_dependent=True,  # with staleness, which update a pull returns depends on timing
+        held_model="replicas' average (the workers' copies of the servers' weights)")
     # The workers' copies of the servers' weights: equal to them with staleness 0.
-    held_model = "replicas' average (the workers' copies of the servers' weights)"
 
     @dataclass
     class Params:

@@ -46,6 +46,7 @@ import torch
 from ..comm import flatten, unflatten_into
 from ..errors import ExoframeError
 from .base import Strategy, check_choice, check_fraction, check_positive
+from .traits import Traits
 from .quantizers import check_format, quantize
 
 LAYOUTS = ("tiles", "flat")
@@ -89,8 +90,9 @@ class Block:
 class SparseLoCo(Strategy):
     """H inner steps, then an all-gather of each rank's top-k, 2-bit outer gradient."""
 
-    replicas_equal_after_sync = True
-    held_model = "global model as of the last outer step"
+    traits = Traits(
+        replicas_equal_after_sync=True,
+        held_model="global model as of the last outer step")
 
     @dataclass
     class Params:

@@ -13,12 +13,13 @@ import torch
 
 from ..comm import flatten, unflatten_into
 from .base import Strategy, check_fraction
+from .traits import Traits
 
 
 class Sparta(Strategy):
     """Each step, average a random fraction p of parameters (shared-seed mask, none sent)."""
 
-    held_model = "replicas' average (a model no node holds)"
+    traits = Traits(held_model="replicas' average (a model no node holds)")
 
     @dataclass
     class Params:

@@ -9,6 +9,7 @@ every H-th step.
 Sources: Exo Labs, "SPARTA: Sparse Parameter Averaging" (2025); Douillard et al., "DiLoCo"
 (2023).
 """
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -22,10 +23,9 @@ class SpartaDiLoCo(Sparta, DiLoCo):
 
     # The exchange right after each step's compute is SPARTA's sparse average, not the
     # outer sync a projection would stream through the backward pass.
-    outer_sync_overlaps_backward = False
+    traits = dataclasses.replace(DiLoCo.traits, outer_sync_overlaps_backward=False,
+                                 replicas_equal_after_sync=False)
     # SPARTA's sparse averages leave the ranks apart between outer steps.
-    replicas_equal_after_sync = False
-    held_model = DiLoCo.held_model
     held_weights = DiLoCo.held_weights
 
     @dataclass

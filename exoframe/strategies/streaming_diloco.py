@@ -29,6 +29,7 @@ import torch
 from ..comm import flatten, unflatten_into
 from ..errors import ExoframeError
 from .base import Strategy, check_fraction, check_positive
+from .traits import Traits
 from .diloco import OuterParams
 from .quantizers import OuterQuantizer, row_lengths, rows_within
 
@@ -39,10 +40,11 @@ BITS = {32: "none", 16: "bf16", 8: "int8", 4: "int4"}
 class StreamingDiLoCo(Strategy):
     """DiLoCo with F staggered fragments whose outer all-reduce overlaps τ inner steps."""
 
-    held_model = "global model, each fragment as of its last sync"
+    traits = Traits(
+        held_model="global model, each fragment as of its last sync",
+        outer_sync_overlaps_backward=True)
     # Each fragment's outer gradient, of layers strided through the model, is ready as the
     # backward pass goes (projections stream it through that backward pass).
-    outer_sync_overlaps_backward = True
 
     @dataclass
     class Params(OuterParams):

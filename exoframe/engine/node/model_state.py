@@ -200,7 +200,7 @@ def add_models(into: FoldedModels | None, strategy, rank: int, step: int, live: 
     if device is not None and torch.device(device).type == "mps":
         device = torch.device("cpu")  # (MPS has no float64)
     if into is None:
-        into = FoldedModels(step, 0, Fold(cls.held_model_from) if held else None,
+        into = FoldedModels(step, 0, Fold(cls.traits.held_model_from) if held else None,
                             Fold() if replicas else None)
     if held:
         into.held.add(rank, strategy.held_weights(), live, device)

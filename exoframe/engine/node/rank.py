@@ -134,17 +134,17 @@ class Rank:
         self.port = PipeSimPort(conn, rank)
         self.clock = make_clock(rank, job, self.port, device, host.timer)
         self.faults = RankFaults(rank, job.faults.plan(job.nodes, job.seed), job.strategy_name,
-                                 job.strategy_cls.survives_failures) if job.faults.active else None
+                                 job.strategy_cls.traits.survives_failures) if job.faults.active else None
         self.comm = Communicator(rank, job.nodes, self.clock, faults=self.faults,
                                  exchange=exchange)
-        self.comm.remote.declared = job.strategy_cls.remote_calls
+        self.comm.remote.declared = job.strategy_cls.traits.remote_calls
         distributed.bind(self.comm)
         self.strategy = job.strategy_cls(model, self.comm, job.optimizer, job.strategy_params,
                                          seed=job.seed, total_steps=job.steps)
         self.precision = Precision(job.precision, device)
         self.checkpoints = rank_state.RankCheckpoints(job.checkpoint_every, job.run_dir, rank)
         # Under simulated failures a rank that is down misses synchronizations: no check.
-        self.check_replicas = (job.strategy_cls.replicas_equal_after_sync and job.nodes > 1
+        self.check_replicas = (job.strategy_cls.traits.replicas_equal_after_sync and job.nodes > 1
                                and not job.faults.active)
 
     @property
@@ -178,7 +178,7 @@ class Rank:
                                                            job.clip_grad_norm)
         strategy.step_num = step
         strategy.step()
-        if job.strategy_cls.remote_calls and not trained.down:
+        if job.strategy_cls.traits.remote_calls and not trained.down:
             self.comm.remote.serve()
         if not trained.down:  # a down rank unscaled nothing
             precision.update()
@@ -252,7 +252,7 @@ class Rank:
         self.strategy.finish()
         comm.wait_all()
         stats = clock.stats()  # training ends here; what follows only serves the others
-        if self.job.strategy_cls.remote_calls:
+        if self.job.strategy_cls.traits.remote_calls:
             comm.remote.barrier()  # serve what peers still ask until every rank is here
         self.conn.send(RankDone(self.rank, {
             "traffic": comm.traffic.as_dict(),

@@ -1,5 +1,5 @@
 """The divergence check: ranks that their strategy says hold equal parameters after a
-synchronization (Strategy.replicas_equal_after_sync) send a checksum of them at the end of
+synchronization (Strategy.traits.replicas_equal_after_sync) send a checksum of them at the end of
 each step that synchronized, and the launcher compares them. Ranks that drift apart
 silently (a nondeterministic kernel, a strategy that changes one rank's parameters after
 synchronizing) would make every later number wrong; the check stops the run at the first

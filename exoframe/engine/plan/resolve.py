@@ -186,10 +186,10 @@ def check_real_network(config: RunConfig, strategy_cls: type, strategy_name: str
     if parse_faults(config.faults).active:
         raise ExoframeError("faults: simulated failures need the simulated network; drop "
                             "--faults with --net real.")
-    if strategy_cls.remote_calls:
+    if strategy_cls.traits.remote_calls:
         raise ExoframeError(f"net: strategy '{strategy_name}' makes remote calls, which travel "
                             "through the simulated network; pick a network other than real.")
-    if strategy_cls.timing_dependent:
+    if strategy_cls.traits.timing_dependent:
         # gloo's point-to-point handles say "done" only once waited for: an asynchronous
         # strategy would never see an exchange arrive.
         raise ExoframeError(f"net: strategy '{strategy_name}' depends on when exchanges "
@@ -206,11 +206,11 @@ def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: st
     every = config.checkpoint_every
     if every is None:
         return None
-    if not strategy_cls.checkpointable:
+    if not strategy_cls.traits.checkpointable:
         raise ExoframeError(f"checkpoint_every: strategy '{strategy_name}' cannot be "
                             "checkpointed (its exchanges stay in flight across steps and what "
                             "it does depends on their timing); drop checkpoint_every.")
-    if strategy_cls.remote_calls:
+    if strategy_cls.traits.remote_calls:
         raise ExoframeError(f"checkpoint_every: strategy '{strategy_name}' makes remote calls, "
                             "which cannot be checkpointed yet (a call may be in flight at any "
                             "step end); drop checkpoint_every.")
