@@ -7,9 +7,14 @@
         reference = testing.run("localsgd", {"H": 2})
         assert testing.max_difference(mine, reference) < 1e-6
 
-`run` trains a strategy (a registered name or a Strategy subclass) on real ranks with a
-tiny regression model and per-rank data, SGD and no validation, and returns the RunResult
-(averaged model, per-step metrics, summary). `solo` builds a strategy on one rank with no
+`run` trains a strategy (a registered name or a Strategy subclass) with a tiny regression
+model and per-rank data, SGD and validation at the last step, and returns the RunResult
+(averaged model, per-step metrics, summary with each rank's simulated clock). Its nodes run
+in this process (`in_process`: one worker of nodes in a thread, exchanging in memory, the
+simulator and the evaluator beside them; a breakpoint in a strategy stops there), with the
+same results as forked ranks packed in a worker, and the same up to the order of
+floating-point sums as a process per node (tests/test_testing_kit.py); `in_process=False`
+forks them. `solo` builds a strategy on one rank with no
 process and no network, to unit-test its `step()` directly. `time_collective` says how long
 one collective takes on a network, as the simulator computes it.
 """
@@ -59,9 +64,10 @@ def tiny_data(examples_per_rank: int = 16):
 def run(strategy, params: dict | None = None, nodes: int = 2, steps: int = 8,
         model: torch.nn.Module | None = None, data=None, batch_size: int = 8,
         **fit) -> RunResult:
-    """Train `strategy` on `nodes` real ranks; `fit` takes Trainer.fit's other arguments
-    (optimizer and lr default to SGD at 0.1; validation runs only at the last step)."""
-    fit = {"optimizer": "sgd", "lr": 0.1, "eval_every": steps, **fit}
+    """Train `strategy` on `nodes` nodes in this process; `fit` takes Trainer.fit's other
+    arguments (optimizer and lr default to SGD at 0.1; validation runs only at the last step;
+    in_process=False forks the nodes)."""
+    fit = {"optimizer": "sgd", "lr": 0.1, "eval_every": steps, "in_process": True, **fit}
     trainer = Trainer(model if model is not None else tiny_model(),
                       data if data is not None else tiny_data(), batch_size=batch_size)
     return trainer.fit(strategy=strategy, num_nodes=nodes, steps=steps,

@@ -118,6 +118,11 @@ class CommandServer:
 _server = None
 
 
+def helper_processes() -> set:
+    """The suite's own children that outlive a test (the command server)."""
+    return {_server.proc.pid} if _server is not None else set()
+
+
 def pytest_sessionfinish(session):
     if _server is not None:
         _server.close()

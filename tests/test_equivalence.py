@@ -1,4 +1,5 @@
-"""Strategies against references computed another way, with real rank processes."""
+"""Strategies against references computed another way, their nodes run in the test's process
+(in_process: the test world, which equals forked runs: tests/test_testing_kit.py)."""
 import copy
 
 import pytest
@@ -34,7 +35,7 @@ def fresh_model():
 def fit(strategy, nodes, steps=10, optimizer="sgd", lr=0.05, **params):
     trainer = exoframe.Trainer(fresh_model(), per_rank, batch_size=SHARD)
     return trainer.fit(strategy=strategy, num_nodes=nodes, steps=steps, optimizer=optimizer,
-                       lr=lr, strategy_params=params, eval_every=1000)
+                       lr=lr, strategy_params=params, eval_every=1000, in_process=True)
 
 
 def max_diff(a, b):

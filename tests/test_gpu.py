@@ -7,7 +7,7 @@ import math
 import os
 
 import pytest
-from conftest import SMALL_GPT
+from conftest import SMALL_GPT, helper_processes
 from test_packing import FailsOnRankTwo, _alive, _parent
 
 from exoframe.config import RunConfig
@@ -68,7 +68,8 @@ def test_a_node_raising_on_the_gpu_stops_the_run_cleanly():
     with pytest.raises(RankFailed, match="rank 2: RuntimeError: rank two broke"):
         execute(job)
     assert not [p for p in os.listdir("/proc") if p.isdigit()
-                and _parent(int(p)) == os.getpid() and _alive(int(p))]
+                and _parent(int(p)) == os.getpid() and _alive(int(p))
+                and int(p) not in helper_processes()]
 
 
 def test_measured_compute_times_each_nodes_turns_on_the_gpu():

@@ -183,8 +183,9 @@ def test_the_real_network_trains_the_same_weights_and_measures_its_time(tmp_path
     from exoframe.sim.traces.replay import ReplayError, check_trace
 
     real = testing.run("diloco", {"H": 2}, nodes=2, steps=6, net="real",
-                       out=str(tmp_path / "runs"))
-    simulated = testing.run("diloco", {"H": 2}, nodes=2, steps=6, net="wan-100mbps")
+                       out=str(tmp_path / "runs"), in_process=False)
+    simulated = testing.run("diloco", {"H": 2}, nodes=2, steps=6, net="wan-100mbps",
+                            in_process=False)
     assert [r["loss"] for r in real.metrics] == [r["loss"] for r in simulated.metrics]
     assert testing.max_difference(real, simulated) == 0
     assert real.summary["net"] == "real"

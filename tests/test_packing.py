@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from conftest import helper_processes
 
 import exoframe
 from exoframe import testing
@@ -23,7 +24,7 @@ from exoframe.errors import ExoframeError
 def run(strategy, params, packing, nodes=16, steps=6, eval_every=3, **fit):
     return testing.run(strategy, params, nodes=nodes, steps=steps, net="wan-100mbps",
                        compute="fixed:10ms", nodes_per_process=packing, eval_every=eval_every,
-                       **fit)
+                       in_process=False, **fit)
 
 
 def simulated_clocks(said: dict) -> list:
@@ -80,7 +81,7 @@ class Demanding(exoframe.Strategy):
 
 def test_what_a_node_keeps_of_the_process_is_its_own():
     runs = [testing.run(Demanding, {}, nodes=4, steps=3, compute="fixed:1ms",
-                        nodes_per_process=packing) for packing in (1, 4, None)]
+                        nodes_per_process=packing, in_process=False) for packing in (1, 4, None)]
     assert runs[0].metrics == runs[1].metrics
     assert [r["total"] for r in runs[1].metrics] == \
         pytest.approx([r["total"] for r in runs[2].metrics], rel=1e-6)
@@ -122,7 +123,7 @@ def test_measured_compute_is_each_nodes_own_time():
     """Four nodes in one process, computing 30, 60, 90 and 120 ms a step: each is charged
     at least its own work and not the others' (CPU time: a busy machine changes nothing)."""
     result = testing.run(Unequal, {}, nodes=4, steps=3, compute="measured",
-                         nodes_per_process=4)
+                         nodes_per_process=4, in_process=False)
     compute = [r["compute_seconds"] for r in result.summary["per_rank"]]
     for rank, seconds in enumerate(compute):
         assert seconds >= 3 * 0.03 * (rank + 1)
@@ -151,7 +152,8 @@ def test_a_failing_node_stops_the_run_naming_its_rank():
         execute(job)
     assert "FailsOnRankTwo" in failed.value.details or "rank two broke" in failed.value.details
     assert not [p for p in os.listdir("/proc") if p.isdigit()
-                and _parent(int(p)) == os.getpid() and _alive(int(p))]
+                and _parent(int(p)) == os.getpid() and _alive(int(p))
+                and int(p) not in helper_processes()]
 
 
 def _parent(pid: int) -> int:
@@ -198,6 +200,10 @@ def test_a_placement_is_each_nodes_process_device_and_backend():
 @pytest.mark.parametrize("fields,message", [
     ({"nodes_per_process": 0}, "nodes_per_process must be at least 1, got 0."),
     ({"nodes_per_process": 2, "net": "real"}, "nodes_per_process: packed nodes run in turn"),
+    ({"in_process": True, "net": "real"}, "in_process: the nodes run in turn in one process"),
+    ({"in_process": True, "nodes_per_process": 2}, "in_process: every node runs in this "
+                                                   "process, as one worker; drop "
+                                                   "nodes_per_process or give it 4"),
     ({"nodes_per_process": 1, "nodes": 1000}, "nodes_per_process: 1000 nodes at 1 per process "
                                               "make more than {workers} workers.*give at least "
                                               "{least},"),
@@ -216,7 +222,7 @@ def test_a_packed_runs_trace_replays_as_a_packed_rerun():
     from exoframe.sim import resolve_sim
 
     runs = {net: testing.run("diloco", {"H": 2}, nodes=8, steps=4, net=net,
-                             compute="fixed:10ms", nodes_per_process=3)
+                             compute="fixed:10ms", nodes_per_process=3, in_process=False)
             for net in ("wan-10mbps", "geo-2dc")}
     replayed = replay_trace(runs["wan-10mbps"].trace,
                             resolve_sim("geo-2dc", "measured", "", 8, get_plugin_manager()))

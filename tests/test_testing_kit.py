@@ -1,12 +1,15 @@
 """exoframe.testing, as a plugin author uses it: a new strategy checked against a built-in in
 a few lines, its step() unit-tested without processes, a collective timed on a network."""
 import math
+import os
+import threading
 from dataclasses import dataclass
 
 import pytest
 import torch
 
 from exoframe import ExoframeError, testing
+from exoframe.builtins import STRATEGIES
 from exoframe.strategies import LocalSGD
 
 
@@ -93,3 +96,56 @@ def test_a_value_error_in_params_is_one_line_naming_the_strategy():
 
     with pytest.raises(ExoframeError, match=r"^strategy 'Picky': H must be at most 3, got 5$"):
         Picky.parse_params({"H": 5})
+
+
+# A few steps of every built-in strategy, with the parameters that make its steps differ.
+WORLD_PARAMS = {"diloco": {"H": 2}, "localsgd": {"H": 2}, "streaming-diloco": {"H": 4},
+                "sparta-diloco": {"H": 2}, "eager-diloco": {"H": 2}, "hier-diloco": {"H": 4},
+                "sparseloco": {"H": 2}, "noloco": {"H": 2}, "param-server": {"servers": 2}}
+
+
+def per_rank_clocks(result) -> list:
+    return [result.summary["simulated_seconds"],
+            *(r["simulated_seconds"] for r in result.summary["per_rank"])]
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_the_test_world_equals_forked_nodes_for_every_built_in_strategy(name):
+    """testing.run's nodes, in this process, against the same nodes forked into a worker:
+    the same rows, weights, simulated clocks and bytes, bit for bit."""
+    run = dict(nodes=4, steps=6, net="wan-100mbps", compute="fixed:10ms", eval_every=3)
+    here = testing.run(name, WORLD_PARAMS.get(name, {}), **run)
+    forked = testing.run(name, WORLD_PARAMS.get(name, {}), nodes_per_process=4,
+                         in_process=False, **run)
+    assert here.metrics == forked.metrics
+    assert testing.max_difference(here, forked) == 0
+    assert per_rank_clocks(here) == per_rank_clocks(forked)
+    assert here.summary["bytes_sent_per_node"] == forked.summary["bytes_sent_per_node"]
+    assert [r["step"] for r in here.metrics] == list(range(1, 7))
+
+
+class WhereAmI(LocalSGD):
+    """Records the process and thread each node steps in; rank 1 fails at step `fail_at`."""
+    seen: set = set()
+
+    @dataclass
+    class Params:
+        H: int = 2
+        fail_at: int = 0
+
+    def step(self):
+        WhereAmI.seen.add((os.getpid(), threading.current_thread().name))
+        if self.rank == 1 and self.step_num == self.params.fail_at:
+            raise RuntimeError("boom on rank one")
+        super().step()
+
+
+def test_the_test_world_runs_every_node_in_the_tests_process_and_names_a_failing_one():
+    WhereAmI.seen = set()
+    testing.run(WhereAmI, {"H": 2}, nodes=3, steps=4)
+    assert WhereAmI.seen == {(os.getpid(), "exoframe-0")}  # one worker thread, no fork
+    with pytest.raises(ExoframeError, match="rank 1: RuntimeError: boom on rank one"):
+        testing.run(WhereAmI, {"H": 2, "fail_at": 3}, nodes=3, steps=4)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("exoframe-")] == []
+    with pytest.raises(ExoframeError, match="in_process: every node runs in this process"):
+        testing.run("ddp", nodes=3, steps=2, nodes_per_process=2)

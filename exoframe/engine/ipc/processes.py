@@ -88,6 +88,25 @@ def child_entry(who, target, args, conn, stack_path: str | None, forked: bool = 
         os._exit(code)  # skip interpreter teardown: a half-open process group can hang in it
 
 
+def thread_entry(who, target, args, conn):
+    """child_entry for a child that is a thread of the launcher's process (engine/launch/
+    hosting.py's InProcess): a failure is reported as a process's is, and the end of the
+    thread closes its pipe, which the launcher reads as its exit."""
+    try:
+        target(*args, conn)
+    except BaseException as e:
+        who = getattr(e, "failed_rank", who)
+        user_error = isinstance(e, ExoframeError)
+        try:
+            conn.send(ChildFailed(who, time.time(), str(e) if user_error
+                                  else f"{type(e).__name__}: {e}", traceback.format_exc(),
+                                  user_error))
+        except Exception:
+            pass  # (the launcher stopped the run: it closed the pipe)
+    finally:
+        conn.close()
+
+
 def _launcher_gone(conn) -> bool:
     """Whether the launcher closed this rank's connection (the run stopped there: a rank
     then fails in whatever it was doing, a recv or a collective with a stopped peer)."""
@@ -104,6 +123,8 @@ def interrupted(e: KeyboardInterrupt) -> RunInterrupted:
 
 
 def stop_all(processes):
+    """Kill every child process (None: a thread, which its hosting ends)."""
+    processes = [p for p in processes if p is not None]
     for p in processes:
         if p.is_alive():
             p.kill()

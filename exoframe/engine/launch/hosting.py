@@ -1,19 +1,24 @@
 """Where the ranks run, as the launcher sees it: the processes it forks for them, how it
-reaches each rank, and how they meet. A process per rank (ProcessPerNode), or nodes packed
-into workers (PackedWorkers, engine/node/packing.py); the Placement decides which (hosting_for).
-The node's side of the same choice is node_host.py."""
+reaches each rank, and how they meet. A process per rank (ProcessPerNode), nodes packed into
+workers (PackedWorkers, engine/node/packing.py), or every node in the launcher's own process
+(InProcess: the worker and the evaluator are threads); the Placement decides which
+(hosting_for). The node's side of the same choice is engine/node/node_host.py."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import resource
+import threading
 from typing import Protocol
 
 from ..ipc.messages import NodeMessage
-from ..ipc.processes import closing, stack_file
+from ..ipc.processes import child_entry, closing, stack_file, stop_all, thread_entry
 from ..ipc.sender import Sender
 from ..node.packing import Outbox, run_nodes
 from ..node.rank import run_rank
 from ..plan.job import Job
-from .monitor import Channel
+from .evaluator import evaluate
+from .monitor import EVALUATOR, Channel
 
 
 class Hosting(Protocol):
@@ -21,12 +26,23 @@ class Hosting(Protocol):
     inherited: list
 
     def forks(self, job: Job) -> int:
-        """How many processes this launcher forks for the ranks."""
+        """How many children (processes, or threads InProcess) run the ranks."""
 
     def children(self, job: Job, batches: dict, context, folder: str,
                  to_evaluator: list) -> list:
-        """(who, target, arguments) for each process to fork: target(*arguments, conn).
-        to_evaluator: each process's pipe end to the evaluator."""
+        """(who, target, arguments) for each child to start: target(*arguments, conn).
+        to_evaluator: each child's pipe end to the evaluator."""
+
+    def closing(self, ends: list, target):
+        """target, run in a child that has no use for the pipe `ends`."""
+
+    def evaluator(self, job: Job, val_set, readers: list, writers: list) -> tuple:
+        """(who, target, arguments) of the evaluator's child; readers: its ends of the
+        ranks' pipes to it, writers: theirs."""
+
+    def start(self, children: list, context, folder: str, spare: list) -> tuple[list, list]:
+        """Start every child: (the launcher's end of each one's pipe, each one's process,
+        None for a thread). spare: pipe ends only the children use."""
 
     def rank_ends(self, job: Job, conns: list, processes: list, remote: dict) -> tuple:
         """(each rank's connection, each rank's process, the Channels the monitor reads),
@@ -40,7 +56,34 @@ class Hosting(Protocol):
         """The run is over: let go of what the hosting started."""
 
 
-class ProcessPerNode:
+class Forked:
+    """Children that are forked processes: each closes the inherited pipe ends it has no use
+    for, and so does the launcher once they are started."""
+
+    def closing(self, ends, target):
+        return closing(ends, target)
+
+    def evaluator(self, job, val_set, readers, writers):
+        return EVALUATOR, closing([*self.inherited, *writers], evaluate), (job, val_set, readers)
+
+    def start(self, children, context, folder, spare):
+        pipes = [context.Pipe() for _ in children]
+        processes = [context.Process(target=child_entry,
+                                     args=(who, target, args, child, stack_file(folder, who)),
+                                     daemon=True, name=f"exoframe-{who}")
+                     for (who, target, args), (_, child) in zip(children, pipes)]
+        try:
+            for process in processes:
+                process.start()
+        except BaseException:
+            stop_all([process for process in processes if process.pid is not None])
+            raise
+        for end in [*(child for _, child in pipes), *self.inherited, *spare]:
+            end.close()  # (the children's own)
+        return [parent for parent, _ in pipes], processes
+
+
+class ProcessPerNode(Forked):
     """A process per rank, joined in a torch process group; with `remote` (torchrun), this
     launcher forks rank 0 alone and the other ranks connect from their own processes."""
 
@@ -68,7 +111,7 @@ class ProcessPerNode:
         pass
 
 
-class PackedWorkers:
+class PackedWorkers(Forked):
     """A worker per placement group, a pipe between every pair of workers, and a NodeLink
     per node into its worker's outbox, which the monitor flushes (through a thread: a worker
     that stops reading cannot block the monitor)."""
@@ -117,6 +160,53 @@ class PackedWorkers:
             self.sender.close(timeout=5)
 
 
+class InProcess(PackedWorkers):
+    """Every node in the launcher's process: the nodes are one worker (as under
+    --nodes-per-process), which runs in a thread beside the launcher's, and so does the
+    evaluator, on a copy of the model. Nothing is forked: a breakpoint in a strategy stops
+    there, and a test needs no process. Exits are seen as closed pipes (as a remote rank's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.threads: list = []
+        self.conns: list = []  # the launcher's ends of the threads' pipes
+        self.spare: list = []  # the ends between the threads (the pipes to the evaluator)
+
+    def children(self, job, batches, context, folder, to_evaluator):
+        ranks = list(job.placement.groups[0])
+        return [(ranks[0], run_nodes, (ranks, job, batches, [0] * job.nodes, 0, {}, None,
+                                       to_evaluator[0]))]
+
+    def closing(self, ends, target):
+        return target  # (a thread's ends are the other threads' too)
+
+    def evaluator(self, job, val_set, readers, writers):
+        own = dataclasses.replace(job, model=copy.deepcopy(job.model))  # (it loads weights)
+        return EVALUATOR, evaluate, (own, val_set, readers)
+
+    def start(self, children, context, folder, spare):
+        pipes = [context.Pipe() for _ in children]
+        self.spare, self.conns = spare, [parent for parent, _ in pipes]
+        self.threads = [threading.Thread(target=thread_entry, args=(who, target, args, child),
+                                         daemon=True, name=f"exoframe-{who}")
+                        for (who, target, args), (_, child) in zip(children, pipes)]
+        for thread in self.threads:
+            thread.start()
+        return self.conns, [None] * len(children)
+
+    def close(self):
+        """Each thread reads the end of its pipe and stops (and closes its own end); then
+        the pipes between the threads close."""
+        super().close()
+        for conn in self.conns:
+            conn.close()
+        for thread in self.threads:
+            thread.join(timeout=5)
+        if not any(thread.is_alive() for thread in self.threads):
+            for end in self.spare:  # (one a live thread waits on stays open: it is its)
+                end.close()
+
+
 class NodeLink:
     """The launcher's connection to one packed node: what it sends goes into the worker's
     outbox (the monitor flushes it)."""
@@ -139,4 +229,6 @@ def raise_open_files_limit():
 
 def hosting_for(job: Job, remote: bool) -> Hosting:
     """remote: under torchrun, where other processes run the other ranks."""
+    if job.placement.in_process:
+        return InProcess()
     return PackedWorkers() if job.placement.packed else ProcessPerNode(remote)

@@ -27,8 +27,7 @@ import torch
 from ...errors import ExoframeError
 from ...sim.clocks.compute import device_from_name
 from ..ipc.messages import EvaluatorDone, EvaluatorStop, Rendezvous
-from ..ipc.processes import (RankFailed, RunInterrupted, child_entry, closing, interrupted,
-                             stack_file, stop_all)
+from ..ipc.processes import RankFailed, RunInterrupted, child_entry, interrupted, stop_all
 from ..ipc.sender import Sender
 from ..ipc.stop_signals import catch_stop_signals, restore_signals
 from ..node.data import Batches
@@ -40,7 +39,6 @@ from ..plan.cluster_env import ClusterEnv
 from ..plan.flops import count_step_flops
 from ..plan.job import Job
 from .cluster import Service, join
-from .evaluator import evaluate
 from .hosting import Hosting, hosting_for
 from .monitor import EVALUATOR, Channel, Monitor
 from .validation_set import ValidationSet, validation_set
@@ -211,8 +209,8 @@ def rank_children(hosting: Hosting, job: Job, batches: dict, context, folder: st
     readers, writers = [r for r, _ in to_evaluator], [w for _, w in to_evaluator]
     children = hosting.children(job, batches, context, folder, writers)
     # Each child keeps its own end to the evaluator only.
-    children = [(who, closing([*readers, *writers[:i], *writers[i + 1:]], target), args)
-                for i, (who, target, args) in enumerate(children)]
+    children = [(who, hosting.closing([*readers, *writers[:i], *writers[i + 1:]], target),
+                 args) for i, (who, target, args) in enumerate(children)]
     return children, readers, writers
 
 
@@ -224,24 +222,12 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
     context = mp.get_context("fork")
     hosting = hosting_for(job, remote=cluster is not None)
     children, readers, writers = rank_children(hosting, job, batches, context, folder)
-    children.append((EVALUATOR, closing([*hosting.inherited, *writers], evaluate),
-                     (job, val_set, readers)))
-    pipes = [context.Pipe() for _ in children]
-    processes = [context.Process(target=child_entry,
-                                 args=(who, target, args, child, stack_file(folder, who)),
-                                 daemon=True, name=f"exoframe-{who}")
-                 for (who, target, args), (_, child) in zip(children, pipes)]
-    conns = [parent for parent, _ in pipes]
-    remote = {}
+    children.append(hosting.evaluator(job, val_set, readers, writers))
+    conns, processes, remote = [], [], {}
     monitor = service = None
     previous = catch_stop_signals()
     try:
-        for p in processes:
-            p.start()
-        for _, child in pipes:
-            child.close()
-        for end in [*hosting.inherited, *readers, *writers]:  # (the children's own)
-            end.close()
+        conns, processes = hosting.start(children, context, folder, [*readers, *writers])
         if cluster is not None:  # (after the forks: no child holds the listening socket)
             service = Service(cluster, job.connect_timeout, config or {}, job.device,
                               folder)

@@ -201,7 +201,8 @@ class Monitor:
             stacks = dump_stacks([(self.process_name(channel),
                                    self.processes[channel.members[0]].pid,
                                    stack_file(self.folder, self.who[channel.members[0]]))
-                                  for channel in stuck])
+                                  for channel in stuck
+                                  if self.processes[channel.members[0]] is not None])
             raise RankFailed("watchdog", line, stacks, False)
         for obj in ready:
             if obj in open_conns:
@@ -243,8 +244,9 @@ class Monitor:
                        for i in channel.members)
         i = channel.members[0]
         if not finished and self.processes[i] is None:
-            raise RankFailed(self.who[i], "lost the connection to it: its process died or "
-                             "its machine stopped", "", False, self.hosts[i])
+            raise RankFailed(self.process_name(channel), "lost the connection to it: its "
+                             "process died or its machine stopped", "", False,
+                             self.hosts.get(i, ""))
         if not finished:
             self.processes[i].join()
             raise RankFailed(self.process_name(channel), "process died with exit code "

@@ -26,7 +26,6 @@ import contextlib
 import copy
 import faulthandler
 import multiprocessing.connection
-import random
 import select
 import signal
 import time
@@ -36,13 +35,13 @@ from collections import deque
 import torch
 from greenlet import greenlet
 
-from ... import distributed
 from ...comm.memory import Contribution, MemoryExchange, Pack
 from ...files import write_atomic
 from ..ipc.messages import Bundle, CheckpointLate, NodeMessage, StepDone
 from ..ipc.processes import STACK_SIGNAL
 from ..ipc.sender import Sender
 from . import model_state
+from .node_globals import NodeGlobals
 from .rank import measures, train
 
 # A node that does not wait runs up to this many steps before the next node's turn: each
@@ -66,35 +65,6 @@ class Outbox:
         if self.pending:
             bundle, self.pending = Bundle(tuple(self.pending)), []
             self._send(bundle)
-
-
-class NodeGlobals:
-    """What a node keeps of its process's globals, swapped in for its turns and out after:
-    torch's and Python's random generators (and its GPU's), grad mode, and the rank that
-    exoframe.distributed serves. A node starts from the process's state, as a forked rank
-    from the launcher's."""
-
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
-        self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
-        self.cuda_rng = None  # on a GPU: its CUDA generator's, once it has run
-        self.grad = torch.is_grad_enabled()
-        self.bound = None  # its Communicator
-
-    def swap_in(self):
-        torch.set_rng_state(self.torch_rng)
-        random.setstate(self.python_rng)
-        if torch.is_grad_enabled() != self.grad:
-            torch.set_grad_enabled(self.grad)
-        distributed.bind(self.bound)
-        if self.cuda and self.cuda_rng is not None:
-            torch.cuda.set_rng_state(self.cuda_rng)
-
-    def swap_out(self):
-        if self.cuda:
-            self.cuda_rng = torch.cuda.get_rng_state()
-        self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
-        self.grad, self.bound = torch.is_grad_enabled(), distributed.current()
 
 
 class Node:
@@ -269,6 +239,7 @@ class Hub:
         self.main.switch()
 
     def run(self):
+        process = NodeGlobals(self.cuda)  # put back at the end (InProcess: the caller's)
         try:
             while self.nodes:
                 ran = self._run_ready()
@@ -279,7 +250,10 @@ class Hub:
             # not be reading either (a bug on every node): the failure is reported at once.
             self.launcher.flush()
             self.sender.close(timeout=5)
+            self.models_sender.close(timeout=5)  # (a worker that is a thread: InProcess)
             raise
+        finally:
+            process.swap_in()
         self.models_sender.close()
         self.sender.close()
 
@@ -393,7 +367,8 @@ def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: di
         torch.cuda.set_device(device)
     gpu_timing = device.type == "cuda" and measures(job)
     hub = Hub(conn, peers, index, home, evaluator, list(ranks), device, gpu_timing)
-    write_stacks_on(STACK_SIGNAL, stack_path, hub)
+    if stack_path is not None:  # (None: a thread of the launcher's process, InProcess)
+        write_stacks_on(STACK_SIGNAL, stack_path, hub)
     for rank in ranks:
         hub.add(rank, lambda node: train(node.rank, job, batches[node.rank], NodeConn(node),
                                          PackedNode(node, gpu_timing)))

@@ -72,6 +72,7 @@ class Placement:
     # (under torchrun, rank 0's launcher forks only the first; torchrun starts the others).
     groups: tuple
     gpus: int = 0  # the GPUs visible (device cuda: ranks or workers round-robin over them)
+    in_process: bool = False  # every node in the launcher's process (engine/launch/hosting.py)
 
     @property
     def packed(self) -> bool:
@@ -92,13 +93,17 @@ class Placement:
 
 def place(nodes: int, asked: Optional[int], device: str, real_network: bool,
           device_asked: str = "", machine: Machine | None = None,
-          memory: NodeMemory | None = None) -> Placement:
+          memory: NodeMemory | None = None, in_process: bool = False) -> Placement:
     """asked: the user's nodes_per_process (None: chosen here); device: resolved;
     device_asked: as the user gave it (for the error line); machine: this machine's facts
     (default: read now); memory: what a node and a worker keep on a GPU
-    (engine/plan/node_memory.py), to admit nodes packed on a GPU."""
+    (engine/plan/node_memory.py), to admit nodes packed on a GPU; in_process: every node in
+    the launcher's process, as one worker."""
     machine = machine or Machine.current(with_gpus=device.startswith("cuda"))
     torchrun = machine.torchrun
+    if in_process:
+        check_in_process(nodes, asked, device, real_network, machine)
+        asked = nodes
     per_process = check_packing(nodes, asked, device, real_network, machine,
                                 device_asked or device)
     if per_process is not None and device == "cuda" and asked is None:
@@ -109,7 +114,7 @@ def place(nodes: int, asked: Optional[int], device: str, real_network: bool,
     placement = Placement(nodes, device, per_process,
                           backend(device, torchrun.local_world_size if torchrun else nodes,
                                   machine.gpus),
-                          tuple(map(tuple, groups)), machine.gpus)
+                          tuple(map(tuple, groups)), machine.gpus, in_process)
     if per_process is not None and device.startswith("cuda") and memory is not None:
         admit(placement, machine, memory)
     return placement
@@ -173,6 +178,22 @@ def check_packing(nodes: int, asked: Optional[int], device: str, real_network: b
         raise ExoframeError("nodes_per_process: under torchrun each process is one rank; "
                             "drop it.")
     return per_process
+
+
+def check_in_process(nodes: int, asked: Optional[int], device: str, real_network: bool,
+                     machine: Machine):
+    """Every node in this process: one worker, on the simulator, on the CPU or one GPU."""
+    if asked not in (None, nodes):
+        raise ExoframeError(f"in_process: every node runs in this process, as one worker; "
+                            f"drop nodes_per_process or give it {nodes} (the nodes).")
+    if real_network:
+        raise ExoframeError("in_process: the nodes run in turn in one process, so the real "
+                            "network's wall-clock would mix them; drop it with --net real.")
+    if machine.torchrun is not None:
+        raise ExoframeError("in_process: under torchrun each process is one rank; drop it.")
+    if device == "mps":
+        raise ExoframeError("in_process: the nodes share a process on the CPU or a CUDA GPU; "
+                            "drop it or use --device cpu.")
 
 
 def admit(placement: Placement, machine: Machine, memory: NodeMemory):

@@ -170,7 +170,7 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         steps=steps, batch_size=batch_size,
         placement=place(config.nodes, config.nodes_per_process, device, sim.real, config.device,
                         memory=node_memory(model, optimizer.name)
-                        if device.startswith("cuda") else None),
+                        if device.startswith("cuda") else None, in_process=config.in_process),
         sim=sim,
         # A target is judged at every step, so the time to reach it is resolved to one step.
         eval_every=1 if config.target_loss is not None else
