@@ -55,9 +55,9 @@ class RunConfig:
         unset="CPU: a process per node up to 4 per core and 32 in all, else a worker per core; "
               "GPU: a worker per GPU where nodes outnumber the GPUs")
     in_process: bool = option(
-        False, help="Run every node, the simulator and the evaluator in this process (the nodes as one "
-        "worker in a thread, as under --nodes-per-process): a breakpoint in a strategy stops "
-        "there, and nothing is forked. Same results as a forked run.")
+        False, help="Run every node, the simulator and the evaluator in this process (the nodes "
+        "as one worker in a thread, as under --nodes-per-process): a breakpoint in a strategy "
+        "stops there, and nothing is forked. Same results as a forked run.")
     steps: int = option(300, help="Training steps per rank.")
     batch_size: typing.Optional[int] = option(None, help="Per-rank batch size.",
                                               unset="workload's")

@@ -167,7 +167,8 @@ class Undeclared(Strategy):
 def test_calls_outside_a_run_and_a_missing_declaration_are_one_line():
     with pytest.raises(ExoframeError, match="remote calls run inside a run's ranks"):
         todist.remote_sync_call(note_seen, args=([],), partitioner=0)
-    with pytest.raises(ExoframeError, match=r"declare `traits = Traits\(remote_calls=True\)` on its class"):
+    with pytest.raises(ExoframeError,
+                       match=r"declare `traits = Traits\(remote_calls=True\)` on its class"):
         testing.run(Undeclared, nodes=2, steps=1, compute="fixed:100ms")
 
 

@@ -7,9 +7,9 @@ like any flow: every tensor's bytes plus the pickled size of everything else (th
 simulator (through the launcher), handed over with the delivery.
 
 When a rank serves: whenever it waits in exoframe.distributed, for its own calls' results
-(`wait()`), in `barrier()` or `serve()`, and, when its strategy declares `remote_calls` (its traits),
-at each step end and after its last step until every rank is done (the engine calls
-`serve()` and a final `barrier()`). A call that arrives while the rank computes waits in
+(`wait()`), in `barrier()` or `serve()`, and, when its strategy's traits declare
+`remote_calls`, at each step end and after its last step until every rank is done (the
+engine calls `serve()` and a final `barrier()`). A call that arrives while the rank computes waits in
 its mailbox until then. Calls are served one at a time in order of arrival; the function's
 compute is charged to the serving rank's clock (measured CPU time under `--compute
 measured`, plus what it declares with `exoframe.distributed.compute()`), and its result

@@ -221,7 +221,8 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
             # Under simulated failures, who takes part in each exchange depends on the
             # timing, and so does when a rank serves each remote call.
             strategy_cls = pm.strategies.get(strategy).obj
-            timing_dependent = (strategy_cls.traits.timing_dependent or strategy_cls.traits.remote_calls
+            traits = strategy_cls.traits
+            timing_dependent = (traits.timing_dependent or traits.remote_calls
                                 or parse_faults(spec).active)
             if timing_dependent and projection is not None:
                 raise ExoframeError(f"sweep: '{strategy}' is timing-dependent (or the runs have "

@@ -135,7 +135,8 @@ class Strategy(metaclass=StrategyType):
     def held_model_is_replicas_average(cls) -> bool:
         """True when the model the run validates is the mean of the nodes' current weights
         (then no second, replicas' average validation is needed)."""
-        return cls.held_weights is Strategy.held_weights and cls.traits.held_model_from == "average"
+        return (cls.held_weights is Strategy.held_weights
+                and cls.traits.held_model_from == "average")
 
     def extra_state(self) -> dict:
         return {}

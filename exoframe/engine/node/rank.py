@@ -133,18 +133,19 @@ class Rank:
         self.moving_seconds = 0.0  # folding and sending its models for validation
         self.port = PipeSimPort(conn, rank)
         self.clock = make_clock(rank, job, self.port, device, host.timer)
+        traits = job.strategy_cls.traits
         self.faults = RankFaults(rank, job.faults.plan(job.nodes, job.seed), job.strategy_name,
-                                 job.strategy_cls.traits.survives_failures) if job.faults.active else None
+                                 traits.survives_failures) if job.faults.active else None
         self.comm = Communicator(rank, job.nodes, self.clock, faults=self.faults,
                                  exchange=exchange)
-        self.comm.remote.declared = job.strategy_cls.traits.remote_calls
+        self.comm.remote.declared = traits.remote_calls
         distributed.bind(self.comm)
         self.strategy = job.strategy_cls(model, self.comm, job.optimizer, job.strategy_params,
                                          seed=job.seed, total_steps=job.steps)
         self.precision = Precision(job.precision, device)
         self.checkpoints = rank_state.RankCheckpoints(job.checkpoint_every, job.run_dir, rank)
         # Under simulated failures a rank that is down misses synchronizations: no check.
-        self.check_replicas = (job.strategy_cls.traits.replicas_equal_after_sync and job.nodes > 1
+        self.check_replicas = (traits.replicas_equal_after_sync and job.nodes > 1
                                and not job.faults.active)
 
     @property
