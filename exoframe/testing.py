@@ -66,8 +66,10 @@ def run(strategy, params: dict | None = None, nodes: int = 2, steps: int = 8,
         **fit) -> RunResult:
     """Train `strategy` on `nodes` nodes in this process; `fit` takes Trainer.fit's other
     arguments (optimizer and lr default to SGD at 0.1; validation runs only at the last step;
-    in_process=False forks the nodes)."""
-    fit = {"optimizer": "sgd", "lr": 0.1, "eval_every": steps, "in_process": True, **fit}
+    in_process=False forks the nodes, as do nodes_per_process, net="real" and device="mps",
+    which need processes)."""
+    forks = "nodes_per_process" in fit or fit.get("net") == "real" or fit.get("device") == "mps"
+    fit = {"optimizer": "sgd", "lr": 0.1, "eval_every": steps, "in_process": not forks, **fit}
     trainer = Trainer(model if model is not None else tiny_model(),
                       data if data is not None else tiny_data(), batch_size=batch_size)
     return trainer.fit(strategy=strategy, num_nodes=nodes, steps=steps,

@@ -8,6 +8,10 @@ argv, its output in files, then exoframe's own entry point. Requests come one JS
 line on stdin: {"id", "args", "cwd", "env", "stdout", "stderr"}; the server answers on
 stdout {"id", "pid"} once forked and {"id", "returncode"} once reaped (negative: the signal
 that ended it), as subprocess does.
+
+What the server fixed at its own start stays the server's: the hash seed, and what torch
+read of the environment when it was imported (OMP_NUM_THREADS, ...). A command that needs
+those of its own runs in a fresh interpreter (conftest.CLI: a command given `env=`).
 """
 import json
 import os

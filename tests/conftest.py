@@ -79,14 +79,19 @@ class CommandServer:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
-        for line in self.proc.stdout:
-            message = json.loads(line)
+        try:
+            for line in self.proc.stdout:
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue  # (not an answer: the server writes answers only)
+                with self.changed:
+                    self.answers.setdefault(message["id"], {}).update(message)
+                    self.changed.notify_all()
+        finally:
             with self.changed:
-                self.answers.setdefault(message["id"], {}).update(message)
+                self.answers[-1] = {"gone": True}
                 self.changed.notify_all()
-        with self.changed:
-            self.answers[-1] = {"gone": True}
-            self.changed.notify_all()
 
     def _await(self, request_id: int, key: str, deadline: float):
         with self.changed:

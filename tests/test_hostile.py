@@ -495,28 +495,38 @@ def test_sigterm_and_sighup_stop_the_run_like_ctrl_c_and_keep_the_rows(cli, sign
 
 def test_a_stop_signal_while_a_row_is_written_keeps_the_row_in_every_record():
     """A signal that lands between a row's records (the CI race: the summary's rows had step
-    9, metrics.jsonl ended at 8) is acted on once the row is in all of them."""
-    from exoframe.engine.launch.row_output import RowOutput
+    9, metrics.jsonl ended at 8) is acted on once the row is in all of them; a second one
+    acts at once, and the row is then in none."""
     from types import SimpleNamespace
+
     from exoframe.engine.ipc.stop_signals import catch_stop_signals, restore_signals
+    from exoframe.engine.launch.row_output import RowOutput
 
-    written = []
+    def output_with_a_row(signals: int):
+        written = []
 
-    def sink(row):
-        os.kill(os.getpid(), signal.SIGTERM)  # (its handler runs at the next bytecode)
-        written.append(row["step"])
+        def sink(row):
+            for _ in range(signals):
+                os.kill(os.getpid(), signal.SIGTERM)  # (its handler runs at the next bytecode)
+                time.sleep(0.01)
+            written.append(row["step"])
 
-    job = SimpleNamespace(nodes=1, validations_at=lambda step, last: False,
-                          strategy_name="ddp", resume_from=None)
-    output = RowOutput(job, sink, None, [], lambda: 3)
-    output.rows.add(0, 1, {"loss": 1.0, "sim_time": 1.0, "bytes_sent": 0})
+        job = SimpleNamespace(nodes=1, validations_at=lambda step, last: False,
+                              strategy_name="ddp", resume_from=None)
+        output = RowOutput(job, sink, None, [], lambda: 3)
+        output.rows.add(0, 1, {"loss": 1.0, "sim_time": 1.0, "bytes_sent": 0})
+        return output, written
+
     previous = catch_stop_signals()
     try:
-        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
-            output.emit()
+        for signals, kept in ((1, [1]), (2, [])):
+            output, written = output_with_a_row(signals)
+            with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+                output.emit()
+            assert written == [row["step"] for row in output.emitted] == kept
     finally:
         restore_signals(previous)
-    assert written == [row["step"] for row in output.emitted] == [1]
+
 
 def test_a_failed_run_writes_a_failed_summary_with_every_finished_row(cli):
     write_crashy_plugin(cli.cwd, step=4)

@@ -5,9 +5,11 @@ import os
 import threading
 from dataclasses import dataclass
 
+import numpy
 import pytest
 import torch
 
+import exoframe.distributed
 from exoframe import ExoframeError, testing
 from exoframe.builtins import STRATEGIES
 from exoframe.strategies import LocalSGD
@@ -141,11 +143,23 @@ class WhereAmI(LocalSGD):
 
 
 def test_the_test_world_runs_every_node_in_the_tests_process_and_names_a_failing_one():
-    WhereAmI.seen = set()
-    testing.run(WhereAmI, {"H": 2}, nodes=3, steps=4)
+    left = []  # the test's own process after a run: as a forked run leaves it
+    for in_process in (False, True):
+        WhereAmI.seen = set()
+        torch.manual_seed(5)
+        numpy.random.seed(5)
+        torch.set_num_threads(2)
+        testing.run(WhereAmI, {"H": 2}, nodes=3, steps=4, in_process=in_process)
+        left.append((torch.get_rng_state(), numpy.random.get_state()[1].copy(),
+                     torch.get_num_threads(), exoframe.distributed.current()))
     assert WhereAmI.seen == {(os.getpid(), "exoframe-0")}  # one worker thread, no fork
+    (torch_a, numpy_a, *rest_a), (torch_b, numpy_b, *rest_b) = left
+    assert torch.equal(torch_a, torch_b) and (numpy_a == numpy_b).all()
+    assert rest_a == rest_b == [2, None]
     with pytest.raises(ExoframeError, match="rank 1: RuntimeError: boom on rank one"):
         testing.run(WhereAmI, {"H": 2, "fail_at": 3}, nodes=3, steps=4)
     assert [t.name for t in threading.enumerate() if t.name.startswith("exoframe-")] == []
     with pytest.raises(ExoframeError, match="in_process: every node runs in this process"):
-        testing.run("ddp", nodes=3, steps=2, nodes_per_process=2)
+        testing.run("ddp", nodes=3, steps=2, nodes_per_process=2, in_process=True)
+    forked = testing.run("ddp", nodes=3, steps=2, nodes_per_process=2)  # (needs processes)
+    assert [row["step"] for row in forked.metrics] == [1, 2]

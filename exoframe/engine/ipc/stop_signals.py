@@ -1,6 +1,6 @@
 """SIGTERM and SIGHUP stop a command as Ctrl-C does: they raise KeyboardInterrupt, with the
 signal's name, wherever the command is (a run's launcher stops its ranks,
-engine/ipc/processes.py)."""
+engine/ipc/processes.py). Inside signals_held(), the first stop signal waits for its end."""
 from __future__ import annotations
 
 import contextlib
@@ -10,16 +10,40 @@ import threading
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+class _Hold:
+    depth = 0  # signals_held() blocks entered and not yet left
+    pending = None  # the stop signal that came inside them
+
+
+def interrupt_for(signum: int) -> KeyboardInterrupt:
+    """The KeyboardInterrupt a stop signal raises: Ctrl-C's bare, the others named."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else \
+        KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def held(signum: int) -> bool:
+    """For a stop signal's handler: True when the signal is to wait for the end of the
+    signals_held() block it came in; a second one inside it acts at once."""
+    if _Hold.depth and _Hold.pending is None:
+        _Hold.pending = signum
+        return True
+    return False
+
+
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    if not held(signum):
+        raise interrupt_for(signum)
 
 
 def catch_stop_signals():
-    """SIGTERM and SIGHUP stop the run as Ctrl-C does. Returns the previous handlers."""
+    """SIGINT, SIGTERM and SIGHUP stop the run as Ctrl-C does. Returns the previous
+    handlers."""
     if threading.current_thread() is not threading.main_thread():
         return {}
     previous = {}
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in STOP_SIGNALS:
+        if signum == signal.SIGINT and signal.getsignal(signum) is not signal.default_int_handler:
+            continue  # (Ctrl-C ignored, as in a background job: it stays so)
         previous[signum] = signal.signal(signum, _raise_interrupt)
     return previous
 
@@ -36,18 +60,17 @@ def stopped_by(e: KeyboardInterrupt) -> str:
 
 @contextlib.contextmanager
 def signals_held():
-    """A stop signal that comes inside is acted on at the end, by the handler it would have
-    met: a step's row reaches every record of it (the sinks, the summary's rows) or none."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending = []
-    previous = {signum: signal.signal(signum, lambda signum, frame: pending.append(signum))
-                for signum in STOP_SIGNALS}
+    """The first stop signal that comes inside is acted on at the end, by its handler (a
+    handler of this module's or engine/launch/stop_checkpoint.py's), so that a step's row
+    reaches every record of it (the sinks, the summary's rows) or none; a second one acts
+    at once. No handler is swapped: they ask held()."""
+    _Hold.depth += 1
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for signum in pending:
-            signal.raise_signal(signum)
+        _Hold.depth -= 1
+        pending = _Hold.pending if _Hold.depth == 0 else None
+        if _Hold.depth == 0:
+            _Hold.pending = None
+    if pending is not None:  # (only when the block ended normally)
+        signal.raise_signal(pending)

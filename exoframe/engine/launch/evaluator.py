@@ -20,6 +20,7 @@ from ..ipc.messages import EvaluatorDone, EvaluatorStop, Validated
 from ..node.data import examples_in
 from ..node.loop import to_device
 from ..node.model_state import FoldedModels, ModelState, fold_into, load, same_buffers
+from ..node.node_globals import TURNS, NodeGlobals
 from ..plan.job import Job
 from .validation_set import ValidationSet, batches
 
@@ -114,6 +115,7 @@ def evaluate(job: Job, val_set: ValidationSet, readers: list, conn):
     rank 0's device."""
     torch.set_num_threads(job.threads)
     evaluations = Evaluations(job, val_set, conn.send)
+    own = NodeGlobals(cuda=False)  # (its random generators: a metric may draw)
     reading = [conn, *readers]
     while True:
         for source in multiprocessing.connection.wait(reading):
@@ -129,4 +131,9 @@ def evaluate(job: Job, val_set: ValidationSet, readers: list, conn):
                 conn.send(evaluations.done())
                 return
             evaluations.moving_seconds += time.perf_counter() - start
-            evaluations.add(message)
+            with TURNS:  # (the nodes' generators are the process's during their turns)
+                own.swap_in()
+                try:
+                    evaluations.add(message)
+                finally:
+                    own.swap_out()

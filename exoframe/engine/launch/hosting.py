@@ -14,6 +14,7 @@ from typing import Protocol
 from ..ipc.messages import NodeMessage
 from ..ipc.processes import child_entry, closing, stack_file, stop_all, thread_entry
 from ..ipc.sender import Sender
+from ..node.node_globals import ProcessGlobals
 from ..node.packing import Outbox, run_nodes
 from ..node.rank import run_rank
 from ..plan.job import Job
@@ -169,6 +170,7 @@ class InProcess(PackedWorkers):
     def __init__(self):
         super().__init__()
         self.threads: list = []
+        self.caller = None  # the process's globals before the run (ProcessGlobals)
         self.conns: list = []  # the launcher's ends of the threads' pipes
         self.spare: list = []  # the ends between the threads (the pipes to the evaluator)
 
@@ -185,6 +187,7 @@ class InProcess(PackedWorkers):
         return EVALUATOR, evaluate, (own, val_set, readers)
 
     def start(self, children, context, folder, spare):
+        self.caller = ProcessGlobals()  # given back at close()
         pipes = [context.Pipe() for _ in children]
         self.spare, self.conns = spare, [parent for parent, _ in pipes]
         self.threads = [threading.Thread(target=thread_entry, args=(who, target, args, child),
@@ -205,6 +208,8 @@ class InProcess(PackedWorkers):
         if not any(thread.is_alive() for thread in self.threads):
             for end in self.spare:  # (one a live thread waits on stays open: it is its)
                 end.close()
+        if self.caller is not None:
+            self.caller.restore()
 
 
 class NodeLink:

@@ -102,7 +102,8 @@ def prepare(job: Job, rank: int | None = None) -> tuple[Job, dict, ValidationSet
     validation set (engine/launch/validation_set.py). Under torchrun the process of `rank` does it
     for its own rank: its batches (and rank 0's, which the checks read), no validation set
     (the evaluator runs beside rank 0)."""
-    if job.device.startswith("cuda") and torch.cuda.is_initialized():
+    if job.device.startswith("cuda") and torch.cuda.is_initialized() and \
+            not job.placement.in_process:
         raise ExoframeError(
             "device: CUDA is already initialized in this process (a model or tensor was put on "
             "a GPU before the run), and the ranks, forked from it, could not use it. Keep the "

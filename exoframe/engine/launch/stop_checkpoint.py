@@ -14,7 +14,7 @@ import threading
 
 from ..ipc.messages import CheckpointNow
 from ..ipc.processes import RunInterrupted, interrupted
-from ..ipc.stop_signals import STOP_SIGNALS, stopped_by
+from ..ipc.stop_signals import STOP_SIGNALS, held, interrupt_for, stopped_by
 
 
 class StopCheckpoint:
@@ -43,8 +43,9 @@ class StopCheckpoint:
     def _on_stop_signal(self, signum, frame):
         """The first stop signal asks for a checkpoint (acted on in the loop, between
         messages); a second one stops at once."""
-        name = signal.Signals(signum).name
-        stop = KeyboardInterrupt() if signum == signal.SIGINT else KeyboardInterrupt(name)
+        if held(signum):
+            return
+        stop = interrupt_for(signum)
         if self.signal is not None:
             raise stop
         self.signal = stop

@@ -1,11 +1,18 @@
-"""What a node keeps of its process's globals (engine/node/packing.py's nodes share one)."""
+"""What a node keeps of its process's globals (engine/node/packing.py's nodes share one),
+and what a run in the caller's own process (--in-process) gives back to it."""
 from __future__ import annotations
 
 import random
+import threading
 
+import numpy
 import torch
 
 from ... import distributed
+
+# A turn at the process's globals: a node's (packing.Hub) or the evaluator's. They take
+# turns in one process only under --in-process, where both are threads of the launcher's.
+TURNS = threading.Lock()
 
 
 class NodeGlobals:
@@ -35,3 +42,25 @@ class NodeGlobals:
             self.cuda_rng = torch.cuda.get_rng_state()
         self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
         self.grad, self.bound = torch.is_grad_enabled(), distributed.current()
+
+
+class ProcessGlobals:
+    """What a run whose nodes and evaluator are threads of this process (--in-process)
+    changes of it, saved before and put back after: the random generators (torch's, Python's,
+    numpy's, and the GPUs' where CUDA was already running), torch's thread count, and the
+    rank exoframe.distributed serves."""
+
+    def __init__(self):
+        self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
+        self.numpy_rng = numpy.random.get_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.threads, self.bound = torch.get_num_threads(), distributed.current()
+
+    def restore(self):
+        torch.set_rng_state(self.torch_rng)
+        random.setstate(self.python_rng)
+        numpy.random.set_state(self.numpy_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        torch.set_num_threads(self.threads)
+        distributed.bind(self.bound)

@@ -41,7 +41,7 @@ from ..ipc.messages import Bundle, CheckpointLate, NodeMessage, StepDone
 from ..ipc.processes import STACK_SIGNAL
 from ..ipc.sender import Sender
 from . import model_state
-from .node_globals import NodeGlobals
+from .node_globals import TURNS, NodeGlobals
 from .rank import measures, train
 
 # A node that does not wait runs up to this many steps before the next node's turn: each
@@ -239,7 +239,6 @@ class Hub:
         self.main.switch()
 
     def run(self):
-        process = NodeGlobals(self.cuda)  # put back at the end (InProcess: the caller's)
         try:
             while self.nodes:
                 ran = self._run_ready()
@@ -252,8 +251,6 @@ class Hub:
             self.sender.close(timeout=5)
             self.models_sender.close(timeout=5)  # (a worker that is a thread: InProcess)
             raise
-        finally:
-            process.swap_in()
         self.models_sender.close()
         self.sender.close()
 
@@ -270,6 +267,10 @@ class Hub:
         return ran
 
     def _resume(self, node: Node):
+        with TURNS:  # (uncontended unless the evaluator is a thread beside: --in-process)
+            self._turn(node)
+
+    def _turn(self, node: Node):
         self.current = node
         node.globals.swap_in()
         if self.gpu_timing:

@@ -45,7 +45,7 @@ class Job:
     metrics: Optional[Callable] = None  # the workload's metrics(model, batch) -> dict
     tokens_per_sample: Optional[int] = None
     run_dir: Optional[str] = None  # set by engine/run.py: the run folder, for checkpoints
-    resume_from: Optional[object] = None  # an engine.checkpoint.Checkpoint, when resumed
+    resume_from: Optional[object] = None  # an engine.records.checkpoint.Checkpoint, when resumed
     faults: FaultSpec = FaultSpec()  # simulated node failures (comm/faults.py)
     # How the training set was split (exoframe/partition.py): each node's size and label
     # histogram, for summary.json; None for a workload that makes each rank's data itself.

@@ -183,7 +183,7 @@ def check_packing(nodes: int, asked: Optional[int], device: str, real_network: b
 def check_in_process(nodes: int, asked: Optional[int], device: str, real_network: bool,
                      machine: Machine):
     """Every node in this process: one worker, on the simulator, on the CPU or one GPU."""
-    if asked not in (None, nodes):
+    if asked is not None and asked < nodes:
         raise ExoframeError(f"in_process: every node runs in this process, as one worker; "
                             f"drop nodes_per_process or give it {nodes} (the nodes).")
     if real_network:
