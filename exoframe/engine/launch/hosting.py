@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import resource
+import sys
 import threading
 from typing import Protocol
 
@@ -205,7 +206,12 @@ class InProcess(PackedWorkers):
             conn.close()
         for thread in self.threads:
             thread.join(timeout=5)
-        if not any(thread.is_alive() for thread in self.threads):
+        stuck = [thread.name for thread in self.threads if thread.is_alive()]
+        if stuck:  # (a thread cannot be killed: a node stuck in its own code stays so)
+            print(f"exoframe: warning: the run's thread {', '.join(stuck)} did not stop within "
+                  "5 s of its end (a node stuck in its own code?) and is left running in this "
+                  "process.", file=sys.stderr, flush=True)
+        else:
             for end in self.spare:  # (one a live thread waits on stays open: it is its)
                 end.close()
         if self.caller is not None:
