@@ -444,11 +444,13 @@ STUCK = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_a_stuck_rank_is_named_by_the_watchdog(cli, packed):
+@pytest.mark.parametrize("hosting", ["forked", "packed", "in-process"])
+def test_a_stuck_rank_is_named_by_the_watchdog(cli, hosting):
     write_plugin(cli.cwd, "stuck-plugin", "stuck", STUCK)
+    packed = hosting != "forked"
     proc = cli("run", "--strategy", "stuck", "--nodes", "3", "--steps", "10", *MLP,
-               "--hang-timeout", "2", *(["--nodes-per-process", "3"] if packed else []))
+               "--hang-timeout", "2", *{"forked": [], "packed": ["--nodes-per-process", "3"],
+                                        "in-process": ["--in-process"]}[hosting])
     assert proc.returncode == 1, proc.stderr_text
     assert "Traceback" not in proc.stderr_text
     line = last_line(proc)
@@ -458,7 +460,12 @@ def test_a_stuck_rank_is_named_by_the_watchdog(cli, packed):
         "rank 2 made no progress; rank 0 waits for "
     assert line.startswith(f"error: watchdog: no progress for 2 s: {stalled}"), line
     # The stuck rank's Python stack, where it sleeps: the line of stuck.py that hangs.
-    if packed:  # the worker's: each node's stack, and which one runs
+    if hosting == "in-process":  # the worker thread's: the node it runs
+        stack = proc.stderr_text.split("Python stack of the worker of ranks 0-2 (a thread of "
+                                       "this process):\n")[1]
+        assert 'stuck.py", line 10, in step' in stack, proc.stderr_text
+        assert "did not stop within 5 s of its end" in proc.stderr_text  # (it sleeps on)
+    elif packed:  # the worker's: each node's stack, and which one runs
         stack = proc.stderr_text.split("Python stack of the worker of ranks 0-2 "
                                        "(faulthandler):\n")[1]
         stuck = stack.split("rank 2 (running):\n")[1]

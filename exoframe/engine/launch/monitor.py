@@ -23,7 +23,7 @@ from .row_output import RowOutput
 from .sim_service import SimService
 from .stop_checkpoint import StopCheckpoint
 from .verdicts import Verdicts
-from .watchdog import describe_stall, dump_stacks
+from .watchdog import describe_stall, dump_stacks, thread_stacks
 
 EVALUATOR = "evaluator"
 
@@ -198,12 +198,15 @@ class Monitor:
         if not ready and time.monotonic() - self.last_progress > self.watchdog:
             line, stuck = describe_stall(self, self.watchdog)
             stuck = [channel for channel in self.channels if set(channel.members) & set(stuck)]
-            stacks = dump_stacks([(self.process_name(channel),
-                                   self.processes[channel.members[0]].pid,
-                                   stack_file(self.folder, self.who[channel.members[0]]))
-                                  for channel in stuck
-                                  if self.processes[channel.members[0]] is not None])
-            raise RankFailed("watchdog", line, stacks, False)
+            forked = [c for c in stuck if self.processes[c.members[0]] is not None]
+            stacks = [dump_stacks([(self.process_name(channel),
+                                    self.processes[channel.members[0]].pid,
+                                    stack_file(self.folder, self.who[channel.members[0]]))
+                                   for channel in forked]),
+                      thread_stacks([(self.process_name(channel),
+                                      f"exoframe-{self.who[channel.members[0]]}")
+                                     for channel in stuck if channel not in forked])]
+            raise RankFailed("watchdog", line, "\n\n".join(filter(None, stacks)), False)
         for obj in ready:
             if obj in open_conns:
                 alive = self.read(obj)

@@ -4,7 +4,10 @@ waiting for gloo's timeout (which fires in a waiting rank and so blames the wron
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
+import traceback
 
 from ..ipc.processes import STACK_SIGNAL, child_name
 from ..plan.target import LAG
@@ -27,7 +30,8 @@ def describe_stall(monitor, seconds: float) -> tuple[str, list[int]]:
     stopped, idle, waits, stuck = [], [], [], []
     for i, who in enumerate(monitor.who):
         name = child_name(who)
-        process = monitor.processes[i]  # None: a rank on another machine
+        process = monitor.processes[i]  # None: a rank on another machine, or a thread here
+        here = process is not None or i not in monitor.hosts  # (a thread: --in-process)
         if process is not None and process_state(process.pid) in ("T", "t"):
             stopped.append(name)
         elif i == nodes:  # the evaluator
@@ -46,7 +50,7 @@ def describe_stall(monitor, seconds: float) -> tuple[str, list[int]]:
             waits.append(f"{name} waits for {_pending(sim, i)}")
         else:
             idle.append(name)
-            if process is not None:
+            if here:
                 stuck.append(i)
     if stopped:  # a stopped process explains everyone else outside the simulator
         culprit = f"{', '.join(stopped)} stopped (SIGSTOP or SIGTSTP) and made no progress"
@@ -81,6 +85,22 @@ def dump_stacks(children, wait: float = 2.0) -> str:
                 break
         texts.append(f"Python stack of {name} (faulthandler):\n{_own_frames(text)}" if text
                      else f"{name} did not write its stack within {wait:g} s.")
+    return "\n\n".join(texts)
+
+
+def thread_stacks(threads) -> str:
+    """The Python stacks of the stuck `threads` of this process ((name, thread name) each:
+    the worker and the evaluator of an --in-process run). A worker thread's is the stack of
+    the node it runs, a greenlet's frames being its thread's while it runs."""
+    frames = sys._current_frames()
+    by_name = {thread.name: thread for thread in threading.enumerate()}
+    texts = []
+    for name, thread_name in threads:
+        thread = by_name.get(thread_name)
+        frame = frames.get(thread.ident) if thread is not None else None
+        if frame is not None:
+            stack = "".join(traceback.format_stack(frame)).rstrip()
+            texts.append(f"Python stack of {name} (a thread of this process):\n{stack}")
     return "\n\n".join(texts)
 
 
