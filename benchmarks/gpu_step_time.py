@@ -2,7 +2,7 @@
 plain single-process loops doing the same compute (issue 43's cases), side by side.
 
     python benchmarks/gpu_step_time.py [--cases gpt85m,gpt85m-bf16,one-node,tiny64,tiny1024]
-                                       [--steps 20] [--device cuda:0]
+                                       [--steps 20] [--device cuda:0] [--measured]
 
 - gpt85m (fp32) / gpt85m-bf16: a GPT of 85M parameters (-w n_layer=12 -w n_embd=768
   -w n_head=12 -w block_size=256, batch 16), 4 nodes, DiLoCo H=10; the plain loop steps the
@@ -17,6 +17,7 @@ exoframe's time per step is (elapsed - start-up) / steps from summary.json, vali
 last step only (--eval-every STEPS, --compute fixed:100ms, which does not change the work);
 the plain loops are timed after 3 warm-up steps. exoframe runs first: its workers are forked,
 and a forked process cannot use CUDA that its parent initialized (the plain loops do).
+--measured adds each of 4 packed tiny-GPT nodes' own measured GPU compute per step.
 """
 from __future__ import annotations
 
@@ -51,6 +52,15 @@ def config(case: str, steps: int, device: str) -> RunConfig:
 
 def exoframe_step(case: str, steps: int, device: str) -> float:
     return execute(job_from_config(config(case, steps, device))).summary["seconds_per_step"]
+
+
+def measured_per_node(steps: int, device: str) -> list[float]:
+    """Each of 4 packed tiny-GPT nodes' measured GPU compute per step (CUDA events over its
+    own turns), in seconds."""
+    run = RunConfig(workload="gpt", nodes=4, steps=steps, device=device, compute="measured",
+                    eval_every=steps).validate()
+    ranks = execute(job_from_config(run)).summary["per_rank"]
+    return [r["compute_seconds"] / steps for r in ranks]
 
 
 def sync(device: torch.device):
@@ -139,9 +149,12 @@ def main():
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--measured", action="store_true",
+                        help="also print each packed node's measured compute per step")
     options = parser.parse_args()
     cases = options.cases.split(",")
     ours = {case: exoframe_step(case, options.steps, options.device) for case in cases}
+    per_node = measured_per_node(options.steps, options.device) if options.measured else None
     torch.set_num_threads(1)
     print(f"{'case':<12} {'exoframe':>10} {'in turn':>10} {'ratio':>7} {'stacked':>10} "
           f"{'ratio':>7}   (ms per step, {options.device})")
@@ -158,6 +171,9 @@ def main():
               f"{ours[case] / turn if turn else float('nan'):7.2f} "
               f"{stack * 1e3 if stack else float('nan'):10.1f} "
               f"{ours[case] / stack if stack else float('nan'):7.2f}", flush=True)
+    if per_node is not None:
+        print("measured compute per node (4 tiny GPT nodes in one worker, ms per step): "
+              + ", ".join(f"{seconds * 1e3:.2f}" for seconds in per_node))
 
 
 if __name__ == "__main__":
