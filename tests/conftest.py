@@ -31,16 +31,10 @@ def pytest_sessionstart(session):
     compileall.compile_dir(REPO / "exoframe", quiet=1)
 
 
-def is_zombie(entry: Path) -> bool:
-    try:
-        return "zombie" in next(l for l in (entry / "status").read_text().splitlines()
-                                if l.startswith("State:"))
-    except (OSError, StopIteration):
-        return True
-
-
-def processes_with_marker(marker: str):
-    """PIDs of live processes whose environment carries `marker` (ranks inherit it)."""
+def processes_with_marker(marker: str, groups=()) -> list:
+    """PIDs of live processes whose environment carries `marker` (ranks inherit it, as does
+    whatever a command execs) or whose process group is one of `groups` (what a command the
+    command server forked forks in turn)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -49,19 +43,13 @@ def processes_with_marker(marker: str):
             environ = (entry / "environ").read_bytes()
             state = next(l for l in (entry / "status").read_text().splitlines()
                          if l.startswith("State:"))
+            # (the name, in parentheses, may hold spaces: the fields after it are split)
+            group = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2])
         except (OSError, StopIteration):
             continue
-        if marker.encode() in environ and "zombie" not in state:
+        if (marker.encode() in environ or group in groups) and "zombie" not in state:
             found.append(int(entry.name))
-    return found
-
-
-def process_group(pid: int) -> int | None:
-    try:
-        stat = (Path("/proc") / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[2])  # (the name, in parentheses, may hold spaces)
+    return sorted(found)
 
 
 class CommandServer:
@@ -224,13 +212,7 @@ class CLI:
 
     def leftovers(self):
         """The live processes this CLI's commands started, theirs included."""
-        found = processes_with_marker(self.marker)
-        if self.groups:
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit() and process_group(int(entry.name)) in self.groups \
-                        and not is_zombie(entry):
-                    found.append(int(entry.name))
-        return sorted(set(found))
+        return processes_with_marker(self.marker, self.groups)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ stops them all (SIGTERM and SIGHUP become an interruption: exoframe/engine/ipc/s
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import faulthandler
 import os
 import signal
@@ -68,24 +69,29 @@ def child_entry(who, target, args, conn, stack_path: str | None, forked: bool = 
         target(*args, conn)
     except BaseException as e:  # report, then exit: the launcher stops the other children
         code = 1
-        who = getattr(e, "failed_rank", who)  # a packed node (engine/node/packing.py)
-        user_error = isinstance(e, ExoframeError)
-        message = str(e) if user_error else f"{type(e).__name__}: {e}"
-        if not forked and _launcher_gone(conn):
-            user_error = True  # rank 0's launcher stopped the run and says why
-            message = "lost the connection to rank 0's launcher: the run stopped there."
-        details = traceback.format_exc()
+        failed = failure(who, e)
+        if not forked and _launcher_gone(conn):  # rank 0's launcher stopped the run, says why
+            failed = dataclasses.replace(failed, user_error=True, message=(
+                "lost the connection to rank 0's launcher: the run stopped there."))
         if not forked:
-            print(f"exoframe: {child_name(who)}: {message}"
-                  f"{'' if user_error else chr(10) + details}", file=sys.stderr)
+            print(f"exoframe: {child_name(failed.who)}: {failed.message}"
+                  f"{'' if failed.user_error else chr(10) + failed.details}", file=sys.stderr)
         try:
-            conn.send(ChildFailed(who, time.time(), message, details, user_error))
+            conn.send(failed)
         except Exception:
             pass
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # skip interpreter teardown: a half-open process group can hang in it
+
+
+def failure(who, e: BaseException) -> ChildFailed:
+    """What a child says of the exception that ended it (inside its `except`)."""
+    who = getattr(e, "failed_rank", who)  # a packed node (engine/node/packing.py)
+    user_error = isinstance(e, ExoframeError)
+    return ChildFailed(who, time.time(), str(e) if user_error else f"{type(e).__name__}: {e}",
+                       traceback.format_exc(), user_error)
 
 
 def thread_entry(who, target, args, conn):
@@ -95,12 +101,8 @@ def thread_entry(who, target, args, conn):
     try:
         target(*args, conn)
     except BaseException as e:
-        who = getattr(e, "failed_rank", who)
-        user_error = isinstance(e, ExoframeError)
         try:
-            conn.send(ChildFailed(who, time.time(), str(e) if user_error
-                                  else f"{type(e).__name__}: {e}", traceback.format_exc(),
-                                  user_error))
+            conn.send(failure(who, e))
         except Exception:
             pass  # (the launcher stopped the run: it closed the pipe)
     finally:

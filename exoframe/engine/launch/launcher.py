@@ -204,8 +204,8 @@ def run_cluster_rank(job: Job, cluster: ClusterEnv, config: dict):
 
 
 def rank_children(hosting: Hosting, job: Job, batches: dict, context, folder: str):
-    """The processes this launcher forks for the ranks (hosting.py): (who, target,
-    arguments) each, and the two ends of each one's pipe to the evaluator."""
+    """The children that run the ranks (hosting.py: processes, or threads InProcess): (who,
+    target, arguments) each, and the two ends of each one's pipe to the evaluator."""
     to_evaluator = [context.Pipe(duplex=False) for _ in range(hosting.forks(job))]
     readers, writers = [r for r, _ in to_evaluator], [w for _, w in to_evaluator]
     children = hosting.children(job, batches, context, folder, writers)

@@ -51,16 +51,14 @@ class ProcessGlobals:
     rank exoframe.distributed serves."""
 
     def __init__(self):
-        self.torch_rng, self.python_rng = torch.get_rng_state(), random.getstate()
+        self.node = NodeGlobals(cuda=False)  # torch's and Python's generators, the binding
         self.numpy_rng = numpy.random.get_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        self.threads, self.bound = torch.get_num_threads(), distributed.current()
+        self.threads = torch.get_num_threads()
 
     def restore(self):
-        torch.set_rng_state(self.torch_rng)
-        random.setstate(self.python_rng)
+        self.node.swap_in()
         numpy.random.set_state(self.numpy_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
         torch.set_num_threads(self.threads)
-        distributed.bind(self.bound)
