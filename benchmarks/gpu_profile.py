@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from gpu_step_time import config, exoframe_step, plain_in_turn  # beside this file
 
-from exoframe.engine.launch import launcher
+from exoframe.engine.launch import hosting, launcher
 from exoframe.engine.plan import devices
 
 
@@ -35,13 +35,13 @@ def activities():
 def profile_rank_zero(out: Path):
     """Rank 0's process (its own, or its worker of packed nodes) runs under both profilers;
     what they saw is written to `out` as it ends."""
-    entry = launcher.child_entry
+    entry = hosting.child_entry  # (what each forked process runs)
 
     def profiled_entry(who, target, args, conn, *rest, **kw):
         if who == 0:
             target = profiled(target, out)
         return entry(who, target, args, conn, *rest, **kw)
-    launcher.child_entry = profiled_entry
+    hosting.child_entry = profiled_entry
     stop_all = launcher.stop_all
 
     def stop_all_once_written(processes):
@@ -89,6 +89,7 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--out", default="profile")
+    parser.add_argument("--no-plain", action="store_true", help="exoframe's run alone")
     options = parser.parse_args()
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -96,6 +97,8 @@ def main():
     profile_rank_zero(out)
     ours = exoframe_step(options.case, options.steps, options.device)
     print(f"exoframe: {ours * 1e3:.1f} ms per step (with the run's end)", flush=True)
+    if options.no_plain:
+        return
     from torch.profiler import profile
     start = time.perf_counter()
     with profile(activities=activities()) as prof:

@@ -2,7 +2,7 @@
 plain single-process loops doing the same compute (issue 43's cases), side by side.
 
     python benchmarks/gpu_step_time.py [--cases gpt85m,gpt85m-bf16,one-node,tiny64,tiny1024]
-                                       [--steps 20] [--device cuda:0] [--measured]
+                                       [--steps 41] [--device cuda:0] [--measured]
 
 - gpt85m (fp32) / gpt85m-bf16: a GPT of 85M parameters (-w n_layer=12 -w n_embd=768
   -w n_head=12 -w block_size=256, batch 16), 4 nodes, DiLoCo H=10; the plain loop steps the
@@ -13,24 +13,32 @@ plain single-process loops doing the same compute (issue 43's cases), side by si
   stacked under vmap;
 - tiny1024: 1024 such nodes on the GPU (exoframe alone: that it runs, and its pace).
 
-exoframe's time per step is (elapsed - start-up) / steps from summary.json, validating at the
-last step only (--eval-every STEPS, --compute fixed:100ms, which does not change the work);
-the plain loops are timed after 3 warm-up steps. exoframe runs first: its workers are forked,
-and a forked process cannot use CUDA that its parent initialized (the plain loops do).
+exoframe's time per step is its steady pace: the time between the rows of steps 11 and 31
+(of --steps 41: the launcher's clock, as each row is complete), 20 steps that hold two outer
+steps as the plain loops' 20 do, and no start-up, warm-up or final validation, which the
+whole-run figure beside it, (elapsed - start-up) / (S - 1), includes. Rows 11 and 31 both end
+a round of packed turns (engine/node/packing.py's STEPS_PER_TURN). The run validates at its
+last step only (--eval-every S, --compute fixed:100ms, which does not change the work).
+The plain loops are timed after 3 warm-up steps, each case in a process of its own
+(spawned: exoframe forks its workers, and a forked process cannot use CUDA that its parent
+initialized), so every row prints as its case ends.
 --measured adds each of 4 packed tiny-GPT nodes' own measured GPU compute per step.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import multiprocessing
 import time
 
 import torch
+import yaml
 
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
 from exoframe.engine.node.data import Batches
 from exoframe.engine.node.loop import to_device
+from exoframe.engine.node.packing import STEPS_PER_TURN
 
 GPT_85M = dict(n_layer=12, n_embd=768, n_head=12, block_size=256)
 CASES = {  # name: (workload params, nodes, strategy, params, precision)
@@ -43,15 +51,46 @@ CASES = {  # name: (workload params, nodes, strategy, params, precision)
 WARMUP = 3
 
 
-def config(case: str, steps: int, device: str) -> RunConfig:
+def config(case: str, steps: int, device: str, **fields) -> RunConfig:
+    """fields: RunConfig fields to change (--field), e.g. nodes_per_process=1."""
     params, nodes, strategy, strategy_params, precision = CASES[case]
-    return RunConfig(workload="gpt", workload_params=params, nodes=nodes, steps=steps,
-                     strategy=strategy, strategy_params=strategy_params, precision=precision,
-                     device=device, eval_every=steps, compute="fixed:100ms").validate()
+    run = dict(workload="gpt", workload_params=params, nodes=nodes, steps=steps,
+               strategy=strategy, strategy_params=strategy_params, precision=precision,
+               device=device, eval_every=steps, compute="fixed:100ms")
+    return RunConfig(**{**run, **fields}).validate()
 
 
-def exoframe_step(case: str, steps: int, device: str) -> float:
-    return execute(job_from_config(config(case, steps, device))).summary["seconds_per_step"]
+def exoframe_step(case: str, steps: int, device: str, **fields) -> float:
+    """The whole run's seconds per step after its first (summary.json's)."""
+    return run_summary(case, steps, device, **fields)["seconds_per_step"]
+
+
+def run_summary(case: str, steps: int, device: str, **fields) -> dict:
+    return execute(job_from_config(config(case, steps, device, **fields))).summary
+
+
+def steady_window(steps: int) -> tuple[int, int] | None:
+    """The rows (first, last) between which exoframe's steady pace is read: both end a
+    round of packed turns (STEPS_PER_TURN steps each, the first turn one step), the first
+    after a full round, the last before the final step's row (which waits for validation).
+    None: too few steps for a full round between them."""
+    first = 1 + STEPS_PER_TURN
+    last = 1 + STEPS_PER_TURN * ((steps - 2) // STEPS_PER_TURN)
+    return (first, last) if last > first else None
+
+
+def exoframe_pace(case: str, steps: int, device: str, **fields) -> tuple[float, float]:
+    """(seconds per step in the steady window, the whole run's seconds per step after its
+    first, with the run's end): see above."""
+    arrived = {}
+    summary = execute(job_from_config(config(case, steps, device, **fields)),
+                      on_row=lambda row: arrived.setdefault(row["step"],
+                                                            time.perf_counter())).summary
+    window = steady_window(steps)
+    if window is None:
+        return summary["seconds_per_step"], summary["seconds_per_step"]
+    first, last = window
+    return (arrived[last] - arrived[first]) / (last - first), summary["seconds_per_step"]
 
 
 def measured_per_node(steps: int, device: str) -> list[float]:
@@ -116,6 +155,7 @@ def stacked(case: str, steps: int, device: str) -> float:
     """The stacked limit: N replicas as one model under torch.func.vmap, one AdamW over the
     stacked parameters (exactly N independent ones), no synchronization."""
     from torch.func import functional_call, stack_module_state, vmap
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     job = job_from_config(config(case, steps, device))
     _, nodes, _, _, precision = CASES[case]
@@ -134,7 +174,9 @@ def stacked(case: str, steps: int, device: str) -> float:
             sync(device)
             start = time.perf_counter()
         batch = torch.stack([to_device(next(batches), device)[0] for batches in data])
-        with autocast(precision, device):
+        # (vmap's efficient-attention backward rejects its batched strides: flash, or math)
+        with autocast(precision, device), sdpa_kernel([SDPBackend.FLASH_ATTENTION,
+                                                       SDPBackend.MATH]):
             losses = vmap(loss_of, in_dims=(0, 0, 0))(weights, buffers, (batch,))
         losses.sum().backward()
         optimizer.step()
@@ -144,36 +186,69 @@ def stacked(case: str, steps: int, device: str) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def plain_loops(case: str, steps: int, device: str, cudnn_attention: bool = True) -> tuple:
+    """(in turn, stacked) seconds per step, None where not measured; in a process spawned
+    for it (see above)."""
+    torch.set_num_threads(1)
+    torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
+    turn = plain_in_turn(case, steps, device) if case != "tiny1024" else None
+    stack = None
+    if case in ("gpt85m-bf16", "tiny64"):
+        try:
+            stack = stacked(case, steps, device)
+        except Exception as e:  # a model vmap cannot take: say so, go on
+            print(f"  ({case}: stacked limit not measured: {type(e).__name__}: {e})",
+                  flush=True)
+    return turn, stack
+
+
+def ms(seconds: float | None) -> str:
+    return f"{seconds * 1e3:10.1f}" if seconds else f"{'-':>10}"
+
+
+def ratio(a: float, b: float | None) -> str:
+    return f"{a / b:7.2f}" if b else f"{'-':>7}"
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=41,
+                        help="steps of each run (exoframe's pace is read from step 11 to "
+                        "the last turn's end before the last step)")
+    parser.add_argument("--steps-1024", type=int, default=4,
+                        help="tiny1024's steps (one run: that it runs, and its pace)")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--measured", action="store_true",
                         help="also print each packed node's measured compute per step")
+    parser.add_argument("--field", action="append", default=[], metavar="NAME=VALUE",
+                        help="a RunConfig field of exoframe's runs (YAML value), e.g. "
+                        "nodes_per_process=1; repeatable")
+    parser.add_argument("--no-plain", action="store_true", help="exoframe's runs alone")
+    parser.add_argument("--no-cudnn-attention", action="store_true",
+                        help="attention without cuDNN's kernels, everywhere (torch's flag, "
+                        "inherited by exoframe's forked processes)")
     options = parser.parse_args()
-    cases = options.cases.split(",")
-    ours = {case: exoframe_step(case, options.steps, options.device) for case in cases}
-    per_node = measured_per_node(options.steps, options.device) if options.measured else None
-    torch.set_num_threads(1)
-    print(f"{'case':<12} {'exoframe':>10} {'in turn':>10} {'ratio':>7} {'stacked':>10} "
-          f"{'ratio':>7}   (ms per step, {options.device})")
-    for case in cases:
-        turn = plain_in_turn(case, options.steps, options.device) if case != "tiny1024" else None
-        stack = None
-        if case in ("gpt85m-bf16", "tiny64"):
-            try:
-                stack = stacked(case, options.steps, options.device)
-            except Exception as e:  # a model vmap cannot take: say so, go on
-                print(f"  ({case}: stacked limit not measured: {type(e).__name__}: {e})")
-        print(f"{case:<12} {ours[case] * 1e3:10.1f} "
-              f"{turn * 1e3 if turn else float('nan'):10.1f} "
-              f"{ours[case] / turn if turn else float('nan'):7.2f} "
-              f"{stack * 1e3 if stack else float('nan'):10.1f} "
-              f"{ours[case] / stack if stack else float('nan'):7.2f}", flush=True)
-    if per_node is not None:
+    torch.backends.cuda.enable_cudnn_sdp(not options.no_cudnn_attention)
+    fields = {name: yaml.safe_load(value)
+              for name, _, value in (f.partition("=") for f in options.field)}
+    spawned = multiprocessing.get_context("spawn")
+    print(f"{'case':<12} {'exoframe':>10} {'whole run':>10} {'in turn':>10} {'ratio':>7} "
+          f"{'stacked':>10} {'ratio':>7}   (ms per step, {options.device})", flush=True)
+    for case in options.cases.split(","):
+        steps = options.steps_1024 if case == "tiny1024" else options.steps
+        ours, whole = exoframe_pace(case, steps, options.device, **fields)
+        turn = stack = None
+        if not options.no_plain:
+            with spawned.Pool(1) as pool:
+                turn, stack = pool.apply(plain_loops, (case, steps, options.device,
+                                                       not options.no_cudnn_attention))
+        print(f"{case:<12} {ms(ours)} {ms(whole)} {ms(turn)} {ratio(ours, turn)} "
+              f"{ms(stack)} {ratio(ours, stack)}", flush=True)
+    if options.measured:
+        per_node = measured_per_node(options.steps, options.device)
         print("measured compute per node (4 tiny GPT nodes in one worker, ms per step): "
-              + ", ".join(f"{seconds * 1e3:.2f}" for seconds in per_node))
+              + ", ".join(f"{seconds * 1e3:.2f}" for seconds in per_node), flush=True)
 
 
 if __name__ == "__main__":

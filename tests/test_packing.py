@@ -104,6 +104,17 @@ def test_reductions_add_in_rank_order():
         assert total.tolist() == expected and not total.requires_grad
 
 
+def test_a_lone_workers_reductions_stay_in_its_memory(monkeypatch):
+    """One worker (here: --in-process) folds its nodes' parts and keeps the result where they
+    are: no host copy (on a GPU, a DiLoCo sync of an 85M model spent 0.67 s in one)."""
+    def no_copy(tensor):
+        raise AssertionError("a lone worker's exchange left its device")
+    monkeypatch.setattr("exoframe.comm.memory.to_bytes", no_copy)
+    for strategy, params in (("ddp", {}), ("diloco", {"H": 2})):
+        run = testing.run(strategy, params, nodes=3, steps=4, compute="fixed:1ms")
+        assert len(run.metrics) == 4
+
+
 class Unequal(exoframe.Strategy):
     """Rank r spends (r + 1) × 30 ms of its thread's CPU time in each step."""
 

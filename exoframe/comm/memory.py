@@ -148,9 +148,10 @@ class Pack:
         gather.folded = None
         if self.last:
             gather.result = total
-            message = Folded(key, to_bytes(total), total=True)
-            for process in self.others:
-                self.post(process, message)
+            if self.others:  # (a lone worker's result stays on its device)
+                message = Folded(key, to_bytes(total), total=True)
+                for process in self.others:
+                    self.post(process, message)
         else:
             self.post(self.index + 1, Folded(key, to_bytes(total), total=False))
 

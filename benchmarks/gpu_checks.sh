@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 43's checks on a GPU machine, in one go: the CUDA tests, the step-time table and a
+# profile of one node against the plain loop. Run from the repository's root:
+#
+#     bash benchmarks/gpu_checks.sh [OUT_DIR]
+#
+# Each stage has its own time limit, so one that hangs leaves the others their time; what
+# each printed is kept in OUT_DIR (default gpu_checks): env.log, tests.log, bench.log and
+# profile/. Needs simpy and greenlet importable (a GPU image may need them carried as wheels).
+set -u
+out=${1:-gpu_checks}
+mkdir -p "$out/profile"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python=${PYTHON:-python3}
+# The presets are installed inside the package as exoframe.netmodels (pyproject.toml); run
+# from a checkout, the package finds them through this link.
+[ -e exoframe/netmodels ] || ln -s ../netmodels exoframe/netmodels
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  $python -c "import torch, simpy, greenlet; print('torch', torch.__version__, 'simpy',
+simpy.__version__, 'greenlet', greenlet.__version__)"; nproc; } 2>&1 | tee "$out/env.log"
+
+stage() {  # stage SECONDS LOG COMMAND...: run it under a limit, its output kept in LOG
+  local limit=$1 log=$2; shift 2
+  local start=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | grep -v '^USDT:' | tee "$log"
+  echo "[$log: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s]" | tee -a "$log"
+}
+
+stage "${TESTS_SECONDS:-170}" "$out/tests.log" $python -m pytest -q -p no:cacheprovider \
+  -o addopts= tests/test_gpu.py tests/test_placement.py
+stage "${BENCH_SECONDS:-260}" "$out/bench.log" $python benchmarks/gpu_step_time.py --measured \
+  ${BENCH_ARGS:-}
+stage "${PROFILE_SECONDS:-80}" "$out/profile.log" $python benchmarks/gpu_profile.py \
+  --case one-node --steps 20 --out "$out/profile"
