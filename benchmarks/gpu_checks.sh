@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Issue 43's checks on a GPU machine, in one go: the CUDA tests, the step-time table and a
-# profile of one node against the plain loop. Run from the repository's root:
+# Issue 43's checks on a GPU machine, in one go: the CUDA tests, the step-time table, whether
+# turns cost anything by themselves, and a profile of 4 packed bf16 GPT-85M nodes' worker
+# beside the plain loop. Run from the repository's root:
 #
 #     bash benchmarks/gpu_checks.sh [OUT_DIR]
 #
 # Each stage has its own time limit, so one that hangs leaves the others their time; what
-# each printed is kept in OUT_DIR (default gpu_checks): env.log, tests.log, bench.log and
-# profile/. Needs simpy and greenlet importable (a GPU image may need them carried as wheels).
+# each printed is kept in OUT_DIR (default gpu_checks): env.log, tests.log, bench.log,
+# turns.log, profile.log and profile/. Needs simpy and greenlet importable (a GPU image may
+# need them carried as wheels).
 set -u
 out=${1:-gpu_checks}
 mkdir -p "$out/profile"
@@ -31,5 +33,6 @@ stage "${TESTS_SECONDS:-170}" "$out/tests.log" $python -m pytest -q -p no:cachep
   -o addopts= tests/test_gpu.py tests/test_placement.py
 stage "${BENCH_SECONDS:-260}" "$out/bench.log" $python benchmarks/gpu_step_time.py --measured \
   ${BENCH_ARGS:-}
+stage "${TURNS_SECONDS:-60}" "$out/turns.log" $python benchmarks/gpu_turns.py
 stage "${PROFILE_SECONDS:-80}" "$out/profile.log" $python benchmarks/gpu_profile.py \
-  --case one-node --steps 20 --out "$out/profile"
+  --case gpt85m-bf16 --steps 21 --out "$out/profile"
