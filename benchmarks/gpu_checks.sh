@@ -6,12 +6,14 @@
 #     bash benchmarks/gpu_checks.sh [OUT_DIR]
 #
 # Each stage has its own time limit, so one that hangs leaves the others their time; what
-# each printed is kept in OUT_DIR (default gpu_checks): env.log, tests.log, bench.log,
-# turns.log, profile.log and profile/. Needs simpy and greenlet importable (a GPU image may
+# each printed is kept in OUT_DIR (default gpu_checks): tests.log (the machine first),
+# bench.log, bench_in_process.log (the bf16 case with the worker a thread of the benchmark's
+# process: not forked), turns.log, profile.log and profile/. Needs simpy and greenlet importable (a GPU image may
 # need them carried as wheels).
 set -u
 out=${1:-gpu_checks}
 mkdir -p "$out/profile"
+rm -f "$out"/*.log
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python=${PYTHON:-python3}
 # The presets are installed inside the package as exoframe.netmodels (pyproject.toml); run
@@ -20,12 +22,12 @@ python=${PYTHON:-python3}
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   $python -c "import torch, simpy, greenlet; print('torch', torch.__version__, 'simpy',
-simpy.__version__, 'greenlet', greenlet.__version__)"; nproc; } 2>&1 | tee "$out/env.log"
+simpy.__version__, 'greenlet', greenlet.__version__)"; nproc; } 2>&1 | tee "$out/tests.log"
 
 stage() {  # stage SECONDS LOG COMMAND...: run it under a limit, its output kept in LOG
   local limit=$1 log=$2; shift 2
   local start=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" 2>&1 | grep -v '^USDT:' | tee "$log"
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | grep -v '^USDT:' | tee -a "$log"
   echo "[$log: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s]" | tee -a "$log"
 }
 
@@ -33,6 +35,8 @@ stage "${TESTS_SECONDS:-170}" "$out/tests.log" $python -m pytest -q -p no:cachep
   -o addopts= tests/test_gpu.py tests/test_placement.py
 stage "${BENCH_SECONDS:-260}" "$out/bench.log" $python benchmarks/gpu_step_time.py --measured \
   ${BENCH_ARGS:-}
+stage "${IN_PROCESS_SECONDS:-60}" "$out/bench_in_process.log" $python benchmarks/gpu_step_time.py \
+  --cases gpt85m-bf16 --no-plain --field in_process=true
 stage "${TURNS_SECONDS:-60}" "$out/turns.log" $python benchmarks/gpu_turns.py
 stage "${PROFILE_SECONDS:-80}" "$out/profile.log" $python benchmarks/gpu_profile.py \
   --case gpt85m-bf16 --steps 21 --out "$out/profile"

@@ -5,7 +5,9 @@ without:
 - in turn: one step of each model, then again (the plain loop of gpu_step_time.py);
 - consecutive: STEPS_PER_TURN steps of one model, then of the next (packed nodes' order);
 - greenlets: each model's steps in a greenlet that gives way every STEPS_PER_TURN steps, as a
-  packed node does (engine/node/packing.py), without the rest of the engine.
+  packed node does (engine/node/packing.py), without the rest of the engine;
+- greenlets+globals: the same, each turn between a swap of the node's globals in and out
+  (NodeGlobals: the random generators, the GPU's among them, grad mode), as the hub does.
 
     python benchmarks/gpu_turns.py [--device cuda:0] [--steps 20]
 
@@ -25,6 +27,7 @@ from gpu_step_time import config  # beside this file
 from exoframe.engine import job_from_config
 from exoframe.engine.node.data import Batches
 from exoframe.engine.node.loop import to_device
+from exoframe.engine.node.node_globals import NodeGlobals
 from exoframe.engine.node.packing import STEPS_PER_TURN
 
 MODELS = 4
@@ -61,7 +64,7 @@ class Models:
                 for _ in range(start, min(steps, start + STEPS_PER_TURN)):
                     self.step(i)
 
-    def greenlets(self, steps: int):
+    def greenlets(self, steps: int, swap: bool = False):
         hub = greenlet.getcurrent()
 
         def life(i: int):
@@ -70,10 +73,18 @@ class Models:
                 if (step + 1) % STEPS_PER_TURN == 0:
                     hub.switch()
         nodes = [greenlet(lambda i=i: life(i)) for i in range(MODELS)]
+        kept = [NodeGlobals(self.device.type == "cuda") for _ in nodes]
         while any(not node.dead for node in nodes):
-            for node in nodes:
+            for node, globals_ in zip(nodes, kept):
                 if not node.dead:
+                    if swap:
+                        globals_.swap_in()
                     node.switch()
+                    if swap:
+                        globals_.swap_out()
+
+    def greenlets_and_globals(self, steps: int):
+        self.greenlets(steps, swap=True)
 
 
 def seconds_per_step(run, steps: int, device: torch.device) -> float:
@@ -97,9 +108,9 @@ def main():
     models = Models(device)
     for cudnn in (True, False):
         torch.backends.cuda.enable_cudnn_sdp(cudnn)
-        for order in ("in_turn", "consecutive", "greenlets"):
+        for order in ("in_turn", "consecutive", "greenlets", "greenlets_and_globals"):
             seconds = seconds_per_step(getattr(models, order), options.steps, device)
-            print(f"{order:<12} {'cuDNN attention' if cudnn else 'no cuDNN attention':<19} "
+            print(f"{order:<22} {'cuDNN attention' if cudnn else 'no cuDNN attention':<19} "
                   f"{seconds * 1e3:8.1f} ms per step of {MODELS}", flush=True)
 
 
