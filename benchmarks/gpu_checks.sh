@@ -33,7 +33,7 @@ stage() {  # stage SECONDS LOG COMMAND...: run it under a limit, its output kept
 
 stage "${TESTS_SECONDS:-170}" "$out/tests.log" $python -m pytest -q -p no:cacheprovider \
   -o addopts= tests/test_gpu.py tests/test_placement.py
-stage "${BENCH_SECONDS:-260}" "$out/bench.log" $python benchmarks/gpu_step_time.py --measured \
+stage "${BENCH_SECONDS:-330}" "$out/bench.log" $python benchmarks/gpu_step_time.py --measured \
   ${BENCH_ARGS:-}
 stage "${IN_PROCESS_SECONDS:-60}" "$out/bench_in_process.log" $python benchmarks/gpu_step_time.py \
   --cases gpt85m-bf16 --no-plain --field in_process=true
