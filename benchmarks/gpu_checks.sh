@@ -8,8 +8,9 @@
 # Each stage has its own time limit, so one that hangs leaves the others their time; what
 # each printed is kept in OUT_DIR (default gpu_checks): tests.log (the machine first),
 # bench.log, bench_in_process.log (the bf16 case with the worker a thread of the benchmark's
-# process: not forked), turns.log, profile.log and profile/. Needs simpy and greenlet importable (a GPU image may
-# need them carried as wheels). The limits add up to 580 s: one device call of 600 s.
+# process: not forked), turns.log, profile.log and profile/. Needs simpy and greenlet
+# importable (a GPU image may need them carried as wheels). The limits add up to 580 s: one
+# device call of 600 s.
 set -u
 out=${1:-gpu_checks}
 mkdir -p "$out/profile"
