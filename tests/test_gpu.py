@@ -76,8 +76,9 @@ def test_measured_compute_times_each_nodes_turns_on_the_gpu():
     config = RunConfig(workload="gpt", workload_params=SMALL_GPT, nodes=4, steps=4,
                        device="cuda:0", compute="measured").validate()
     result = execute(job_from_config(config))
-    # Each node's clock holds its own measured compute beside its exchanges and waits (the
-    # figures per node: benchmarks/gpu_step_time.py --measured).
+    # Each node's simulated clock holds its own measured compute beside its exchanges and
+    # waits: an accounting identity of simulated seconds, no wall-clock limit (the figures
+    # per node: benchmarks/gpu_step_time.py --measured).
     assert result.summary["compute_model"] == "measured"
     ranks = result.summary["per_rank"]
     assert len(ranks) == 4
