@@ -7,8 +7,8 @@
 #
 # Each stage has its own time limit, so one that hangs leaves the others their time; what
 # each printed is kept in OUT_DIR (default gpu_checks): tests.log (the machine first),
-# bench.log, bench_in_process.log (the bf16 case with the worker a thread of the benchmark's
-# process: not forked), turns.log, profile.log and profile/. Needs simpy and greenlet
+# bench.log, bench_variants.log (the bf16 case with the worker a thread of the benchmark's
+# process, not forked; then with --offload), turns.log, profile.log and profile/. Needs simpy and greenlet
 # importable (a GPU image may need them carried as wheels). The limits add up to 580 s: one
 # device call of 600 s.
 set -u
@@ -34,10 +34,12 @@ stage() {  # stage SECONDS LOG COMMAND...: run it under a limit, its output kept
 
 stage "${TESTS_SECONDS:-110}" "$out/tests.log" $python -m pytest -q -p no:cacheprovider \
   -o addopts= tests/test_gpu.py tests/test_placement.py
-stage "${BENCH_SECONDS:-300}" "$out/bench.log" $python benchmarks/gpu_step_time.py --measured \
+stage "${BENCH_SECONDS:-280}" "$out/bench.log" $python benchmarks/gpu_step_time.py --measured \
   ${BENCH_ARGS:-}
-stage "${IN_PROCESS_SECONDS:-50}" "$out/bench_in_process.log" $python benchmarks/gpu_step_time.py \
+stage "${IN_PROCESS_SECONDS:-40}" "$out/bench_variants.log" $python benchmarks/gpu_step_time.py \
   --cases gpt85m-bf16 --no-plain --field in_process=true
+stage "${OFFLOAD_SECONDS:-40}" "$out/bench_variants.log" $python benchmarks/gpu_step_time.py \
+  --cases gpt85m-bf16 --no-plain --field offload=true
 stage "${TURNS_SECONDS:-50}" "$out/turns.log" $python benchmarks/gpu_turns.py
-stage "${PROFILE_SECONDS:-70}" "$out/profile.log" $python benchmarks/gpu_profile.py \
+stage "${PROFILE_SECONDS:-60}" "$out/profile.log" $python benchmarks/gpu_profile.py \
   --case gpt85m-bf16 --steps 21 --out "$out/profile"

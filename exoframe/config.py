@@ -58,6 +58,11 @@ class RunConfig:
         False, help="Run every node, the simulator and the evaluator in this process (the nodes "
         "as one worker in a thread, as under --nodes-per-process): a breakpoint in a strategy "
         "stops there, and nothing is forked. Same results as a forked run.")
+    offload: bool = option(
+        False, help="Keep each packed node's state (weights, gradients, optimizer state, "
+        "DiLoCo's global model) in pinned host memory between its turns on the GPU, so that "
+        "more nodes share a GPU than its memory holds (engine/node/offload.py); nodes packed "
+        "on a CUDA GPU only.")
     steps: int = option(300, help="Training steps per rank.")
     batch_size: typing.Optional[int] = option(None, help="Per-rank batch size.",
                                               unset="workload's")

@@ -7,6 +7,7 @@ import math
 import os
 
 import pytest
+import torch
 from conftest import SMALL_GPT, helper_processes
 from test_packing import FailsOnRankTwo, _alive, _parent
 
@@ -43,6 +44,15 @@ def test_nodes_packed_on_one_gpu_equal_a_process_per_node(strategy, params):
             assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-4, abs=1e-5)
     for p, q in zip(packed.model.parameters(), apart.model.parameters()):
         assert (p - q).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("strategy,params", STRATEGIES[1:3])
+def test_offloaded_nodes_on_the_gpu_give_the_same_records(strategy, params):
+    """Each node's state in pinned host memory between its turns (--offload): the same bits."""
+    resident, offloaded = run(strategy, params), run(strategy, params, offload=True)
+    assert offloaded.metrics == resident.metrics
+    for p, q in zip(offloaded.model.parameters(), resident.model.parameters()):
+        assert torch.equal(p, q)
 
 
 def test_more_nodes_than_the_gpu_holds_are_refused_in_one_line():

@@ -215,6 +215,8 @@ def test_a_placement_is_each_nodes_process_device_and_backend():
     ({"in_process": True, "nodes_per_process": 2}, "in_process: every node runs in this "
                                                    "process, as one worker; drop "
                                                    "nodes_per_process or give it 4"),
+    ({"offload": True}, "offload: nodes' state moves between a CUDA GPU and host memory, and "
+                        "these nodes train on"),
     ({"nodes_per_process": 1, "nodes": 1000}, "nodes_per_process: 1000 nodes at 1 per process "
                                               "make more than {workers} workers.*give at least "
                                               "{least},"),

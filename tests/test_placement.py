@@ -70,7 +70,30 @@ def test_a_gpu_with_too_little_memory_is_refused_saying_how_many_fit():
     # a worker's folds of them in float64, the last held model and a float32 copy.
     model = torch.nn.Linear(1000, 1000)
     assert node_memory(model, "adamw") == NodeMemory(6 * 4 * (1000 * 1000 + 1000),
-                                                     6 * 4 * (1000 * 1000 + 1000))
+                                                     6 * 4 * (1000 * 1000 + 1000),
+                                                     4 * (1000 * 1000 + 1000))
+
+
+def test_offloaded_nodes_are_admitted_by_what_stays_on_the_gpu():
+    """Under --offload a GPU holds what each node keeps there between turns and two nodes'
+    whole state; the refusal without it names --offload."""
+    small = Machine(cores=16, gpu_memory=(GPU_RESERVED_BYTES + 12 * GIB,))
+    memory = NodeMemory(node=GIB, worker=2 * GIB, kept=GIB // 8)
+    with pytest.raises(ExoframeError, match="10 fit there.*or --offload"):
+        place(11, None, "cuda", False, machine=small, memory=memory)
+    # 12 GiB less the worker's 2 and two nodes' 2: 8 GiB of 1/8 GiB each.
+    offloaded = place(64, None, "cuda", False, machine=small, memory=memory, offload=True)
+    assert offloaded.offload and offloaded.nodes_per_process == 64
+    with pytest.raises(ExoframeError) as refused:
+        place(65, None, "cuda", False, machine=small, memory=memory, offload=True)
+    line = str(refused.value)
+    assert "\n" not in line and "65 nodes on GPU 0 with --offload" in line
+    assert "64 fit there" in line
+    # Only nodes taking turns on a GPU leave it.
+    with pytest.raises(ExoframeError, match="offload: only nodes that take turns on a GPU"):
+        place(4, 1, "cuda", False, machine=small, memory=memory, offload=True)
+    with pytest.raises(ExoframeError, match="offload: nodes' state moves between a CUDA GPU"):
+        place(64, None, "cpu", False, machine=CPU, offload=True)
 
 
 def test_under_torchrun_a_process_per_rank_and_no_packing():

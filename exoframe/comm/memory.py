@@ -155,6 +155,14 @@ class Pack:
         else:
             self.post(self.index + 1, Folded(key, to_bytes(total), total=False))
 
+    def held_tensors(self):
+        """The local tensors this process's exchanges still hold (a node's part, kept by
+        reference until every node has taken the result)."""
+        for gather in self.gathers.values():
+            yield from (p for p in gather.parts.values() if isinstance(p, torch.Tensor))
+            if gather.like is not None:
+                yield gather.like
+
     def take(self, key: tuple, ready, compute):
         """Wait until ready(gather) holds; the result, computed once by compute(gather)
         (outside the node's compute), for one local node."""

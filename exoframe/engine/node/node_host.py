@@ -7,7 +7,7 @@ memory and take turns. The node's code (rank.py's train) is the same on both."""
 from __future__ import annotations
 
 import datetime
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,10 @@ class NodeHost(Protocol):
 
     def join(self, rank: int, job: Job) -> tuple[torch.device, Exchange, torch.nn.Module]:
         """The node's device, exchange and model (on that device), once the node starts."""
+
+    def keeps(self, state: Callable[[], Iterable[torch.Tensor]]):
+        """How to list the node's state (weights, gradients, optimizer and strategy state),
+        once it has one: a packed node's may leave the GPU between its turns."""
 
     def add_models(self, strategy, rank: int, step: int, live: bool, held: bool,
                    replicas: bool, device):
@@ -59,6 +63,9 @@ class OwnProcess:
             torch.cuda.set_device(device)  # NCCL's communicator and the default CUDA stream
         exchange = TorchExchange(p2p_group=join_group(rank, job.nodes, rendezvous, device))
         return device, exchange, job.model.to(device)
+
+    def keeps(self, state):
+        pass  # (its GPU, if any, is its own: the state stays there)
 
     def add_models(self, *models):
         self.send(model_state.add_models(None, *models))

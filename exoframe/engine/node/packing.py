@@ -42,6 +42,8 @@ from ..ipc.processes import STACK_SIGNAL
 from ..ipc.sender import Sender
 from . import model_state
 from .node_globals import TURNS, NodeGlobals
+from .offload import OffloadedState, storage_ids
+from .loop import warm_up
 from .rank import measures, train
 
 # A node that does not wait runs up to this many steps before the next node's turn: each
@@ -83,6 +85,8 @@ class Node:
         self.globals = NodeGlobals(hub.cuda)
         self.gpu_seconds, self.turn_start = 0.0, None  # its GPU time (hub.gpu_timing)
         self.off_spans: list = []  # its exchanges' GPU work this turn: (start, end) events
+        self.state = None  # () -> its state's tensors (Rank.state_tensors), once it has one
+        self.offloaded = OffloadedState(hub.device) if hub.offload else None
 
     def timer(self) -> float:
         """The CPU time this node has run (its compute under --compute measured)."""
@@ -134,11 +138,14 @@ class Hub:
     what they said, reads what came, and again."""
 
     def __init__(self, conn, peers: dict, index: int, home: list, evaluator, ranks: list,
-                 device: torch.device = torch.device("cpu"), gpu_timing: bool = False):
+                 device: torch.device = torch.device("cpu"), gpu_timing: bool = False,
+                 offload: bool = False):
         """conn: the pipe to the launcher; peers: worker index -> pipe to it; evaluator:
         the pipe to the evaluator; ranks: the worker's nodes; device: theirs; gpu_timing:
-        time each node's turns on the GPU (measured compute on a GPU)."""
+        time each node's turns on the GPU (measured compute on a GPU); offload: keep each
+        node's state in host memory between its turns (engine/node/offload.py)."""
         self.main = greenlet.getcurrent()
+        self.device, self.offload = device, offload
         self.cuda, self.gpu_timing = device.type == "cuda", gpu_timing
         self.sender = Sender()
         self.sender.start()
@@ -272,6 +279,8 @@ class Hub:
 
     def _turn(self, node: Node):
         self.current = node
+        if node.offloaded is not None:
+            node.offloaded.unpark()
         node.globals.swap_in()
         if self.gpu_timing:
             node.turn_start = torch.cuda.Event(enable_timing=True)
@@ -291,6 +300,8 @@ class Hub:
         node.globals.swap_out()
         if node.glet.dead:
             del self.nodes[node.rank]
+        elif node.offloaded is not None and node.state is not None:
+            node.offloaded.park(node.state(), storage_ids(self.pack.held_tensors()))
 
     def _flush(self):
         self.flushed_at = time.monotonic()
@@ -345,6 +356,9 @@ class PackedNode:
         self.node = node
         self.timer = node.gpu_timer if gpu_timing else node.timer
 
+    def keeps(self, state):
+        self.node.state = state
+
     def join(self, rank: int, job):
         device = job.placement.device_of(rank)
         return (device, MemoryExchange(rank, self.node.hub.pack),
@@ -367,7 +381,10 @@ def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: di
     if device.type == "cuda":
         torch.cuda.set_device(device)
     gpu_timing = device.type == "cuda" and measures(job)
-    hub = Hub(conn, peers, index, home, evaluator, list(ranks), device, gpu_timing)
+    if gpu_timing:
+        warm_up(job, batches[ranks[0]], device)
+    hub = Hub(conn, peers, index, home, evaluator, list(ranks), device, gpu_timing,
+              job.placement.offload)
     if stack_path is not None:  # (None: a thread of the launcher's process, InProcess)
         write_stacks_on(STACK_SIGNAL, stack_path, hub)
     for rank in ranks:

@@ -84,6 +84,7 @@ def train(rank: int, job: Job, batches: Batches, conn: Conn, host: NodeHost):
     device, exchange, model = host.join(rank, job)
     seed_rank(job.seed, rank, device)
     me = Rank(rank, job, model, device, exchange, batches, conn, host)
+    host.keeps(me.state_tensors)
     first = me.resume()
     model.train()
     me.clock.skip()
@@ -152,6 +153,11 @@ class Rank:
     def pieces(self) -> tuple:
         """What a checkpoint of the rank holds (engine/records/rank_state.py)."""
         return (self.model, self.strategy, self.batches, self.clock, self.comm, self.precision)
+
+    def state_tensors(self) -> list:
+        """What the node keeps between its steps: the strategy's state as a node back from
+        a failure takes it (weights, buffers, optimizer and strategy state), and gradients."""
+        return [*self.strategy.recovery_tensors(), *(p.grad for p in self.model.parameters())]
 
     def resume(self) -> int:
         """The first step to train: 1, or the one after a resumed run's checkpoint."""

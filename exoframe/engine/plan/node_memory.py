@@ -27,17 +27,25 @@ STRATEGY_SLOTS = 2  # the most a built-in strategy keeps beside the model (DiLoC
 WORKER_SLOTS = 6
 
 
+# What a node keeps on its GPU while its state is offloaded (engine/node/offload.py moves
+# the weights, gradients, optimizer state and DiLoCo's global model): a strategy's other
+# state, such as a compressor's error feedback, in parameter-sized slots.
+KEPT_WHEN_OFFLOADED_SLOTS = 1
+
+
 @dataclass(frozen=True)
 class NodeMemory:
     node: int  # bytes one node keeps on its GPU between its steps
     worker: int  # bytes a worker of packed nodes keeps beside them
+    kept: int = 0  # bytes a node keeps on its GPU between its turns under --offload
 
 
 def node_memory(model: torch.nn.Module, optimizer: str) -> NodeMemory:
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     slots = 2 + OPTIMIZER_SLOTS.get(optimizer.lower(), 2) + STRATEGY_SLOTS  # weights, grads
-    return NodeMemory(params * slots + buffers, params * WORKER_SLOTS)
+    return NodeMemory(params * slots + buffers, params * WORKER_SLOTS,
+                      params * KEPT_WHEN_OFFLOADED_SLOTS)
 
 
 def check_host_memory(model: torch.nn.Module, optimizer: str, nodes: int, nodes_on_host: bool,

@@ -73,6 +73,7 @@ class Placement:
     groups: tuple
     gpus: int = 0  # the GPUs visible (device cuda: ranks or workers round-robin over them)
     in_process: bool = False  # every node in the launcher's process (engine/launch/hosting.py)
+    offload: bool = False  # packed nodes' state in host memory between turns (node/offload.py)
 
     @property
     def packed(self) -> bool:
@@ -93,12 +94,14 @@ class Placement:
 
 def place(nodes: int, asked: Optional[int], device: str, real_network: bool,
           device_asked: str = "", machine: Machine | None = None,
-          memory: NodeMemory | None = None, in_process: bool = False) -> Placement:
+          memory: NodeMemory | None = None, in_process: bool = False,
+          offload: bool = False) -> Placement:
     """asked: the user's nodes_per_process (None: chosen here); device: resolved;
     device_asked: as the user gave it (for the error line); machine: this machine's facts
     (default: read now); memory: what a node and a worker keep on a GPU
     (engine/plan/node_memory.py), to admit nodes packed on a GPU; in_process: every node in
-    the launcher's process, as one worker."""
+    the launcher's process, as one worker; offload: packed nodes keep their state in host
+    memory between their turns."""
     machine = machine or Machine.current(with_gpus=device.startswith("cuda"))
     torchrun = machine.torchrun
     if in_process:
@@ -114,7 +117,9 @@ def place(nodes: int, asked: Optional[int], device: str, real_network: bool,
     placement = Placement(nodes, device, per_process,
                           backend(device, torchrun.local_world_size if torchrun else nodes,
                                   machine.gpus),
-                          tuple(map(tuple, groups)), machine.gpus, in_process)
+                          tuple(map(tuple, groups)), machine.gpus, in_process, offload)
+    if offload:
+        check_offload(placement, device_asked or device)
     if per_process is not None and device.startswith("cuda") and memory is not None:
         admit(placement, machine, memory)
     return placement
@@ -196,8 +201,26 @@ def check_in_process(nodes: int, asked: Optional[int], device: str, real_network
                             "drop it or use --device cpu.")
 
 
+def check_offload(placement: Placement, device_asked: str):
+    """Offloading moves packed nodes' state between their GPU and host memory."""
+    if not placement.device.startswith("cuda"):
+        raise ExoframeError(f"offload: nodes' state moves between a CUDA GPU and host memory, "
+                            f"and these nodes train on {device_asked or placement.device}, "
+                            "where it already is; drop --offload or use --device cuda.")
+    if not placement.packed or len(placement.groups) == placement.nodes:
+        raise ExoframeError("offload: only nodes that take turns on a GPU (packed in a "
+                            "worker) leave it between turns, and here each node is a process "
+                            "of its own; drop --offload or give --nodes-per-process above 1.")
+
+
+# Under --offload a GPU holds two nodes' state at a time: the node whose turn it is, and
+# the one before it, whose copies to host memory are still on their way.
+RESIDENT_WHEN_OFFLOADED = 2
+
+
 def admit(placement: Placement, machine: Machine, memory: NodeMemory):
-    """Refuse, in one line, a packing whose nodes' state does not fit their GPU."""
+    """Refuse, in one line, a packing whose nodes' state does not fit their GPU (under
+    --offload: what a node keeps there between turns, and two nodes' whole state)."""
     per_gpu, workers = {}, {}
     for group in placement.groups:
         index = placement.device_of(group[0]).index or 0
@@ -206,20 +229,34 @@ def admit(placement: Placement, machine: Machine, memory: NodeMemory):
 
     def fits(index: int) -> int:
         free = machine.gpu_memory[index] - GPU_RESERVED_BYTES - workers[index] * memory.worker
-        return max(0, free // memory.node)
+        if not placement.offload:
+            return max(0, free // memory.node)
+        free -= workers[index] * RESIDENT_WHEN_OFFLOADED * memory.node
+        if free < 0:
+            return 0
+        return free // memory.kept if memory.kept else per_gpu[index]
 
     known = [i for i in per_gpu if i < machine.gpus and machine.gpu_memory[i] is not None]
     for index in sorted(known):  # (where the driver did not say, CUDA's own error will)
         count, has = per_gpu[index], machine.gpu_memory[index]
-        if count > fits(index):
-            raise ExoframeError(
-                f"nodes: {count} nodes on GPU {index} need about {gib(count * memory.node)} for "
-                f"their parameters, gradients, optimizer and strategy state "
-                f"({gib(memory.node)} each), and it has {gib(has)} ({gib(GPU_RESERVED_BYTES)} "
-                f"kept for the CUDA contexts and the evaluator, {gib(memory.worker)} per worker "
-                f"for folding models to validate): {fits(index)} fit there, "
-                f"{sum(map(fits, known))} on the GPUs used. Give fewer nodes, a smaller "
-                "model, or more GPUs (--device cuda).")
+        if count <= fits(index):
+            continue
+        if placement.offload:
+            need = (f"with --offload keep about {gib(count * memory.kept)} there between "
+                    f"turns (a strategy's state beside the weights and optimizer, "
+                    f"{gib(memory.kept)} each) beside two nodes' whole state "
+                    f"({gib(memory.node)} each)")
+            fix = "Give fewer nodes, a smaller model, or more GPUs (--device cuda)."
+        else:
+            need = (f"need about {gib(count * memory.node)} for their parameters, gradients, "
+                    f"optimizer and strategy state ({gib(memory.node)} each)")
+            fix = ("Give fewer nodes, a smaller model, more GPUs (--device cuda), or --offload "
+                   "(each node's state in host memory between its turns).")
+        raise ExoframeError(
+            f"nodes: {count} nodes on GPU {index} {need}, and it has {gib(has)} "
+            f"({gib(GPU_RESERVED_BYTES)} kept for the CUDA contexts and the evaluator, "
+            f"{gib(memory.worker)} per worker for folding models to validate): {fits(index)} "
+            f"fit there, {sum(map(fits, known))} on the GPUs used. {fix}")
 
 
 def gib(nbytes: float) -> str:

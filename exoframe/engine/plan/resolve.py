@@ -170,7 +170,8 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         steps=steps, batch_size=batch_size,
         placement=place(config.nodes, config.nodes_per_process, device, sim.real, config.device,
                         memory=node_memory(model, optimizer.name)
-                        if device.startswith("cuda") else None, in_process=config.in_process),
+                        if device.startswith("cuda") else None, in_process=config.in_process,
+                        offload=config.offload),
         sim=sim,
         # A target is judged at every step, so the time to reach it is resolved to one step.
         eval_every=1 if config.target_loss is not None else
@@ -286,7 +287,8 @@ def check_model_memory(config: RunConfig, workload: Workload):
             model = workload.build_model()
     except Exception:  # a model that needs real tensors to be built: built as it is
         return
-    on_host = not devices.resolve(config.device).startswith("cuda")  # (else GPU admission)
+    # (else GPU admission; offloaded nodes keep their state in this machine's memory)
+    on_host = config.offload or not devices.resolve(config.device).startswith("cuda")
     check_host_memory(model, config.optimizer, config.nodes, on_host,
                       workload.sized_by or f"workload '{config.workload}'")
 
