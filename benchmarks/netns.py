@@ -53,13 +53,15 @@ class Emulation:
     (site a, site b) -> bytes/s of the directed link between them."""
 
     def __init__(self, tag: str, uplink, downlink, site_of, inter: dict,
-                 congestion_control: str | None = None):
+                 congestion_control: str | None = None, sysctls: dict | None = None):
         self.tag = tag
         self.uplink, self.downlink, self.site_of = list(uplink), list(downlink), list(site_of)
         self.inter = dict(inter)
         self.congestion_control = congestion_control
+        self.sysctls = dict(sysctls or {})  # set in every rank's namespace (its own TCP stack)
         self.created: list[str] = []
         self.shaped: list[tuple[str, str]] = []  # (namespace, device)
+        self.allowed_before: str | None = None  # the machine's list, while widened
 
     @property
     def switch(self) -> str:
@@ -105,7 +107,10 @@ class Emulation:
         for rank, site in enumerate(self.site_of):
             ns = self.rank_ns(rank)
             self._netns(ns)
+            for key, value in self.sysctls.items():
+                self._in(ns, "sysctl", "-q", "-w", f"{key}={value}")
             if self.congestion_control:
+                self._allow(self.congestion_control)
                 self._in(ns, "sysctl", "-q", "-w",
                          f"net.ipv4.tcp_congestion_control={self.congestion_control}")
             self._veth(ns, DATA_IF, f"p{rank}", f"bd{site}", f"{self.data_addr(rank)}/24")
@@ -119,6 +124,19 @@ class Emulation:
                 for x, y in ((a, b), (b, a)):
                     self._in(sw, "ip", "link", "set", f"w{x}_{y}", "master", f"bd{x}", "up")
             self._shape(sw, f"w{a}_{b}", rate)
+
+    def _allow(self, algorithm: str):
+        """A namespace may pick only a congestion control the machine allows: add it to the
+        machine's list while the emulation lasts (close() puts the list back)."""
+        key = "net.ipv4.tcp_allowed_congestion_control"
+        allowed = sh("sysctl", "-n", key).split()
+        if algorithm in allowed:
+            return
+        if algorithm not in sh("sysctl", "-n", "net.ipv4.tcp_available_congestion_control").split():
+            raise EmulationError(f"congestion control {algorithm} is not available here "
+                                 f"(modprobe tcp_{algorithm}).")
+        self.allowed_before = " ".join(allowed)
+        sh("sysctl", "-q", "-w", f"{key}={' '.join([*allowed, algorithm])}")
 
     def _bridge(self, name: str):
         self._in(self.switch, "ip", "link", "add", name, "type", "bridge")
@@ -164,6 +182,10 @@ class Emulation:
                     pass
             sh("ip", "netns", "del", ns, check=False)
         self.created.clear()
+        if self.allowed_before is not None:
+            sh("sysctl", "-q", "-w",
+               f"net.ipv4.tcp_allowed_congestion_control={self.allowed_before}", check=False)
+            self.allowed_before = None
 
 
 def leftovers(tag: str) -> list[str]:

@@ -114,6 +114,22 @@ def test_diloco_keeps_the_compute_busier_than_ddp_on_a_wan():
     assert utilization["diloco"] > 2 * utilization["ddp"], utilization
 
 
+def test_compute_beside_exchanges_in_flight_is_counted_and_said():
+    """Streaming DiLoCo (H=4, 2 fragments, tau=1) syncs fragments at steps 2, 4, 6 and 8;
+    each but the last is in flight through one step's compute: 3 of 8 steps. The run's
+    table says what such exchanges leave out; ddp, which overlaps nothing, says nothing."""
+    from exoframe.report import summary_table
+    from exoframe.report.summary import OVERLAP_NOTE
+
+    _, streaming = run(strategy="streaming-diloco", strategy_params={"H": 4, "fragments": 2},
+                       nodes=2, steps=8, net="wan-100mbps", compute="fixed:10ms")
+    assert streaming.summary["overlapped_compute_share"] == pytest.approx(3 / 8, rel=1e-12)
+    assert OVERLAP_NOTE.format(share=3 / 8) in summary_table(streaming.summary)
+    _, ddp = run(strategy="ddp", nodes=2, steps=2, net="wan-100mbps", compute="fixed:10ms")
+    assert ddp.summary["overlapped_compute_share"] == 0
+    assert "overlapped exchanges" not in summary_table(ddp.summary)
+
+
 class Orphan(exoframe.Strategy):
     """Rank 0 waits for a message that rank 1 never sends."""
 

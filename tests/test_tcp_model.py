@@ -108,3 +108,32 @@ def test_presets_of_real_networks_model_tcp_and_ideal_does_not():
     for name in ("ideal", "nvlink", "dc-100gbps"):
         assert load_network(name, networks).topology(2).protocol is None, name
     assert math.isinf(load_network("ideal", networks).topology(2).uplink[0])
+
+
+def test_the_emulated_benchmarks_held_out_cases_are_apart_from_those_fitted_on():
+    """benchmarks/emulated_network.py checks the model's measured constants on cases that
+    were not used to fit them: at least 12 runs (ddp and diloco), each differing from every
+    fitted case in its network, payload size, step count or congestion control, and the
+    held-out set covers each of those kinds of difference."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import emulated_network
+
+    cases = emulated_network.cases(4).values()
+    fit = [c for c in cases if not c.held_out]
+    held_out = [c for c in cases if c.held_out]
+
+    def setup(case):
+        return (repr(case.network), case.seconds_per_exchange, case.steps,
+                case.congestion or "bbr")
+    fitted = {setup(c) for c in fit}
+    assert not {setup(c) for c in held_out} & fitted
+    assert len(held_out) * len(("ddp", "diloco")) >= 12
+    assert {"ddp", "diloco"} <= set(emulated_network.STRATEGIES)
+    networks = {repr(c.network) for c in fit}
+    assert any(repr(c.network) not in networks for c in held_out)  # layouts, bandwidths
+    assert any(c.seconds_per_exchange not in {f.seconds_per_exchange for f in fit}
+               for c in held_out)  # payload sizes
+    assert any(c.steps is not None for c in held_out)  # step counts
+    assert any(c.congestion == "cubic" for c in held_out)

@@ -108,8 +108,8 @@ def _execute(job, folder, config_record, progress, progress_every, on_row, clust
             rank_state.save(folder.path / "model.pt", job.model.state_dict())
         if job.sim.real:  # wall-clock waits split into transfers and waits for peers
             split_measured(result.rank_results)
-        trace = build_trace(job, [r.pop("trace") for r in result.rank_results], result.steps)
         summary = {"status": "completed", **build_summary(job, rows, result)}
+        trace = build_trace(job, [r.pop("trace") for r in result.rank_results], result.steps)
         if resuming:  # the steps up to it ran in an earlier process
             summary["resumed_from_step"] = job.resume_from.step
         if folder and records_replaced:  # (a resume that had no step to go: nothing changes)

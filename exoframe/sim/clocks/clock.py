@@ -79,6 +79,23 @@ def operation_key(sequence: dict, kind: str, participants: tuple) -> tuple:
     return ("p", *participants, count) if point_to_point else ("c", participants, count)
 
 
+def overlapped_compute(trace: list) -> float:
+    """The compute seconds a RankClock's trace charged while one of the rank's non-blocking
+    operations was in flight (started, not yet waited for nor answered done): compute that
+    the simulator runs beside an exchange, whose network time it leaves to the network
+    alone, as if the host's CPU were free for the exchange meanwhile."""
+    in_flight, seconds = set(), 0.0
+    for entry in trace:
+        tag = entry[0]
+        if tag == "o" and not entry[7]:
+            in_flight.add(entry[1])
+        elif tag == "w" or (tag == "t" and entry[2]):
+            in_flight.discard(entry[1])
+        elif tag == "c" and in_flight:
+            seconds += entry[1]
+    return seconds
+
+
 class RankClock:
     def __init__(self, rank: int, port, compute: ComputeClock, topology_algorithms: dict,
                  algorithms: dict, topology: Topology | None = None):
