@@ -57,7 +57,8 @@ class Case:
     seconds_per_exchange: float  # the all-reduce's size is chosen to take about this long
     held_out: bool = False  # checked only: no model constant was fitted on it
     steps: int | None = None  # None: the strategy's (STRATEGIES)
-    congestion: str | None = None  # the ranks' TCP congestion control (None: the machine's)
+    # The ranks' TCP congestion control: the model's constants were measured with BBR.
+    congestion: str = "bbr"
 
 
 def star(rate: str) -> dict:
@@ -315,8 +316,9 @@ def error_line(results: list[dict]) -> str:
 def parse_options(names):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="fit",
-                        help=f"comma-separated, of: {', '.join(names)}; or 'fit' (the default) "
-                             "or 'held-out'")
+                        help=f"comma-separated: 'fit' (the default: the cases the model's "
+                             f"constants were fitted on), 'held-out' (the cases only checked), or "
+                             f"names among {', '.join(names)}")
     # streaming-diloco (add it with --strategies) overlaps its exchanges with compute, and
     # on 2 cores its gloo threads wait for the cores the ranks compute on: a cost of the
     # machine that the network model does not have (README: "How close...").
@@ -366,10 +368,11 @@ def main() -> int:
                   f"{', '.join(STRATEGIES)}.", file=sys.stderr)
             return 2
     protocol = yaml.safe_load(options.protocol)
-    sysctls = dict(item.split("=", 1) for item in options.rank_sysctl if "=" in item)
-    if len(sysctls) != len(options.rank_sysctl):
-        print("--rank-sysctl: give KEY=VALUE.", file=sys.stderr)
+    if any("=" not in item for item in options.rank_sysctl):
+        print("--rank-sysctl: give KEY=VALUE, e.g. net.ipv4.tcp_slow_start_after_idle=0.",
+              file=sys.stderr)
         return 2
+    sysctls = dict(item.split("=", 1) for item in options.rank_sysctl)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, stop_on_signal)
     tag = f"b{os.getpid()}"
@@ -377,7 +380,8 @@ def main() -> int:
     try:
         check_can_emulate()
         congestion = sh("sysctl", "-n", "net.ipv4.tcp_congestion_control").strip()
-        print(f"{options.nodes} ranks; TCP congestion control: {congestion}; "
+        print(f"{options.nodes} ranks; TCP congestion control: each case's (bbr unless its "
+              f"name says cubic; this machine's default: {congestion}); "
               f"{os.cpu_count()} CPUs", flush=True)
         with tempfile.TemporaryDirectory(prefix="exoframe-emulated-") as scratch:
             workdir = options.keep or scratch

@@ -231,7 +231,8 @@ def _comm_rows(summary: dict) -> list:
              f"communicating (not hidden behind compute) / "
              f"{format_seconds(summary['idle_seconds_per_node'])} waiting for peers")]
     overlapped = summary.get("overlapped_compute_share")
-    if overlapped:
+    if overlapped and overlapped >= 0.005 and summary.get("bottleneck_bandwidth") not in (
+            None, float("inf")):  # (on an ideal network an exchange takes no time)
         rows.append(("overlapped exchanges", OVERLAP_NOTE.format(share=overlapped)))
     return rows
 

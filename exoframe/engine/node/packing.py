@@ -382,7 +382,8 @@ def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: di
         torch.cuda.set_device(device)
     gpu_timing = device.type == "cuda" and measures(job)
     if gpu_timing:
-        warm_up(job, batches[ranks[0]], device)
+        with TURNS:  # (its generators are the process's: no evaluator thread draws meanwhile)
+            warm_up(job, batches[ranks[0]], device)
     hub = Hub(conn, peers, index, home, evaluator, list(ranks), device, gpu_timing,
               job.placement.offload)
     if stack_path is not None:  # (None: a thread of the launcher's process, InProcess)

@@ -28,9 +28,11 @@ WORKER_SLOTS = 6
 
 
 # What a node keeps on its GPU while its state is offloaded (engine/node/offload.py moves
-# the weights, gradients, optimizer state and DiLoCo's global model): a strategy's other
-# state, such as a compressor's error feedback, in parameter-sized slots.
-KEPT_WHEN_OFFLOADED_SLOTS = 1
+# the weights, gradients, optimizer state and what the strategy gives a node back from a
+# failure, such as DiLoCo's global model), in parameter-sized slots: a strategy's other
+# state (a streaming fragment's global copy and momentum, error feedback), and its part of
+# an exchange in flight, which stays while the exchange holds it.
+KEPT_WHEN_OFFLOADED_SLOTS = STRATEGY_SLOTS + 1
 
 
 @dataclass(frozen=True)
@@ -48,14 +50,21 @@ def node_memory(model: torch.nn.Module, optimizer: str) -> NodeMemory:
                       params * KEPT_WHEN_OFFLOADED_SLOTS)
 
 
+# Pinned host memory comes in blocks of a power of two bytes (torch's host allocator): an
+# offloaded node's state may take up to twice its size there.
+PINNED_ROUNDING = 2
+
+
 def check_host_memory(model: torch.nn.Module, optimizer: str, nodes: int, nodes_on_host: bool,
-                      sized_by: str):
+                      sized_by: str, pinned: bool = False):
     """The launcher's and the evaluator's copies of `model` and, for nodes on the CPU (or
-    an Apple GPU, which shares its memory), every node's (node_memory), against this
-    machine's free memory. sized_by: the input that decided the model's size."""
+    an Apple GPU, which shares its memory, or offloaded to pinned memory: `pinned`), every
+    node's (node_memory), against this machine's free memory. sized_by: the input that
+    decided the model's size."""
     size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     who = f"{nodes} nodes with {optimizer}'s state" if nodes_on_host else "its copies"
+    per_node = node_memory(model, optimizer).node * (PINNED_ROUNDING if pinned else 1)
     check_fits(f"{sized_by}, a model of {sum(p.numel() for p in model.parameters()):,} "
                f"parameters (~{gigabytes(size)}); {who} need",
-               2 * size + (nodes * node_memory(model, optimizer).node if nodes_on_host else 0),
+               2 * size + (nodes * per_node if nodes_on_host else 0),
                "give a smaller model (-w) or fewer nodes (--nodes)")

@@ -213,25 +213,27 @@ def check_offload(placement: Placement, device_asked: str):
                             "of its own; drop --offload or give --nodes-per-process above 1.")
 
 
-# Under --offload a GPU holds two nodes' state at a time: the node whose turn it is, and
-# the one before it, whose copies to host memory are still on their way.
+# Under --offload a worker's GPU holds the whole state of the node whose turn it is, and
+# room for one more: the next node's state regrows into the blocks the last one freed (in
+# stream order: no copy is waited for), which the caching allocator may not fit exactly.
 RESIDENT_WHEN_OFFLOADED = 2
 
 
 def admit(placement: Placement, machine: Machine, memory: NodeMemory):
     """Refuse, in one line, a packing whose nodes' state does not fit their GPU (under
     --offload: what a node keeps there between turns, and two nodes' whole state)."""
-    per_gpu, workers = {}, {}
+    per_gpu, workers, resident = {}, {}, {}
     for group in placement.groups:
         index = placement.device_of(group[0]).index or 0
         per_gpu[index] = per_gpu.get(index, 0) + len(group)
         workers[index] = workers.get(index, 0) + 1
+        resident[index] = resident.get(index, 0) + min(RESIDENT_WHEN_OFFLOADED, len(group))
 
     def fits(index: int) -> int:
         free = machine.gpu_memory[index] - GPU_RESERVED_BYTES - workers[index] * memory.worker
         if not placement.offload:
             return max(0, free // memory.node)
-        free -= workers[index] * RESIDENT_WHEN_OFFLOADED * memory.node
+        free -= resident[index] * memory.node
         if free < 0:
             return 0
         return free // memory.kept if memory.kept else per_gpu[index]
@@ -243,15 +245,16 @@ def admit(placement: Placement, machine: Machine, memory: NodeMemory):
             continue
         if placement.offload:
             need = (f"with --offload keep about {gib(count * memory.kept)} there between "
-                    f"turns (a strategy's state beside the weights and optimizer, "
-                    f"{gib(memory.kept)} each) beside two nodes' whole state "
-                    f"({gib(memory.node)} each)")
+                    f"turns (a strategy's other state and its part of an exchange in "
+                    f"flight, {gib(memory.kept)} each) beside the running node's whole state "
+                    f"and room for another's ({gib(memory.node)} each)")
             fix = "Give fewer nodes, a smaller model, or more GPUs (--device cuda)."
         else:
             need = (f"need about {gib(count * memory.node)} for their parameters, gradients, "
                     f"optimizer and strategy state ({gib(memory.node)} each)")
-            fix = ("Give fewer nodes, a smaller model, more GPUs (--device cuda), or --offload "
-                   "(each node's state in host memory between its turns).")
+            fix = "Give fewer nodes, a smaller model, or more GPUs (--device cuda)"
+            fix += (", or --offload (each node's state in host memory between its turns)."
+                    if len(placement.groups) < placement.nodes else ".")
         raise ExoframeError(
             f"nodes: {count} nodes on GPU {index} {need}, and it has {gib(has)} "
             f"({gib(GPU_RESERVED_BYTES)} kept for the CUDA contexts and the evaluator, "

@@ -288,9 +288,10 @@ def check_model_memory(config: RunConfig, workload: Workload):
     except Exception:  # a model that needs real tensors to be built: built as it is
         return
     # (else GPU admission; offloaded nodes keep their state in this machine's memory)
-    on_host = config.offload or not devices.resolve(config.device).startswith("cuda")
-    check_host_memory(model, config.optimizer, config.nodes, on_host,
-                      workload.sized_by or f"workload '{config.workload}'")
+    cuda = devices.resolve(config.device).startswith("cuda")
+    check_host_memory(model, config.optimizer, config.nodes, config.offload or not cuda,
+                      workload.sized_by or f"workload '{config.workload}'",
+                      pinned=config.offload and cuda)
 
 
 def _user_code(call, what: str, params: dict):

@@ -81,13 +81,14 @@ def operation_key(sequence: dict, kind: str, participants: tuple) -> tuple:
 
 def overlapped_compute(trace: list) -> float:
     """The compute seconds a RankClock's trace charged while one of the rank's non-blocking
-    operations was in flight (started, not yet waited for nor answered done): compute that
+    collectives was in flight (started, not yet waited for nor answered done): compute that
     the simulator runs beside an exchange, whose network time it leaves to the network
-    alone, as if the host's CPU were free for the exchange meanwhile."""
+    alone, as if the host's CPU were free for the exchange meanwhile. (A receive posted
+    ahead, as a server's, waits for a peer rather than moving bytes: not counted.)"""
     in_flight, seconds = set(), 0.0
     for entry in trace:
         tag = entry[0]
-        if tag == "o" and not entry[7]:
+        if tag == "o" and not entry[7] and entry[3] not in ("send", "recv"):
             in_flight.add(entry[1])
         elif tag == "w" or (tag == "t" and entry[2]):
             in_flight.discard(entry[1])
