@@ -61,9 +61,8 @@ class RunConfig:
     offload: bool = option(
         False, help="Keep each packed node's state (weights, gradients, optimizer state, "
         "DiLoCo's global model and outer momentum) in pinned host memory between its turns "
-        "on the GPU, so that "
-        "more nodes share a GPU than its memory holds (engine/node/offload.py); nodes packed "
-        "on a CUDA GPU only.")
+        "on the GPU, so that more nodes share a GPU than its memory holds "
+        "(engine/node/offload.py); nodes packed on a CUDA GPU only.")
     steps: int = option(300, help="Training steps per rank.")
     batch_size: typing.Optional[int] = option(None, help="Per-rank batch size.",
                                               unset="workload's")

@@ -115,7 +115,8 @@ def evaluate(job: Job, val_set: ValidationSet, readers: list, conn):
     rank 0's device."""
     torch.set_num_threads(job.threads)
     evaluations = Evaluations(job, val_set, conn.send)
-    own = NodeGlobals(cuda=False)  # (its random generators: a metric may draw)
+    with TURNS:  # (under --in-process the nodes' threads read the same generators now)
+        own = NodeGlobals(cuda=False)  # (its random generators: a metric may draw)
     reading = [conn, *readers]
     while True:
         for source in multiprocessing.connection.wait(reading):

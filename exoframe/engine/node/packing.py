@@ -41,9 +41,9 @@ from ..ipc.messages import Bundle, CheckpointLate, NodeMessage, StepDone
 from ..ipc.processes import STACK_SIGNAL
 from ..ipc.sender import Sender
 from . import model_state
+from .loop import warm_up
 from .node_globals import TURNS, NodeGlobals
 from .offload import OffloadedState, storage_ids
-from .loop import warm_up
 from .rank import measures, train
 
 # A node that does not wait runs up to this many steps before the next node's turn: each
@@ -172,7 +172,11 @@ class Hub:
 
     def add(self, rank: int, run):
         """run(node): what the node does, in its greenlet."""
-        self.nodes[rank] = Node(rank, run, self)
+        # (Node reads the process's generators: under --in-process the evaluator's thread may
+        # read them at once, and two threads in torch.get_rng_state can deadlock when a
+        # garbage collection between them runs a finalizer that gives up the GIL.)
+        with TURNS:
+            self.nodes[rank] = Node(rank, run, self)
 
     @contextlib.contextmanager
     def off_clock(self):

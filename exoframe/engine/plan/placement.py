@@ -221,7 +221,8 @@ RESIDENT_WHEN_OFFLOADED = 2
 
 def admit(placement: Placement, machine: Machine, memory: NodeMemory):
     """Refuse, in one line, a packing whose nodes' state does not fit their GPU (under
-    --offload: what a node keeps there between turns, and two nodes' whole state)."""
+    --offload: what each node keeps there between turns, beside the running node's whole
+    state and room for another's)."""
     per_gpu, workers, resident = {}, {}, {}
     for group in placement.groups:
         index = placement.device_of(group[0]).index or 0
