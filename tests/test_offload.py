@@ -60,9 +60,9 @@ def test_offloaded_nodes_give_the_same_records(strategy, params, monkeypatch):
         plain, offloaded = run(**fit), run(offload=True, **fit)
         assert offloaded.metrics == plain.metrics
         assert testing.max_difference(offloaded, plain) == 0
+        # (the simulated clock, under fixed compute: the same events, no wall-clock read)
         assert offloaded.summary["simulated_seconds"] == plain.summary["simulated_seconds"]
     assert parked and max(parked) > 0  # (counted in this process's worker)
-
 
 
 def test_a_workers_warm_up_step_changes_nothing_a_node_sees():

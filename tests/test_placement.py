@@ -75,13 +75,15 @@ def test_a_gpu_with_too_little_memory_is_refused_saying_how_many_fit():
 
 
 def test_offloaded_nodes_are_admitted_by_what_stays_on_the_gpu():
-    """Under --offload a GPU holds what each node keeps there between turns and two nodes'
-    whole state; the refusal without it names --offload."""
+    """Under --offload a GPU holds what each node keeps there between turns beside the
+    running node's whole state and room for another's; the refusal without it names
+    --offload."""
     small = Machine(cores=16, gpu_memory=(GPU_RESERVED_BYTES + 12 * GIB,))
     memory = NodeMemory(node=GIB, worker=2 * GIB, kept=GIB // 8)
     with pytest.raises(ExoframeError, match="10 fit there.*or --offload"):
         place(11, None, "cuda", False, machine=small, memory=memory)
-    # 12 GiB less the worker's 2 and two nodes' 2: 8 GiB of 1/8 GiB each.
+    # 12 GiB less the worker's 2 and the 2 of the running node and room for another: 8 GiB
+    # of 1/8 GiB each.
     offloaded = place(64, None, "cuda", False, machine=small, memory=memory, offload=True)
     assert offloaded.offload and offloaded.nodes_per_process == 64
     with pytest.raises(ExoframeError) as refused:

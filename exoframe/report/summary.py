@@ -231,8 +231,8 @@ def _comm_rows(summary: dict) -> list:
              f"communicating (not hidden behind compute) / "
              f"{format_seconds(summary['idle_seconds_per_node'])} waiting for peers")]
     overlapped = summary.get("overlapped_compute_share")
-    if overlapped and overlapped >= 0.005 and summary.get("bottleneck_bandwidth") not in (
-            None, float("inf")):  # (on an ideal network an exchange takes no time)
+    # (bottleneck None: no link is limited, an exchange takes no time)
+    if overlapped and overlapped >= 0.005 and summary.get("bottleneck_bandwidth") is not None:
         rows.append(("overlapped exchanges", OVERLAP_NOTE.format(share=overlapped)))
     return rows
 

@@ -249,13 +249,13 @@ def admit(placement: Placement, machine: Machine, memory: NodeMemory):
                     f"turns (a strategy's other state and its part of an exchange in "
                     f"flight, {gib(memory.kept)} each) beside the running node's whole state "
                     f"and room for another's ({gib(memory.node)} each)")
-            fix = "Give fewer nodes, a smaller model, or more GPUs (--device cuda)."
         else:
             need = (f"need about {gib(count * memory.node)} for their parameters, gradients, "
                     f"optimizer and strategy state ({gib(memory.node)} each)")
-            fix = "Give fewer nodes, a smaller model, or more GPUs (--device cuda)"
-            fix += (", or --offload (each node's state in host memory between its turns)."
-                    if len(placement.groups) < placement.nodes else ".")
+        may_offload = not placement.offload and len(placement.groups) < placement.nodes
+        fix = ("Give fewer nodes, a smaller model, or more GPUs (--device cuda)"
+               + (", or --offload (each node's state in host memory between its turns)."
+                  if may_offload else "."))
         raise ExoframeError(
             f"nodes: {count} nodes on GPU {index} {need}, and it has {gib(has)} "
             f"({gib(GPU_RESERVED_BYTES)} kept for the CUDA contexts and the evaluator, "
