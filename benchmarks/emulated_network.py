@@ -44,6 +44,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
+from exoframe.sim.clocks.compute import MACHINE_OVERLAP  # noqa: E402
 from netns import DATA_IF, Emulation, EmulationError, check_can_emulate, leftovers, sh  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -205,9 +206,10 @@ def first_error(log: Path) -> str:
 
 
 def twin_run(net_file: str, args: list[str], out: str, compute: float,
-             nodes: int) -> tuple[dict, list[dict]]:
+             nodes: int, overlap: str | None = None) -> tuple[dict, list[dict]]:
+    model = f"fixed:{compute:.6f}s" + (f",overlap={overlap}" if overlap else "")
     done = subprocess.run([sys.executable, "-m", "exoframe", "run", "--nodes", str(nodes),
-                           "--net", net_file, "--compute", f"fixed:{compute:.6f}s",
+                           "--net", net_file, "--compute", model,
                            "--out", out, *args], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     if done.returncode:
@@ -223,8 +225,11 @@ def per_sync(said: dict, key: str) -> float:
 
 
 def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir: str,
-             tag: str, extra: list[str] = (), sysctls: dict | None = None) -> dict:
-    """sysctls: set in every rank's namespace (e.g. net.ipv4.tcp_slow_start_after_idle)."""
+             tag: str, extra: list[str] = (), sysctls: dict | None = None,
+             overlap: str | None = None) -> dict:
+    """sysctls: set in every rank's namespace (e.g. net.ipv4.tcp_slow_start_after_idle);
+    overlap: the twin's compute model's overlap= (what this machine's exchanges move while
+    its ranks compute), or None."""
     steps = case.steps or STRATEGIES[strategy][0]
     network = {**case.network, "protocol": protocol}
     hidden = hidden_for(case.network, nodes, case.seconds_per_exchange)
@@ -247,7 +252,8 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
     # exchanges (compute, and waiting for the last to arrive): the network alone differs.
     compute = sum(rank["compute_seconds"] + rank["wait_seconds"]
                   for rank in real["per_rank"]) / nodes / steps
-    twin, twin_rows = twin_run(str(net_file), args, str(folder / "sim"), compute, nodes)
+    twin, twin_rows = twin_run(str(net_file), args, str(folder / "sim"), compute, nodes,
+                               overlap)
     payload = sum(real["bytes_sent_per_rank"])
     return {
         "case": f"{case.name} {strategy}", "hidden": hidden, "held_out": case.held_out,
@@ -335,6 +341,10 @@ def parse_options(names):
     parser.add_argument("--extra", default="",
                         help="more `exoframe run` arguments for every run, e.g. '--threads 2'")
     parser.add_argument("--keep", help="keep the runs' folders in this folder")
+    parser.add_argument("--overlap", metavar="BANDWIDTH",
+                        help="the twin's compute model's overlap=: what an exchange moves while "
+                             "its rank computes (this machine, 4 ranks on 2 cores: "
+                             f"{MACHINE_OVERLAP})")
     parser.add_argument("--rank-sysctl", action="append", default=[], metavar="KEY=VALUE",
                         help="a sysctl of every rank's namespace, repeatable (e.g. "
                              "net.ipv4.tcp_slow_start_after_idle=0)")
@@ -391,7 +401,7 @@ def main() -> int:
                     started = time.monotonic()
                     runs = [run_case(known[name], strategy, options.nodes, options.seed,
                                      protocol, workdir, tag, shlex.split(options.extra),
-                                     sysctls)
+                                     sysctls, options.overlap)
                             for _ in range(options.repeat)]
                     results.append(median_run(runs))
                     print_table(results[-1:], errors=False)

@@ -126,7 +126,9 @@ class RunConfig:
                           "the one base network of the grid.",
                           default=f"the config's net, else {','.join(SWEEP_NETS)}"))
     compute: str = option("measured", help="Compute model: measured, fixed:<time per step> "
-                          "(fixed:250ms) or flops:<device>[:<efficiency>] (flops:h100).")
+                          "(fixed:250ms) or flops:<device>[:<efficiency>] (flops:h100); "
+                          "',overlap=<bandwidth>' slows exchanges in flight while their rank "
+                          "computes (fixed:250ms,overlap=5mbit).", commas=True)
     stragglers: str = option("", help="Slow ranks, comma-separated: RANK:FACTOR (3:4), "
                              "lognormal:SIGMA, exponential:MEAN, bernoulli:P:FACTOR.", commas=True)
     faults: typing.Union[str, list] = option(

@@ -349,3 +349,26 @@ def test_mail_reaches_a_listening_rank_at_its_delivery_and_ends_a_listen_before_
     ring = 2 * (ALPHA + S / (2 * B))  # two ranks: one reduce-scatter and one all-gather round
     assert close(replies[1].end, 10.0 + ring) and close(replies[2].end, 10.0 + ring)
     assert close(replies[1].idle, 10.0 - arrival)
+
+
+@pytest.mark.parametrize("overlap", [None, 2.5e6, 8e6, 2e7])
+def test_exchanges_move_at_the_overlap_rate_while_their_ranks_compute(overlap):
+    """The compute model's overlap=R: an all-reduce started before a second of compute
+    moves at most R bytes/s a way on each rank while the ranks compute, then at the
+    network's pace B. Two ranks, a ring: two rounds one after the other, each a flow of
+    S/2 a way, so S bytes go each way at min(R, B) until the compute ends, then at B."""
+    bandwidth, nbytes, compute = 12.5e6, 10e6, 1.0  # 100 Mbit/s links, no latency
+    sim = Simulator(Topology.uniform(2, bandwidth, 0.0), BUILTIN, overlap_rate=overlap)
+    parts = (0, 1)
+    for rank in parts:
+        sim.receive(rank, Op(0.0, 0, ("c", parts, 0), "all_reduce", nbytes, parts, 0, False))
+    sim.advance()
+    for rank in parts:
+        sim.receive(rank, Wait(compute, 0))
+    replies = dict(sim.advance())
+    during = min(overlap or math.inf, bandwidth)
+    done = nbytes / during if nbytes <= during * compute \
+        else compute + (nbytes - during * compute) / bandwidth
+    for rank in parts:
+        assert close(replies[rank].end, max(compute, done)), (overlap, replies[rank])
+    assert replies[0].end == pytest.approx({None: 1.0, 2.5e6: 1.6, 8e6: 1.16, 2e7: 1.0}[overlap])

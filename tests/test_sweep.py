@@ -24,8 +24,8 @@ NETS = ["wan-10mbps", "geo-2dc", "home-broadband"]
 
 
 def run(**fields):
-    config = RunConfig(workload_params=dict(SMALL_GPT), eval_every=3, compute="fixed:10ms",
-                       **fields).validate()
+    config = RunConfig(**{"workload_params": dict(SMALL_GPT), "eval_every": 3,
+                          "compute": "fixed:10ms", **fields}).validate()
     return execute(job_from_config(config))
 
 
@@ -53,6 +53,30 @@ def test_replay_through_other_networks_equals_full_reruns(strategy, params):
         assert replayed["bytes_sent_per_node"] == rerun.summary["bytes_sent_per_node"]
     times = [runs[net].summary["simulated_seconds"] for net in NETS]
     assert len(set(times)) == 3  # the networks do differ
+
+
+def test_an_overlap_rate_slows_overlapped_exchanges_and_replays_keep_it():
+    """The compute model's overlap=: streaming-diloco's fragments, in flight while the ranks
+    compute, take longer than at the network's pace; the run's trace replays to the same
+    clocks on the same network and to a full re-run's on another; a run without
+    overlapped exchanges (ddp) is unchanged by it."""
+    def streaming(net, compute):
+        return run(strategy="streaming-diloco", strategy_params={"H": 2, "fragments": 2},
+                   nodes=4, steps=6, net=net, compute=compute)
+
+    slowed = "fixed:10ms,overlap=1mbit"
+    free, busy = streaming("wan-10mbps", "fixed:10ms"), streaming("wan-10mbps", slowed)
+    assert busy.summary["simulated_seconds"] > free.summary["simulated_seconds"]
+    assert busy.summary["overlap_rate"] == 125000.0 and free.summary["overlap_rate"] is None
+    for net in ("wan-10mbps", "geo-2dc"):
+        rerun = busy if net == "wan-10mbps" else streaming(net, slowed)
+        replayed = replay_trace(busy.trace, sim_for(net, 4))
+        for ours, theirs in zip(replayed["per_rank"], rerun.summary["per_rank"]):
+            assert math.isclose(ours["simulated_seconds"], theirs["simulated_seconds"],
+                                rel_tol=1e-9), net
+    ddp = [run(strategy="ddp", nodes=4, steps=3, net="wan-10mbps", compute=compute)
+           for compute in ("fixed:10ms", slowed)]
+    assert ddp[0].summary["simulated_seconds"] == ddp[1].summary["simulated_seconds"]
 
 
 def test_projection_of_an_every_step_all_reduce_matches_the_ring_closed_form(tmp_path):

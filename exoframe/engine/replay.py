@@ -108,7 +108,11 @@ def replay_trace(trace: dict, sim: SimSetup, projection: Projection | None = Non
         except ReplayError as e:
             raise ExoframeError(f"projection of '{trace['strategy']}': {e}") from None
     try:
-        result = replay(ranks, sim.topology, sim.algorithms, seed=trace["seed"])
+        # A projection's backward pass runs beside its communication stream ("b" events),
+        # which the host's overlap rate does not describe: projections leave it out.
+        overlap = trace.get("overlap_rate") if projection is None else None
+        result = replay(ranks, sim.topology, sim.algorithms, seed=trace["seed"],
+                        overlap_rate=overlap)
     except ReplayError as e:
         raise ExoframeError(f"replay of '{trace['strategy']}' on {sim.net}: {e}") from None
     simulated = result.simulated_seconds

@@ -240,6 +240,7 @@ def build_trace(job: Job, rank_traces: list, steps: int) -> dict:
         "net": job.sim.net,
         "real_network": job.sim.real,
         "compute_model": job.sim.compute.describe(),
+        "overlap_rate": job.sim.compute.overlap_rate,
         "faults": job.faults.describe(),
         "model_parameters": sum(p.numel() for p in job.model.parameters()),
         "ranks": rank_traces,

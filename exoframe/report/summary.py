@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ..sim.clocks.clock import overlapped_compute
-from ..sim.network.units import YEAR, format_duration
+from ..sim.clocks.compute import MACHINE_OVERLAP
+from ..sim.network.units import YEAR, format_bandwidth, format_duration
 
 # Below this share of simulated time spent computing, the compute model says so: times
 # then compare networks alone (flops:h100 on a tiny model gives microseconds per step).
@@ -69,6 +70,8 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "bottleneck_bandwidth": job.sim.topology.bottleneck(),
         "latency": job.sim.topology.longest_latency(),
         "compute_model": job.sim.compute.describe(),
+        # bytes/s an exchange moves while its rank computes (the compute model's overlap=)
+        "overlap_rate": job.sim.compute.overlap_rate,
         "stragglers": job.sim.stragglers.describe(),
         **failure_summary(job, ranks),
         "simulated_seconds": simulated,
@@ -233,16 +236,22 @@ def _comm_rows(summary: dict) -> list:
     overlapped = summary.get("overlapped_compute_share")
     # (bottleneck None: no link is limited, an exchange takes no time)
     if overlapped and overlapped >= 0.005 and summary.get("bottleneck_bandwidth") is not None:
-        rows.append(("overlapped exchanges", OVERLAP_NOTE.format(share=overlapped)))
+        rate = summary.get("overlap_rate")
+        rows.append(("overlapped exchanges", OVERLAP_NOTE.format(share=overlapped)
+                     if rate is None else OVERLAP_RATE_NOTE.format(
+                         share=overlapped, rate=format_bandwidth(rate))))
     return rows
 
 
-# What the simulator leaves out of exchanges overlapped with compute (README, "How close is
-# the simulated clock to a real network?"), said on every run that overlaps them.
-OVERLAP_NOTE = ("{share:.0%} of compute ran beside the nodes' exchanges in flight, which are "
-                "simulated as if the CPU were free for them (as on GPU hosts); where the ranks' "
-                "compute takes the cores the exchanges need, such runs took up to 30% longer "
-                "for real (benchmarks/emulated_network.py, 4 ranks on 2 cores)")
+# How exchanges overlapped with compute were simulated (README, "How close is the simulated
+# clock to a real network?"), said on every run that overlaps them.
+OVERLAP_NOTE = ("{share:.0%} of compute ran beside the nodes' exchanges in flight, which moved "
+                "at the network's pace, as where the CPU is free for them (GPU hosts); where "
+                "the ranks' compute takes the cores they need, give the compute model "
+                "overlap=<bandwidth> (4 ranks on 2 cores: overlap=" + MACHINE_OVERLAP + ")")
+OVERLAP_RATE_NOTE = ("{share:.0%} of compute ran beside the nodes' exchanges in flight, which "
+                     "moved at most {rate} each way while their ranks computed (the compute "
+                     "model's overlap=)")
 
 
 def _failure_rows(summary: dict) -> list:

@@ -16,7 +16,8 @@ from ..plan.job import Job
 class SimService:
     def __init__(self, job: Job, send):
         """send(rank, message): to a rank, ignoring a rank that died (its sentinel says so)."""
-        self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed)
+        self.sim = Simulator(job.sim.topology, job.sim.algorithms, seed=job.seed,
+                             overlap_rate=job.sim.compute.overlap_rate)
         resumed = job.resume_from  # a Checkpoint: its simulator inputs first
         self.feed = Feed(self.sim, resumed.sim_inputs if resumed else None,
                          record=job.checkpoint_every is not None)

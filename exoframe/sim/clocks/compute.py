@@ -7,6 +7,11 @@ Compute models (`--compute`):
                       the step's FLOPs (forward + backward, counted once with torch's FLOP
                       counter) / (device peak × efficiency, 0.4 unless given); <device> is a
                       name from DEVICES or a peak rate in FLOP/s (flops:2e14)
+Any of them may end with `,overlap=<bandwidth>` (e.g. fixed:100ms,overlap=20mbit): while a
+rank computes, its exchanges in flight move at most that much per second each way, as on a
+host whose CPU cores the ranks' compute keeps busy (the threads that move and reduce an
+exchange's bytes wait for a core). Without it they move at the network's pace, as where a
+NIC or a GPU's copy engines move them beside the compute.
 Stragglers (`--stragglers`), comma-separated terms multiplying a rank's compute time:
   R:F                 rank R is always F× slower (e.g. 3:4)
   lognormal:S         every step, every rank: × exp(S·z), z ~ N(0, 1) (median 1)
@@ -19,10 +24,10 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...errors import ExoframeError, did_you_mean, shorten
-from ..network.units import parse_duration
+from ..network.units import parse_bandwidth, parse_duration
 
 # Peak dense FLOP/s in the precision one trains in on each device.
 DEVICES = {
@@ -39,6 +44,9 @@ DEVICES = {
     "tpu-v5e": (197e12, "Google TPU v5e, bf16"),
 }
 DEFAULT_EFFICIENCY = 0.4
+# overlap= for 4 ranks on 2 CPU cores, fitted with benchmarks/emulated_network.py (README:
+# "How close is the simulated clock to a real network?").
+MACHINE_OVERLAP = "5mbit"
 # Bounds that keep every simulated time finite: a step of at most a day, at most a million
 # times slower, and a lognormal whose exp(S·z) cannot overflow.
 MAX_STEP_SECONDS = 86400.0
@@ -53,29 +61,31 @@ class ComputeModel:
     peak: float | None = None  # flops: device FLOP/s
     efficiency: float = DEFAULT_EFFICIENCY
     device: str = ""
+    overlap_rate: float | None = None  # bytes/s an exchange moves while its rank computes
 
     @property
     def needs_flops(self) -> bool:
         return self.kind == "flops" and self.step_seconds is None
 
     def with_flops(self, flops_per_step: float) -> "ComputeModel":
-        return ComputeModel("flops", flops_per_step / (self.peak * self.efficiency), self.peak,
-                            self.efficiency, self.device)
+        return replace(self, step_seconds=flops_per_step / (self.peak * self.efficiency))
 
     def with_device(self, device: str) -> "ComputeModel":
         """`flops:auto` once the ranks' device is known: a DEVICES name."""
-        return ComputeModel("flops", self.step_seconds, DEVICES[device][0], self.efficiency,
-                            device)
+        return replace(self, peak=DEVICES[device][0], device=device)
 
     def describe(self) -> str:
+        overlap = ("" if self.overlap_rate is None
+                   else f", overlap={self.overlap_rate * 8 / 1e6:g}mbit")
         if self.kind == "measured":
-            return "measured"
+            return "measured" + overlap
         if self.kind == "fixed":
-            return f"fixed:{self.step_seconds:g}s/step"
+            return f"fixed:{self.step_seconds:g}s/step" + overlap
         step = f", {self.step_seconds:.4g}s/step" if self.step_seconds is not None else ""
         if self.peak is None:
-            return f"flops:{self.device} (× {self.efficiency:g})"
-        return f"flops:{self.device} ({self.peak:.3g} FLOP/s × {self.efficiency:g}{step})"
+            return f"flops:{self.device} (× {self.efficiency:g}){overlap}"
+        return (f"flops:{self.device} ({self.peak:.3g} FLOP/s × {self.efficiency:g}{step})"
+                + overlap)
 
 
 def device_from_name(name: str | None) -> str:
@@ -89,7 +99,19 @@ def device_from_name(name: str | None) -> str:
 
 
 def parse_compute(spec: str) -> ComputeModel:
-    spec = str(spec).strip()
+    spec, _, option = str(spec).strip().partition(",")
+    model = _parse_model(spec.strip())
+    if not option:
+        return model
+    key, equals, value = option.strip().partition("=")
+    if key.strip() != "overlap" or not equals:
+        raise ExoframeError(f"compute: unknown option '{shorten(option)}'; the one option is "
+                            "overlap=<bandwidth>, e.g. fixed:100ms,overlap=20mbit.")
+    rate = parse_bandwidth(value.strip(), "overlap", "compute")
+    return replace(model, overlap_rate=None if math.isinf(rate) else rate)
+
+
+def _parse_model(spec: str) -> ComputeModel:
     kind, _, rest = spec.partition(":")
     if kind == "measured" and not rest:
         return ComputeModel("measured")

@@ -42,12 +42,14 @@ MESSAGE, NETWORK, QUESTION = 0, 1, 2
 
 
 class Simulator:
-    def __init__(self, topology: Topology, algorithms: dict, seed: int = 0):
-        """algorithms: name -> plan function (see collectives.py)."""
+    def __init__(self, topology: Topology, algorithms: dict, seed: int = 0,
+                 overlap_rate: float | None = None):
+        """algorithms: name -> plan function (see collectives.py); overlap_rate: the compute
+        model's `overlap=` (bytes/s a rank's exchanges move while it computes), or None."""
         self.topology = topology
         self.plans = Plans(topology.algorithms, algorithms, topology)
         self.env = Environment()
-        self.network = FlowNetwork(self.env, topology, seed)
+        self.network = FlowNetwork(self.env, topology, seed, overlap_rate)
         # Unlimited links, no latency: an operation completes when its last participant
         # joins, with no flows to simulate.
         self.ideal = topology.is_ideal()
@@ -78,6 +80,7 @@ class Simulator:
     def receive(self, rank: int, message: Op | Wait | Probe | Quorum | Post | Listen):
         self._earliest = None
         t = message.t
+        self._computed(rank, t)
         if isinstance(message, Post):
             self.bound[rank] = t
             heapq.heappush(self.inbox, (t, MESSAGE, rank, next(self._seq), message))
@@ -111,8 +114,16 @@ class Simulator:
             raise SimulationError(f"unknown message {message!r} from rank {rank}")
 
     def note_clock(self, rank: int, t: float):
+        self._computed(rank, t)
         self.bound[rank] = max(self.bound[rank], t)
         self._earliest = None
+
+    def _computed(self, rank: int, t: float):
+        """A running rank's clock moves only by computing: it computed from its last
+        reported time to t. No network event after that time has been processed yet (it was
+        not safe), so the network can still slow its exchanges over that stretch."""
+        if not (self.blocked[rank] or self.finished[rank] or rank in self.outside):
+            self.network.computing(rank, self.bound[rank], t)
 
     def rank_done(self, rank: int):
         self.finished[rank] = True

@@ -10,13 +10,18 @@ add up to its capacity, and its flows then keep the rate they reached, which is 
 "level". A flow held back by a slow link elsewhere therefore leaves the rest of its other
 links to the flows beside it.
 
-Rates change only when a flow starts or finishes. All changes at one instant are applied
-together, once, and only to the connected part of the network they touch (the links reached
-from a changed link through shared flows); a flow whose rate is unchanged keeps its finish
-time. Collectives whose rounds use disjoint links (rings, trees) touch a flow or two per
-change, so their cost grows linearly with flows. One large shared component (thousands of
-flows crossing the same links at once) costs a progressive filling of that component per
-change: every flow there may get a new rate, which exact max-min requires.
+A rank's host: with `busy_rate` (the compute model's `overlap=`), every flow also crosses a
+link out of its sender's host and one into its receiver's, which carry `busy_rate` while
+that rank computes (`computing`) and are unlimited otherwise.
+
+Rates change only when a flow starts or finishes, or a link's capacity moves. All changes
+at one instant are applied together, once, and only to the connected part of the network
+they touch (the links reached from a changed link through shared flows); a flow whose rate
+is unchanged keeps its finish time. Collectives whose rounds use disjoint links (rings,
+trees) touch a flow or two per change, so their cost grows linearly with flows. One large
+shared component (thousands of flows crossing the same links at once) costs a progressive
+filling of that component per change: every flow there may get a new rate, which exact
+max-min requires.
 """
 from __future__ import annotations
 
@@ -67,11 +72,15 @@ class Link:
         return self.capacity
 
 
+IDLE_HOST = 1e30  # bytes/s of a host link while its rank is not computing: no limit
+
+
 class FlowNetwork:
     """Owns every link. `start_flow` at the simulator's current time; `on_delivered(arg)` is
     called at delivery. Event order is deterministic: (time, insertion sequence)."""
 
-    def __init__(self, env: Environment, topology: Topology, seed: int = 0):
+    def __init__(self, env: Environment, topology: Topology, seed: int = 0,
+                 busy_rate: float | None = None):
         self.env = env
         self.topology = topology
         self.rng = random.Random(seed)
@@ -82,6 +91,11 @@ class FlowNetwork:
         self.downlinks = [_link_or_none(next(ids), b, efficiency) for b in topology.downlink]
         self.site_links = {pair: _link_or_none(next(ids), spec.bandwidth, efficiency)
                            for pair, spec in topology.inter.items()}
+        self.busy_rate = busy_rate
+        self.host_out = self.host_in = None
+        if busy_rate is not None:
+            self.host_out = [Link(next(ids), IDLE_HOST) for _ in range(topology.size)]
+            self.host_in = [Link(next(ids), IDLE_HOST) for _ in range(topology.size)]
         self._paths: dict[tuple[int, int], tuple] = {}
         self._agenda = []  # heap of (time, seq, flow, version); version None: a delivery
         self._seq = itertools.count()
@@ -116,6 +130,8 @@ class FlowNetwork:
         now = self.env.now
         if nbytes > 0 and links and self.protocol is not None:
             self._as_tcp(flow, src, dst, base_latency)
+        if nbytes > 0 and self.host_out is not None:  # payload bytes: after the TCP weights
+            flow.links = (*flow.links, self.host_out[src], self.host_in[dst])
         if nbytes > 0 and flow.links:
             flow.since = now
             self._floor = 0.0
@@ -127,6 +143,17 @@ class FlowNetwork:
         else:
             self._deliver_after_latency(flow, now)
             self._arm()
+
+    def computing(self, rank: int, start: float, end: float):
+        """Rank `rank` computes from `start` to `end` (not earlier than now): its host links
+        carry `busy_rate` meanwhile. Nothing without `busy_rate`."""
+        start = max(start, self.env.now)
+        if self.busy_rate is None or end <= start:
+            return
+        for link in (self.host_out[rank], self.host_in[rank]):
+            self._at_time(start, self._set_capacity, (link, self.busy_rate))
+            self._at_time(end, self._set_capacity, (link, IDLE_HOST))
+        self._arm_at(self.next_time())
 
     def next_time(self) -> float:
         """Time of the next pending network event (math.inf if none). Flows that started or

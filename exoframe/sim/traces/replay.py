@@ -65,6 +65,10 @@ def check_trace(trace) -> None:
         value = trace.get(key)
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise ReplayError(f"field '{key}' is missing or not {noun}")
+    rate = trace.get("overlap_rate")  # absent in traces made before the compute model had it
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                             or not 0 < rate < math.inf):
+        raise ReplayError("field 'overlap_rate' is not null or a positive number of bytes/s")
     ranks, nodes = trace["ranks"], trace["nodes"]
     if not 1 <= nodes <= MAX_TRACE_NODES or nodes != len(ranks):
         raise ReplayError(f"'nodes' is {nodes} but the trace holds {len(ranks)} ranks' events "
@@ -220,13 +224,15 @@ class StopReplay(Exception):
     pass
 
 
-def replay(traces: list[list], topology: Topology, algorithms: dict, seed: int = 0) -> ReplayResult:
-    """traces[r]: rank r's events as recorded by RankClock.trace (JSON-loaded is fine).
+def replay(traces: list[list], topology: Topology, algorithms: dict, seed: int = 0,
+           overlap_rate: float | None = None) -> ReplayResult:
+    """traces[r]: rank r's events as recorded by RankClock.trace (JSON-loaded is fine);
+    overlap_rate: the recorded compute model's `overlap=` (bytes/s), or None.
 
     Each rank's events drive its own clock in a thread, which talks to the simulator over
     an in-process connection, as a live rank over its pipe; this thread runs the simulator
     through a Feed, as a live run's launcher does (engine/launch/monitor.py)."""
-    sim = Simulator(topology, algorithms, seed=seed)
+    sim = Simulator(topology, algorithms, seed=seed, overlap_rate=overlap_rate)
     feed = Feed(sim, record=False)
     arrivals = Arrivals()
     pairs = [in_process(arrivals, tag=r) for r in range(len(traces))]
