@@ -95,3 +95,45 @@ def test_measured_compute_times_each_nodes_turns_on_the_gpu():
     for r in ranks:
         assert r["simulated_seconds"] == pytest.approx(
             r["compute_seconds"] + r["comm_seconds"] + r["idle_seconds"])
+
+
+PARK_ON_THE_GPU = """
+import torch
+from exoframe.engine.node.offload import OffloadedState
+device = torch.device("cuda:0")
+model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024)).to(device)
+optimizer = torch.optim.AdamW(model.parameters())
+model(torch.randn(8, 1024, device=device)).sum().backward()
+optimizer.step()
+tensors = [*model.parameters(), *(p.grad for p in model.parameters()),
+           *(v for state in optimizer.state.values() for v in state.values()
+             if torch.is_tensor(v) and v.device == device)]
+kept = [t.detach().clone() for t in tensors]
+state_bytes = sum(t.untyped_storage().nbytes() for t in tensors)
+torch.cuda.synchronize()
+before = torch.cuda.memory_allocated(device)
+parked = OffloadedState(device)
+parked.park(tensors, held=set())
+torch.cuda.synchronize()
+after = torch.cuda.memory_allocated(device)
+parked.unpark()
+torch.cuda.synchronize()
+back = torch.cuda.memory_allocated(device)
+same = all(torch.equal(t, k) for t, k in zip(tensors, kept))
+print(state_bytes, before - after, back - after, same)
+"""
+
+
+def test_a_parked_nodes_state_leaves_the_gpus_memory_and_comes_back():
+    """OffloadedState on a real GPU (in a child process: CUDA stays uninitialized in
+    pytest's): parking a model's weights, gradients and AdamW state frees their bytes on the
+    device (torch.cuda.memory_allocated drops by them), unparking takes them back, and the
+    values are the same bits."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", PARK_ON_THE_GPU], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    state_bytes, freed, regrown, same = done.stdout.split()
+    assert int(freed) == int(state_bytes) and int(regrown) == int(state_bytes)
+    assert same == "True"
