@@ -186,7 +186,8 @@ def main():
         for scale in scales:
             parameters, layers, step = SCALES[scale]
             print(f"\n{scale}: {layers} layers, {step} s/step; Gbit/s for CU = "
-                  + ", ".join(f"{level:.0%}" for level in LEVELS) + " (exoframe / the rule / paper)")
+                  + ", ".join(f"{level:.0%}" for level in LEVELS)
+                  + " (exoframe / the rule / paper)")
             for method in METHODS:
                 strategy, params, steps = setting(scale, method, args.steps)
                 key = (strategy, tuple(sorted(params.items())), steps)
@@ -204,8 +205,9 @@ def main():
                     offset = k - grid_index(paper) if k is not None else None
                     offsets.append(offset)
                     rule_offsets.append(None if k is None or r is None else k - r)
-                    ours = f"{GRID[k]:.1f}" if k is not None else ">1000"
-                    cells.append(f"{ours}/{GRID[r]:.1f}/{paper}")
+                    ours, theirs = (f"{GRID[i]:.1f}" if i is not None else ">1000"
+                                    for i in (k, r))
+                    cells.append(f"{ours}/{theirs}/{paper}")
                 print(f"  {method:40s} " + " ".join(f"{c:>18s}" for c in cells))
     known = [o for o in offsets if o is not None]
     print(f"\n{len(offsets)} values: {sum(o == 0 for o in known)} equal, "
@@ -214,8 +216,11 @@ def main():
           f"{len(offsets) - len(known)} not reached; within one step: "
           f"{sum(abs(o) <= 1 for o in known)} of {len(offsets)}; mean offset "
           f"{sum(known) / max(1, len(known)):+.2f} steps (one step = x1.207)")
-    print(f"against the rule computed here: {rule_offsets.count(0)} of {len(rule_offsets)} "
-          f"equal, {sum(o is not None and o != 0 for o in rule_offsets)} differ")
+    print(f"against the rule computed here (one-layer buckets, ideal links): "
+          f"{rule_offsets.count(0)} of {len(rule_offsets)} equal, "
+          f"{sum(o is not None and o != 0 for o in rule_offsets)} differ"
+          + ("" if args.bucket == "layer" and args.protocol == "none"
+             else " (this run's buckets or links are not the rule's)"))
 
 
 if __name__ == "__main__":
