@@ -30,6 +30,7 @@ a utilization depends only on bytes / (bandwidth × step time), so F also stands
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import tempfile
 from pathlib import Path
@@ -118,12 +119,17 @@ def network(folder: Path, gbit: float, protocol: str) -> str:
     return str(path)
 
 
+@functools.cache
+def two_nodes_at(folder: Path, gbit: float, protocol: str):
+    """The simulator's setup for two nodes at `gbit` (once per bandwidth, for every method)."""
+    return resolve_sim(network(folder, gbit, protocol), "measured", "", 2, get_plugin_manager())
+
+
 def utilizations(trace: dict, projection: Projection, folder: Path, protocol: str) -> list:
     """Compute utilization at each GRID bandwidth, stopping once it passes the last level."""
     out = []
     for gbit in GRID:
-        sim = resolve_sim(network(folder, gbit, protocol), "measured", "", trace["nodes"],
-                          get_plugin_manager())
+        sim = two_nodes_at(folder, gbit, protocol)
         out.append(replay_trace(trace, sim, projection)["compute_utilization"])
         if out[-1] >= LEVELS[-1]:
             break

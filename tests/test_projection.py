@@ -280,8 +280,7 @@ def test_projections_at_the_papers_scale_follow_the_rule_computed_step_by_step(t
         trace = table.train(strategy, params, steps)
         projection = table.projection_for("1B", method, trace)
         for gbit in (0.8, 20.0, 300.0):  # the link busy all the time, often, rarely
-            sim = resolve_sim(table.network(tmp_path, gbit, "none"), "measured", "",
-                              trace["nodes"], get_plugin_manager())
+            sim = table.two_nodes_at(tmp_path, gbit, "none")
             projected = replay_trace(trace, sim, projection)["compute_utilization"]
             rule = table.rule_utilization(parameters, layers, step, 16, method, steps, gbit)
             assert projected == pytest.approx(rule, rel=1e-9), (method, gbit)

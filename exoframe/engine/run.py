@@ -109,6 +109,7 @@ def _execute(job, folder, config_record, progress, progress_every, on_row, clust
         if job.sim.real:  # wall-clock waits split into transfers and waits for peers
             split_measured(result.rank_results)
         summary = {"status": "completed", **build_summary(job, rows, result)}
+        # (after the summary, which reads the ranks' traces: build_trace takes them)
         trace = build_trace(job, [r.pop("trace") for r in result.rank_results], result.steps)
         if resuming:  # the steps up to it ran in an earlier process
             summary["resumed_from_step"] = job.resume_from.step

@@ -82,9 +82,9 @@ def operation_key(sequence: dict, kind: str, participants: tuple) -> tuple:
 def overlapped_compute(trace: list) -> float:
     """The compute seconds a RankClock's trace charged while one of the rank's non-blocking
     collectives was in flight (started, not yet waited for nor answered done): compute that
-    the simulator runs beside an exchange, whose network time it leaves to the network
-    alone, as if the host's CPU were free for the exchange meanwhile. (A receive posted
-    ahead, as a server's, waits for a peer rather than moving bytes: not counted.)"""
+    the simulator runs beside an exchange, which meanwhile moves at the network's pace, or
+    at the compute model's overlap= rate where it has one. (A receive posted ahead, as a
+    server's, waits for a peer rather than moving bytes: not counted.)"""
     in_flight, seconds = set(), 0.0
     for entry in trace:
         tag = entry[0]

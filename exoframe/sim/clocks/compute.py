@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ...errors import ExoframeError, did_you_mean, shorten
-from ..network.units import parse_bandwidth, parse_duration
+from ..network.units import format_bandwidth, parse_bandwidth, parse_duration
 
 # Peak dense FLOP/s in the precision one trains in on each device.
 DEVICES = {
@@ -76,7 +76,7 @@ class ComputeModel:
 
     def describe(self) -> str:
         overlap = ("" if self.overlap_rate is None
-                   else f", overlap={self.overlap_rate * 8 / 1e6:g}mbit")
+                   else f", overlap={format_bandwidth(self.overlap_rate)}")
         if self.kind == "measured":
             return "measured" + overlap
         if self.kind == "fixed":
