@@ -21,9 +21,10 @@ share of communication in the wall-clock (where it is small, the CPU is the limi
 the network); per exchange, the ranks' mean measured transfer time, the simulated
 communication and their ratio, and the measured wait for peers; tc/payload: the bytes tc
 counted on the ranks' shaped uplinks per payload byte the run counted (frames and ACKs:
-about 1.06; evaluation would add a model's bytes per step); same: the losses and byte
-counts of the real and simulated runs are equal; load: the machine's 1-minute load
-average when the case ended.
+about 1.06; evaluation would add a model's bytes per step); acks: of those, the ACK-sized
+packets the uplinks sent ahead of the data (0 with --host-queue fifo); same: the losses
+and byte counts of the real and simulated runs are equal; load: the machine's 1-minute
+load average when the case ended.
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from exoframe.sim.clocks.compute import MACHINE_OVERLAP  # noqa: E402
-from netns import DATA_IF, Emulation, EmulationError, check_can_emulate, leftovers, sh  # noqa: E402
+from netns import (DATA_IF, HOST_QUEUES, Emulation, EmulationError,  # noqa: E402
+                   check_can_emulate, leftovers, sh)
 
 REPO = Path(__file__).resolve().parent.parent
 GBIT_NIC = "1gbit"
@@ -226,10 +228,10 @@ def per_sync(said: dict, key: str) -> float:
 
 def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir: str,
              tag: str, extra: list[str] = (), sysctls: dict | None = None,
-             overlap: str | None = None) -> dict:
+             overlap: str | None = None, host_queue: str = HOST_QUEUES[0]) -> dict:
     """sysctls: set in every rank's namespace (e.g. net.ipv4.tcp_slow_start_after_idle);
     overlap: the twin's compute model's overlap= (what this machine's exchanges move while
-    its ranks compute), or None."""
+    its ranks compute), or None; host_queue: the ranks' own egress queue (netns.py)."""
     steps = case.steps or STRATEGIES[strategy][0]
     network = {**case.network, "protocol": protocol}
     hidden = hidden_for(case.network, nodes, case.seconds_per_exchange)
@@ -243,11 +245,11 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
     (folder / "real").mkdir()
     with Emulation(tag, topology.uplink, topology.downlink, topology.site_of,
                    {pair: spec.bandwidth for pair, spec in topology.inter.items()},
-                   case.congestion, sysctls) as emulation:
-        before = emulation.counters()
+                   case.congestion, sysctls, host_queue) as emulation:
+        before, small_before = emulation.counters(), emulation.small_packet_bytes()
         real, real_rows = real_run(emulation, args, str(folder / "real"), nodes,
                                    timeout=300)
-        after = emulation.counters()
+        after, small_after = emulation.counters(), emulation.small_packet_bytes()
     # The twin computes, per step, for as long as the real ranks took to arrive at their
     # exchanges (compute, and waiting for the last to arrive): the network alone differs.
     compute = sum(rank["compute_seconds"] + rank["wait_seconds"]
@@ -268,6 +270,9 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
         # what crossed the ranks' shaped uplinks, per byte the run sent
         "tc_per_payload": sum(after[k] - before[k] for k in after if k.endswith(f"/{DATA_IF}")),
         "payload": payload,
+        # what the uplinks sent ahead of the data (ACK-sized packets), per byte they sent
+        "small_share": sum(small_after[k] - small_before[k] for k in small_after)
+        / max(1, sum(after[k] - before[k] for k in small_after)),
         "same_losses": [r["loss"] for r in real_rows] == [r["loss"] for r in twin_rows],
         "same_bytes": real["bytes_sent_per_rank"] == twin["bytes_sent_per_rank"],
         "load": os.getloadavg()[0],
@@ -286,7 +291,7 @@ def median_run(runs: list[dict]) -> dict:
 def print_table(results: list[dict], errors: bool = True):
     print(f"{'case':30s} {'real s':>7s} {'sim s':>7s} {'ratio':>6s} {'comm':>5s} "
           f"{'xfer/sync':>9s} {'sim/sync':>8s} {'x ratio':>7s} {'wait/sync':>9s} "
-          f"{'tc/payload':>10s} {'same':>5s} {'load':>5s}")
+          f"{'tc/payload':>10s} {'acks':>6s} {'same':>5s} {'load':>5s}")
     for r in results:
         same = "yes" if r["same_losses"] and r["same_bytes"] else "NO"
         print(f"{r['case']:30s} {r['real']:7.2f} {r['simulated']:7.2f} "
@@ -295,6 +300,7 @@ def print_table(results: list[dict], errors: bool = True):
               f"{r['sim_comm_per_sync']:8.3f} "
               f"{r['transfer_per_sync'] / r['sim_comm_per_sync']:7.3f} "
               f"{r['wait_per_sync']:9.3f} {r['tc_per_payload'] / r['payload']:10.4f} "
+              f"{r['small_share'] * r['tc_per_payload'] / r['payload']:6.4f} "
               f"{same:>5s} {r['load']:5.2f}"
               + (f"  (ratios {', '.join(map(str, r['ratios']))})" if len(r.get("ratios", ())) > 1
                  else ""), flush=True)
@@ -348,6 +354,10 @@ def parse_options(names):
     parser.add_argument("--rank-sysctl", action="append", default=[], metavar="KEY=VALUE",
                         help="a sysctl of every rank's namespace, repeatable (e.g. "
                              "net.ipv4.tcp_slow_start_after_idle=0)")
+    parser.add_argument("--host-queue", choices=HOST_QUEUES, default=HOST_QUEUES[0],
+                        help="the ranks' own egress queue: pure ACKs ahead of data, as "
+                             "Linux's default qdisc serves them (default), or a FIFO "
+                             "(benchmarks/netns.py)")
     return parser.parse_args()
 
 
@@ -392,7 +402,7 @@ def main() -> int:
         congestion = sh("sysctl", "-n", "net.ipv4.tcp_congestion_control").strip()
         print(f"{options.nodes} ranks; TCP congestion control: each case's (bbr unless its "
               f"name says cubic; this machine's default: {congestion}); "
-              f"{os.cpu_count()} CPUs", flush=True)
+              f"host queues: {options.host_queue}; {os.cpu_count()} CPUs", flush=True)
         with tempfile.TemporaryDirectory(prefix="exoframe-emulated-") as scratch:
             workdir = options.keep or scratch
             Path(workdir).mkdir(parents=True, exist_ok=True)
@@ -401,7 +411,7 @@ def main() -> int:
                     started = time.monotonic()
                     runs = [run_case(known[name], strategy, options.nodes, options.seed,
                                      protocol, workdir, tag, shlex.split(options.extra),
-                                     sysctls, options.overlap)
+                                     sysctls, options.overlap, options.host_queue)
                             for _ in range(options.repeat)]
                     results.append(median_run(runs))
                     print_table(results[-1:], errors=False)

@@ -9,9 +9,19 @@ out of, the machine's own namespace.
     switch namespace     bd<a> --veth w<a>_<b> / w<b>_<a>-- bd<b> for each pair of sites
 
 A rank's uplink is shaped on its d0, its downlink on p<r>, the link from site a to site b
-on w<a>_<b>. The control network carries torchrun's rendezvous, exoframe's own messages
-and evaluation; gloo is bound to d0 (GLOO_SOCKET_IFNAME), so only training exchanges
-cross the shaped links. tc's byte counters say what crossed them.
+on w<a>_<b>. A rank's uplink is its host's own egress queue, so by default it queues as a
+Linux host's does: pure ACKs go ahead of queued data (the default fq_codel serves sparse
+flows first; this kernel has neither fq_codel nor fq, so an htb under the tbf serves
+packets under SMALL_PACKET bytes first) and the queue holds txqueuelen's 1000 packets.
+With `host_queue="fifo"` it is one 50 ms FIFO, as the links in the switch namespace are:
+there, BBR, whose window is sized from the 35 us round trip of these delay-free links,
+stalls while its ACKs wait tens of ms behind the other direction's data (ring rounds took
+1.1-1.4x the model at 20-100 Mbit/s; benchmarks/ring_rounds.py --host-queue fifo), and
+the flows a rank sends drop packets in its own queue.
+
+The control network carries torchrun's rendezvous, exoframe's own messages and evaluation;
+gloo is bound to d0 (GLOO_SOCKET_IFNAME), so only training exchanges cross the shaped
+links. tc's byte counters say what crossed them.
 """
 from __future__ import annotations
 
@@ -21,6 +31,9 @@ import re
 import subprocess
 
 DATA_NET, CONTROL_NET = "10.213.1", "10.213.2"
+HOST_QUEUES = ("acks-first", "fifo")
+SMALL_PACKET = 128  # bytes: a pure ACK (52-84 bytes with options) is under it, data is not
+HOST_QUEUE_PACKETS = 1000  # a host's egress queue: Linux's default txqueuelen
 DATA_IF, CONTROL_IF = "d0", "c0"
 
 
@@ -53,8 +66,13 @@ class Emulation:
     (site a, site b) -> bytes/s of the directed link between them."""
 
     def __init__(self, tag: str, uplink, downlink, site_of, inter: dict,
-                 congestion_control: str | None = None, sysctls: dict | None = None):
+                 congestion_control: str | None = None, sysctls: dict | None = None,
+                 host_queue: str = "acks-first"):
+        if host_queue not in HOST_QUEUES:
+            raise EmulationError(f"host queue {host_queue!r}: expected one of "
+                                 f"{', '.join(HOST_QUEUES)}.")
         self.tag = tag
+        self.host_queue = host_queue
         self.uplink, self.downlink, self.site_of = list(uplink), list(downlink), list(site_of)
         self.inter = dict(inter)
         self.congestion_control = congestion_control
@@ -115,7 +133,7 @@ class Emulation:
                          f"net.ipv4.tcp_congestion_control={self.congestion_control}")
             self._veth(ns, DATA_IF, f"p{rank}", f"bd{site}", f"{self.data_addr(rank)}/24")
             self._veth(ns, CONTROL_IF, f"q{rank}", "bc", f"{self.control_addr(rank)}/24")
-            self._shape(ns, DATA_IF, self.uplink[rank])
+            self._shape(ns, DATA_IF, self.uplink[rank], acks_first=self.host_queue == "acks-first")
             self._shape(sw, f"p{rank}", self.downlink[rank])
         for (a, b), rate in self.inter.items():
             if a < b:
@@ -150,24 +168,52 @@ class Emulation:
         self._in(ns, "ip", "addr", "add", address, "dev", inner)
         self._in(ns, "ip", "link", "set", inner, "up")
 
-    def _shape(self, ns: str, dev: str, rate: float):
+    def _shape(self, ns: str, dev: str, rate: float, acks_first: bool = False):
         """tbf at `rate` bytes/s on dev's egress: a burst of 2 ms at that rate (at least a
-        few frames) and a queue of 50 ms."""
+        few frames) and a queue of 50 ms. acks_first: a host's queue under the tbf instead,
+        an htb whose first class (packets under SMALL_PACKET bytes) is served before the
+        second (the rest), each holding HOST_QUEUE_PACKETS; the classes' rates are far above
+        the tbf's, so only their order acts."""
         if math.isinf(rate):
             return
         burst = max(16 * 1514, int(rate * 0.002))
         limit = max(64 * 1514, int(rate * 0.05))
-        self._in(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
+        self._in(ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate",
                  f"{int(rate * 8)}bit", "burst", str(burst), "limit", str(limit))
+        if acks_first:
+            tc = ("tc", "qdisc", "add", "dev", dev)
+            klass = ("tc", "class", "add", "dev", dev)
+            self._in(ns, *tc, "parent", "1:1", "handle", "2:", "htb", "default", "20")
+            self._in(ns, *klass, "parent", "2:", "classid", "2:1", "htb", "rate", "10gbit",
+                     "quantum", "65536")
+            for leaf, priority in (("2:10", "0"), ("2:20", "1")):
+                self._in(ns, *klass, "parent", "2:1", "classid", leaf, "htb", "rate", "10gbit",
+                         "quantum", "65536", "prio", priority)
+                self._in(ns, *tc, "parent", leaf, "pfifo", "limit", str(HOST_QUEUE_PACKETS))
+            # IPv4 total length (bytes 2-3) under 128: its bits above the 7th are zero
+            self._in(ns, "tc", "filter", "add", "dev", dev, "parent", "2:", "protocol", "ip",
+                     "prio", "1", "u32", "match", "u16", "0x0000",
+                     f"0x{0xffff & ~(SMALL_PACKET - 1):04x}", "at", "2", "flowid", "2:10")
         self.shaped.append((ns, dev))
 
     def counters(self) -> dict[str, int]:
         """Bytes each shaped device has sent so far, by 'namespace/device'."""
         sent = {}
         for ns, dev in self.shaped:
-            text = self._in(ns, "tc", "-s", "qdisc", "show", "dev", dev)
+            text = self._in(ns, "tc", "-s", "qdisc", "show", "dev", dev, "root")
             match = re.search(r"Sent (\d+) bytes", text)
             sent[f"{ns}/{dev}"] = int(match.group(1)) if match else 0
+        return sent
+
+    def small_packet_bytes(self) -> dict[str, int]:
+        """Bytes each rank's uplink has sent from its first class (packets under
+        SMALL_PACKET bytes: the ACKs) so far, by 'namespace/device'; empty for FIFO queues."""
+        sent = {}
+        for ns, dev in self.shaped:
+            if dev == DATA_IF and self.host_queue == "acks-first":
+                text = self._in(ns, "tc", "-s", "class", "show", "dev", dev, "classid", "2:10")
+                match = re.search(r"Sent (\d+) bytes", text)
+                sent[f"{ns}/{dev}"] = int(match.group(1)) if match else 0
         return sent
 
     def close(self):

@@ -6,6 +6,7 @@ uplink) says whether the congestion control itself gets the model's rate there.
 
     sudo python benchmarks/ring_rounds.py [--rates 20,50,100,200] [--congestion bbr|cubic]
                                           [--rounds 4] [--rank-sysctl KEY=VALUE]
+                                          [--host-queue acks-first|fifo]
 
 Rounds start 3 s apart by the wall clock (about 1 s of sending, then idle, as between a
 run's exchanges). Needs root; leaves no namespace behind.
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from netns import Emulation, EmulationError, check_can_emulate  # noqa: E402
+from netns import HOST_QUEUES, Emulation, EmulationError, check_can_emulate  # noqa: E402
 
 from exoframe.sim.network.tcp import TcpModel  # noqa: E402
 
@@ -63,14 +64,15 @@ print(" ".join(f"{t:.5f}" for t in times))
 '''
 
 
-def rounds_at(mbit: float, congestion: str, rounds: int, sysctls: dict) -> tuple[list, float]:
+def rounds_at(mbit: float, congestion: str, rounds: int, sysctls: dict,
+              host_queue: str) -> tuple[list, float]:
     """Each round's time (the slowest rank's) and the model's, at `mbit` Mbit/s per link."""
     rate = mbit * 1e6 / 8
     tcp = TcpModel()
     per_payload_byte = (tcp.data_factor + tcp.ack_factor) / rate  # an uplink's two loads
     nbytes = int(1.0 / per_payload_byte)  # about 1 s a round under the model
     with Emulation(f"ring{int(mbit)}", [rate] * RANKS, [rate] * RANKS, [0] * RANKS, {},
-                   congestion, sysctls) as emulation:
+                   congestion, sysctls, host_queue) as emulation:
         start = time.time() + 2.0
         ranks = [subprocess.Popen(
             ["ip", "netns", "exec", emulation.rank_ns(r), sys.executable, "-c", RANK,
@@ -88,13 +90,17 @@ def main() -> int:
     parser.add_argument("--congestion", default="bbr")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--rank-sysctl", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--host-queue", choices=HOST_QUEUES, default=HOST_QUEUES[0],
+                        help="the ranks' own egress queue (benchmarks/netns.py)")
     options = parser.parse_args()
     sysctls = dict(item.split("=", 1) for item in options.rank_sysctl)
     try:
         check_can_emulate()
         for mbit in (float(r) for r in options.rates.split(",")):
-            times, model = rounds_at(mbit, options.congestion, options.rounds, sysctls)
-            print(f"{mbit:g} Mbit/s, {options.congestion}: round / model "
+            times, model = rounds_at(mbit, options.congestion, options.rounds, sysctls,
+                                     options.host_queue)
+            print(f"{mbit:g} Mbit/s, {options.congestion}, {options.host_queue} host queue: "
+                  f"round / model "
                   + ", ".join(f"{t / model:.3f}" for t in times), flush=True)
     except EmulationError as e:
         print(f"ring_rounds: {e}", file=sys.stderr)
