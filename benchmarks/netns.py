@@ -15,8 +15,8 @@ flows first; this kernel has neither fq_codel nor fq, so an htb under the tbf se
 packets under SMALL_PACKET bytes first) and the queue holds txqueuelen's 1000 packets.
 With `host_queue="fifo"` it is one 50 ms FIFO, as the links in the switch namespace are:
 there, BBR, whose window is sized from the 35 us round trip of these delay-free links,
-stalls while its ACKs wait tens of ms behind the other direction's data (ring rounds took
-1.1-1.4x the model at 20-100 Mbit/s; benchmarks/ring_rounds.py --host-queue fifo), and
+stalls while its ACKs wait tens of ms behind the other direction's data (ring rounds took up
+to 1.4x the model at 20-100 Mbit/s; benchmarks/ring_rounds.py --host-queue fifo), and
 the flows a rank sends drop packets in its own queue.
 
 The control network carries torchrun's rendezvous, exoframe's own messages and evaluation;
