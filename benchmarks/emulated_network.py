@@ -257,6 +257,7 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
     twin, twin_rows = twin_run(str(net_file), args, str(folder / "sim"), compute, nodes,
                                overlap)
     payload = sum(real["bytes_sent_per_rank"])
+    uplinks = sum(after[k] - before[k] for k in after if k.endswith(f"/{DATA_IF}"))
     return {
         "case": f"{case.name} {strategy}", "hidden": hidden, "held_out": case.held_out,
         # each rank's clock starts when it does: the mean, not the latest starter's
@@ -268,11 +269,11 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
         "comm_share": 1 - compute * steps / twin["simulated_seconds"],
         "compute_per_step": compute,
         # what crossed the ranks' shaped uplinks, per byte the run sent
-        "tc_per_payload": sum(after[k] - before[k] for k in after if k.endswith(f"/{DATA_IF}")),
+        "tc_per_payload": uplinks,
         "payload": payload,
         # what the uplinks sent ahead of the data (ACK-sized packets), per byte they sent
         "small_share": sum(small_after[k] - small_before[k] for k in small_after)
-        / max(1, sum(after[k] - before[k] for k in small_after)),
+        / max(1, uplinks),
         "same_losses": [r["loss"] for r in real_rows] == [r["loss"] for r in twin_rows],
         "same_bytes": real["bytes_sent_per_rank"] == twin["bytes_sent_per_rank"],
         "load": os.getloadavg()[0],

@@ -67,7 +67,7 @@ class Emulation:
 
     def __init__(self, tag: str, uplink, downlink, site_of, inter: dict,
                  congestion_control: str | None = None, sysctls: dict | None = None,
-                 host_queue: str = "acks-first"):
+                 host_queue: str = HOST_QUEUES[0]):
         if host_queue not in HOST_QUEUES:
             raise EmulationError(f"host queue {host_queue!r}: expected one of "
                                  f"{', '.join(HOST_QUEUES)}.")
@@ -79,6 +79,7 @@ class Emulation:
         self.sysctls = dict(sysctls or {})  # set in every rank's namespace (its own TCP stack)
         self.created: list[str] = []
         self.shaped: list[tuple[str, str]] = []  # (namespace, device)
+        self.acks_first: list[tuple[str, str]] = []  # those of them queued as a host's
         self.allowed_before: str | None = None  # the machine's list, while widened
 
     @property
@@ -133,7 +134,8 @@ class Emulation:
                          f"net.ipv4.tcp_congestion_control={self.congestion_control}")
             self._veth(ns, DATA_IF, f"p{rank}", f"bd{site}", f"{self.data_addr(rank)}/24")
             self._veth(ns, CONTROL_IF, f"q{rank}", "bc", f"{self.control_addr(rank)}/24")
-            self._shape(ns, DATA_IF, self.uplink[rank], acks_first=self.host_queue == "acks-first")
+            self._shape(ns, DATA_IF, self.uplink[rank],
+                        acks_first=self.host_queue == "acks-first")
             self._shape(sw, f"p{rank}", self.downlink[rank])
         for (a, b), rate in self.inter.items():
             if a < b:
@@ -194,27 +196,24 @@ class Emulation:
             self._in(ns, "tc", "filter", "add", "dev", dev, "parent", "2:", "protocol", "ip",
                      "prio", "1", "u32", "match", "u16", "0x0000",
                      f"0x{0xffff & ~(SMALL_PACKET - 1):04x}", "at", "2", "flowid", "2:10")
+            self.acks_first.append((ns, dev))
         self.shaped.append((ns, dev))
 
     def counters(self) -> dict[str, int]:
         """Bytes each shaped device has sent so far, by 'namespace/device'."""
-        sent = {}
-        for ns, dev in self.shaped:
-            text = self._in(ns, "tc", "-s", "qdisc", "show", "dev", dev, "root")
-            match = re.search(r"Sent (\d+) bytes", text)
-            sent[f"{ns}/{dev}"] = int(match.group(1)) if match else 0
-        return sent
+        return {f"{ns}/{dev}": self._sent(ns, "qdisc", "show", "dev", dev, "root")
+                for ns, dev in self.shaped}
 
     def small_packet_bytes(self) -> dict[str, int]:
-        """Bytes each rank's uplink has sent from its first class (packets under
-        SMALL_PACKET bytes: the ACKs) so far, by 'namespace/device'; empty for FIFO queues."""
-        sent = {}
-        for ns, dev in self.shaped:
-            if dev == DATA_IF and self.host_queue == "acks-first":
-                text = self._in(ns, "tc", "-s", "class", "show", "dev", dev, "classid", "2:10")
-                match = re.search(r"Sent (\d+) bytes", text)
-                sent[f"{ns}/{dev}"] = int(match.group(1)) if match else 0
-        return sent
+        """Bytes each host queue has sent from its first class (packets under SMALL_PACKET
+        bytes: the ACKs) so far, by 'namespace/device'; empty where the queues are FIFOs."""
+        return {f"{ns}/{dev}": self._sent(ns, "class", "show", "dev", dev, "classid", "2:10")
+                for ns, dev in self.acks_first}
+
+    def _sent(self, ns: str, *show: str) -> int:
+        """The bytes `tc -s <show...>` says were sent."""
+        match = re.search(r"Sent (\d+) bytes", self._in(ns, "tc", "-s", *show))
+        return int(match.group(1)) if match else 0
 
     def close(self):
         """Remove every namespace this emulation made (their links and qdiscs go with

@@ -44,6 +44,7 @@ from exoframe.sim import resolve_sim
 LEVELS = (0.5, 0.8, 0.9, 0.95, 0.99)
 GRID = [10 ** (-1 + 4 * k / 49) for k in range(50)]  # Gbit/s
 H = 100
+FRAGMENT_LAYERS = 3  # the paper's streaming fragments: 3 layers each
 WORKLOAD = dict(n_layer=1, n_embd=32, block_size=32, train_tokens=40000, val_tokens=4000)
 
 # scale -> (parameters, layers, step seconds)
@@ -87,15 +88,15 @@ def setting(scale: str, method: str, steps: int = 2 * H) -> tuple[str, dict, int
     """(strategy, its parameters, steps) that `method` trains at `scale`."""
     strategy, params, _ = METHODS[method]
     if strategy == "streaming-diloco":
-        params = {**params, "fragments": SCALES[scale][1] // 3}
+        params = {**params, "fragments": SCALES[scale][1] // FRAGMENT_LAYERS}
     return strategy, params, 10 if strategy == "ddp" else steps
 
 
 def projection_for(scale: str, method: str, trace: dict, bytes_factor: float = 1.0,
                    layer_buckets: bool = True) -> Projection:
     """The paper's model size, step time and payload bits; buckets of one layer (a
-    fragment: 3 buckets of the small model's fragment, ceil(N/F) values, a hair over 3
-    layers' share) or torch's 25 MiB."""
+    fragment: FRAGMENT_LAYERS buckets of the small model's fragment, ceil(N/F) values, a
+    hair over that many layers' share) or torch's 25 MiB."""
     parameters, layers, step = SCALES[scale]
     strategy, params, _ = setting(scale, method)
     bits = METHODS[method][2] * bytes_factor
@@ -103,7 +104,7 @@ def projection_for(scale: str, method: str, trace: dict, bytes_factor: float = 1
     if strategy == "streaming-diloco":
         values = trace["model_parameters"]
         share = math.ceil(values / params["fragments"]) / values
-        bucket_mib = parameters * share * bits / 8 / 2 ** 20 / 3
+        bucket_mib = parameters * share * bits / 8 / 2 ** 20 / FRAGMENT_LAYERS
     return Projection(parameters, step, bits, bucket_mib if layer_buckets else 25)
 
 
@@ -146,7 +147,7 @@ def rule_utilization(parameters: float, layers: int, step: float, bits: float, m
     last bucket, and the run once nothing is in flight. Utilization = compute / elapsed
     time."""
     strategy, params, _ = METHODS[method]
-    fragments = layers // 3
+    fragments = layers // FRAGMENT_LAYERS
     offsets = [((f + 1) * H // fragments) % H for f in range(fragments)]
     tau = params.get("tau", 0)
     model_bytes = parameters * bits / 8
@@ -159,7 +160,7 @@ def rule_utilization(parameters: float, layers: int, step: float, bits: float, m
         elif strategy == "diloco":
             exchanges = [(model_bytes, layers, s)] if s % H == 0 else []
         else:
-            exchanges = [(model_bytes / fragments, 3, s + tau)
+            exchanges = [(model_bytes / fragments, FRAGMENT_LAYERS, s + tau)
                          for offset in offsets if s % H == offset]
         start = elapsed
         for nbytes, buckets, wait_at in exchanges:

@@ -245,13 +245,12 @@ def _comm_rows(summary: dict) -> list:
 
 # How exchanges overlapped with compute were simulated (README, "How close is the simulated
 # clock to a real network?"), said on every run that overlaps them.
-OVERLAP_NOTE = ("{share:.0%} of compute ran beside the nodes' exchanges in flight, which moved "
-                "at the network's pace, as where the CPU is free for them (GPU hosts); where "
-                "the ranks' compute takes the cores they need, give the compute model "
-                "overlap=<bandwidth> (4 ranks on 2 cores: overlap=" + MACHINE_OVERLAP + ")")
-OVERLAP_RATE_NOTE = ("{share:.0%} of compute ran beside the nodes' exchanges in flight, which "
-                     "moved at most {rate} each way while their ranks computed (the compute "
-                     "model's overlap=)")
+_OVERLAPPED = "{share:.0%} of compute ran beside the nodes' exchanges in flight, which moved "
+OVERLAP_NOTE = (_OVERLAPPED + "at the network's pace, as where the CPU is free for them (GPU "
+                "hosts); where the ranks' compute takes the cores they need, give the compute "
+                "model overlap=<bandwidth> (4 ranks on 2 cores: overlap=" + MACHINE_OVERLAP + ")")
+OVERLAP_RATE_NOTE = (_OVERLAPPED + "at most {rate} each way while their ranks computed (the "
+                     "compute model's overlap=)")
 
 
 def _failure_rows(summary: dict) -> list:

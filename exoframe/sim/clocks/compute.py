@@ -75,17 +75,19 @@ class ComputeModel:
         return replace(self, peak=DEVICES[device][0], device=device)
 
     def describe(self) -> str:
-        overlap = ("" if self.overlap_rate is None
-                   else f", overlap={format_bandwidth(self.overlap_rate)}")
+        if self.overlap_rate is None:
+            return self._describe_model()
+        return f"{self._describe_model()}, overlap={format_bandwidth(self.overlap_rate)}"
+
+    def _describe_model(self) -> str:
         if self.kind == "measured":
-            return "measured" + overlap
+            return "measured"
         if self.kind == "fixed":
-            return f"fixed:{self.step_seconds:g}s/step" + overlap
+            return f"fixed:{self.step_seconds:g}s/step"
         step = f", {self.step_seconds:.4g}s/step" if self.step_seconds is not None else ""
         if self.peak is None:
-            return f"flops:{self.device} (× {self.efficiency:g}){overlap}"
-        return (f"flops:{self.device} ({self.peak:.3g} FLOP/s × {self.efficiency:g}{step})"
-                + overlap)
+            return f"flops:{self.device} (× {self.efficiency:g})"
+        return f"flops:{self.device} ({self.peak:.3g} FLOP/s × {self.efficiency:g}{step})"
 
 
 def device_from_name(name: str | None) -> str:

@@ -50,7 +50,6 @@ class Simulator:
         self.plans = Plans(topology.algorithms, algorithms, topology)
         self.env = Environment()
         self.network = FlowNetwork(self.env, topology, seed, overlap_rate)
-        self.overlapping = overlap_rate is not None
         # Unlimited links, no latency: an operation completes when its last participant
         # joins, with no flows to simulate.
         self.ideal = topology.is_ideal()
@@ -123,8 +122,8 @@ class Simulator:
         """A running rank's clock moves only by computing: it computed from its last
         reported time to t. No network event after that time has been processed yet (it was
         not safe), so the network can still slow its exchanges over that stretch."""
-        if self.overlapping and not (self.blocked[rank] or self.finished[rank]
-                                     or rank in self.outside):
+        if self.network.busy_rate is not None and not (
+                self.blocked[rank] or self.finished[rank] or rank in self.outside):
             self.network.computing(rank, self.bound[rank], t)
 
     def rank_done(self, rank: int):
