@@ -34,6 +34,9 @@ DATA_NET, CONTROL_NET = "10.213.1", "10.213.2"
 HOST_QUEUES = ("acks-first", "fifo")
 SMALL_PACKET = 128  # bytes: a pure ACK (52-84 bytes with options) is under it, data is not
 HOST_QUEUE_PACKETS = 1000  # a host's egress queue: Linux's default txqueuelen
+# tbf's bucket, the larger of the two: 2 ms keeps 1 Gbit/s whole on this busy machine (0.5 ms
+# lost half of it); a full bucket starts each exchange at line rate, so no more than that
+BURST_FRAMES, BURST_SECONDS = 2, 0.002
 DATA_IF, CONTROL_IF = "d0", "c0"
 
 
@@ -171,14 +174,14 @@ class Emulation:
         self._in(ns, "ip", "link", "set", inner, "up")
 
     def _shape(self, ns: str, dev: str, rate: float, acks_first: bool = False):
-        """tbf at `rate` bytes/s on dev's egress: a burst of 2 ms at that rate (at least a
-        few frames) and a queue of 50 ms. acks_first: a host's queue under the tbf instead,
-        an htb whose first class (packets under SMALL_PACKET bytes) is served before the
-        second (the rest), each holding HOST_QUEUE_PACKETS; the classes' rates are far above
-        the tbf's, so only their order acts."""
+        """tbf at `rate` bytes/s on dev's egress: a burst of BURST_SECONDS at that rate (at
+        least BURST_FRAMES frames) and a queue of 50 ms. acks_first: a host's queue under the
+        tbf instead, an htb whose first class (packets under SMALL_PACKET bytes) is served
+        before the second (the rest), each holding HOST_QUEUE_PACKETS; the classes' rates are
+        far above the tbf's, so only their order acts."""
         if math.isinf(rate):
             return
-        burst = max(16 * 1514, int(rate * 0.002))
+        burst = max(BURST_FRAMES * 1514, int(rate * BURST_SECONDS))
         limit = max(64 * 1514, int(rate * 0.05))
         self._in(ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate",
                  f"{int(rate * 8)}bit", "burst", str(burst), "limit", str(limit))
