@@ -47,7 +47,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from exoframe.sim.clocks.compute import MACHINE_OVERLAP  # noqa: E402
 from netns import (DATA_IF, HOST_QUEUES, Emulation, EmulationError,  # noqa: E402
-                   check_can_emulate, leftovers, sh)
+                   add_emulation_options, check_can_emulate, leftovers, rank_sysctls, sh)
 
 REPO = Path(__file__).resolve().parent.parent
 GBIT_NIC = "1gbit"
@@ -352,13 +352,7 @@ def parse_options(names):
                         help="the twin's compute model's overlap=: what an exchange moves while "
                              "its rank computes (this machine, 4 ranks on 2 cores: "
                              f"{MACHINE_OVERLAP})")
-    parser.add_argument("--rank-sysctl", action="append", default=[], metavar="KEY=VALUE",
-                        help="a sysctl of every rank's namespace, repeatable (e.g. "
-                             "net.ipv4.tcp_slow_start_after_idle=0)")
-    parser.add_argument("--host-queue", choices=HOST_QUEUES, default=HOST_QUEUES[0],
-                        help="the ranks' own egress queue: pure ACKs ahead of data, as "
-                             "Linux's default qdisc serves them (default), or a FIFO "
-                             "(benchmarks/netns.py)")
+    add_emulation_options(parser)
     return parser.parse_args()
 
 
@@ -389,11 +383,11 @@ def main() -> int:
                   f"{', '.join(STRATEGIES)}.", file=sys.stderr)
             return 2
     protocol = yaml.safe_load(options.protocol)
-    if any("=" not in item for item in options.rank_sysctl):
-        print("--rank-sysctl: give KEY=VALUE, e.g. net.ipv4.tcp_slow_start_after_idle=0.",
-              file=sys.stderr)
+    try:
+        sysctls = rank_sysctls(options)
+    except EmulationError as e:
+        print(e, file=sys.stderr)
         return 2
-    sysctls = dict(item.split("=", 1) for item in options.rank_sysctl)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, stop_on_signal)
     tag = f"b{os.getpid()}"

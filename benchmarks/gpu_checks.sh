@@ -34,12 +34,12 @@ stage() {  # stage SECONDS LOG COMMAND...: run it under a limit, its output kept
 
 stage "${TESTS_SECONDS:-110}" "$out/tests.log" $python -m pytest -q -p no:cacheprovider \
   -o addopts= tests/test_gpu.py tests/test_placement.py
-stage "${BENCH_SECONDS:-280}" "$out/bench.log" $python benchmarks/gpu_step_time.py --measured \
+stage "${BENCH_SECONDS:-310}" "$out/bench.log" $python benchmarks/gpu_step_time.py --measured \
   ${BENCH_ARGS:-}
 stage "${IN_PROCESS_SECONDS:-40}" "$out/bench_variants.log" $python benchmarks/gpu_step_time.py \
   --cases gpt85m-bf16 --no-plain --field in_process=true
 stage "${OFFLOAD_SECONDS:-40}" "$out/bench_variants.log" $python benchmarks/gpu_step_time.py \
   --cases gpt85m-bf16 --no-plain --field offload=true
-stage "${TURNS_SECONDS:-50}" "$out/turns.log" $python benchmarks/gpu_turns.py
-stage "${PROFILE_SECONDS:-60}" "$out/profile.log" $python benchmarks/gpu_profile.py \
+stage "${TURNS_SECONDS:-40}" "$out/turns.log" $python benchmarks/gpu_turns.py
+stage "${PROFILE_SECONDS:-40}" "$out/profile.log" $python benchmarks/gpu_profile.py \
   --case gpt85m-bf16 --steps 21 --out "$out/profile"

@@ -1,13 +1,16 @@
 """Seconds per step on one GPU: exoframe's nodes packed in one worker on the device, against
 plain single-process loops doing the same compute (issue 43's cases), side by side.
 
-    python benchmarks/gpu_step_time.py [--cases gpt85m,gpt85m-bf16,one-node,tiny64,tiny1024]
+    python benchmarks/gpu_step_time.py [--cases gpt85m,gpt85m-tf32,gpt85m-bf16,one-node,tiny64,
+                                               tiny1024]
                                        [--steps 41] [--device cuda:0] [--measured]
 
 - gpt85m (fp32) / gpt85m-bf16: a GPT of 85M parameters (-w n_layer=12 -w n_embd=768
   -w n_head=12 -w block_size=256, batch 16), 4 nodes, DiLoCo H=10; the plain loop steps the
-  4 models in turn (AdamW each, the outer Nesterov step every 10), and in bf16 the stacked
-  limit: the 4 replicas as one model under torch.func vmap, one AdamW over them;
+  4 models in turn (AdamW each, the outer Nesterov step every 10), and in bf16 and tf32 the
+  stacked limit: the 4 replicas as one model under torch.func vmap, one AdamW over them;
+- gpt85m-tf32: the same in fp32 with TF32 matmuls (--precision tf32), as EXO Gym runs its
+  "fp32" (its TrainNode sets torch's allow_tf32 flags); its plain loops set them too;
 - one-node: that GPT, 1 node (ddp), against 1 model in a loop;
 - tiny64: the default gpt workload, 64 nodes fedavg (H=10), against 64 models in turn, and
   stacked under vmap;
@@ -43,6 +46,7 @@ from exoframe.engine.node.packing import STEPS_PER_TURN
 GPT_85M = dict(n_layer=12, n_embd=768, n_head=12, block_size=256)
 CASES = {  # name: (workload params, nodes, strategy, params, precision)
     "gpt85m": (GPT_85M, 4, "diloco", {"H": 10}, "fp32"),
+    "gpt85m-tf32": (GPT_85M, 4, "diloco", {"H": 10}, "tf32"),
     "gpt85m-bf16": (GPT_85M, 4, "diloco", {"H": 10}, "bf16"),
     "one-node": (GPT_85M, 1, "ddp", {}, "bf16"),
     "tiny64": ({}, 64, "fedavg", {"H": 10}, "fp32"),
@@ -191,9 +195,10 @@ def plain_loops(case: str, steps: int, device: str, cudnn_attention: bool = True
     for it (see above)."""
     torch.set_num_threads(1)
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
+    torch.backends.cuda.matmul.allow_tf32 = CASES[case][-1] == "tf32"  # as EXO Gym sets it
     turn = plain_in_turn(case, steps, device) if case != "tiny1024" else None
     stack = None
-    if case in ("gpt85m-bf16", "tiny64"):
+    if case in ("gpt85m-tf32", "gpt85m-bf16", "tiny64"):
         try:
             stack = stacked(case, steps, device)
         except Exception as e:  # a model vmap cannot take: say so, go on

@@ -51,6 +51,24 @@ def sh(*command: str, check: bool = True) -> str:
     return done.stdout
 
 
+def add_emulation_options(parser):
+    """The options every benchmark on this emulation takes: --rank-sysctl, --host-queue."""
+    parser.add_argument("--rank-sysctl", action="append", default=[], metavar="KEY=VALUE",
+                        help="a sysctl of every rank's namespace, repeatable (e.g. "
+                             "net.ipv4.tcp_slow_start_after_idle=0)")
+    parser.add_argument("--host-queue", choices=HOST_QUEUES, default=HOST_QUEUES[0],
+                        help="the ranks' own egress queue: pure ACKs ahead of data, as "
+                             "Linux's default qdisc serves them (default), or a FIFO")
+
+
+def rank_sysctls(options) -> dict[str, str]:
+    """--rank-sysctl's items by key; EmulationError for one that is not KEY=VALUE."""
+    if any("=" not in item for item in options.rank_sysctl):
+        raise EmulationError("--rank-sysctl: give KEY=VALUE, e.g. "
+                             "net.ipv4.tcp_slow_start_after_idle=0.")
+    return dict(item.split("=", 1) for item in options.rank_sysctl)
+
+
 def check_can_emulate():
     """Raise EmulationError (one line) where namespaces and tbf cannot be used."""
     if not os.path.exists("/proc/self/ns/net"):

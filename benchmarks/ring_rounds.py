@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from netns import HOST_QUEUES, Emulation, EmulationError, check_can_emulate  # noqa: E402
+from netns import (Emulation, EmulationError, add_emulation_options,  # noqa: E402
+                   check_can_emulate, rank_sysctls)
 
 from exoframe.sim.network.tcp import TcpModel  # noqa: E402
 
@@ -89,12 +90,10 @@ def main() -> int:
     parser.add_argument("--rates", default="20,50,100,200", help="Mbit/s per link")
     parser.add_argument("--congestion", default="bbr")
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--rank-sysctl", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--host-queue", choices=HOST_QUEUES, default=HOST_QUEUES[0],
-                        help="the ranks' own egress queue (benchmarks/netns.py)")
+    add_emulation_options(parser)
     options = parser.parse_args()
-    sysctls = dict(item.split("=", 1) for item in options.rank_sysctl)
     try:
+        sysctls = rank_sysctls(options)
         check_can_emulate()
         for mbit in (float(r) for r in options.rates.split(",")):
             times, model = rounds_at(mbit, options.congestion, options.rounds, sysctls,

@@ -22,7 +22,7 @@ MAX_NODES = 1024
 
 ON_NONFINITE = ("stop", "continue")
 SCHEDULES = ("constant", "linear", "cosine", "wsd")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 VAL_REPLICAS = ("last", "every")
 # What `exoframe sweep` runs where neither its flags nor its config file say.
 SWEEP_STRATEGIES, SWEEP_NETS, SWEEP_OUT = ("ddp", "diloco"), ("wan-100mbps",), "sweeps"
@@ -90,7 +90,8 @@ class RunConfig:
         "step.")
     accumulate: int = option(1, help="Micro-batches of --batch-size per step.")
     precision: str = option("fp32", choices=PRECISIONS,
-                            help="Autocast precision (fp16 with a loss scaler).")
+                            help="Autocast precision (fp16 with a loss scaler); tf32: fp32, "
+                            "with a CUDA GPU's matmuls and convolutions in TF32.")
     device: str = option("cpu", help="auto, cpu, cuda (ranks round-robin over the GPUs), "
                          "cuda:N or mps.")
     epochs: typing.Optional[int] = option(None, help="Passes over each rank's shard; replaces "

@@ -3,8 +3,11 @@ process per node, admitted by the GPU's memory, and a failure stops the run clea
 Skipped without a CUDA GPU (counted through NVML: CUDA is never initialized in pytest's
 process, whose forked ranks could not use it then)."""
 import dataclasses
+import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -53,6 +56,42 @@ def test_offloaded_nodes_on_the_gpu_give_the_same_records(strategy, params):
     assert offloaded.metrics == resident.metrics
     for p, q in zip(offloaded.model.parameters(), resident.model.parameters()):
         assert torch.equal(p, q)
+
+
+# The first batch's loss through the run's initial model, with fp32 and with TF32 matmuls,
+# in a process of its own (CUDA is never initialized in pytest's).
+FIRST_LOSS = """
+import json, sys
+import torch
+from exoframe.config import RunConfig
+from exoframe.engine import job_from_config
+from exoframe.engine.node.data import Batches
+from exoframe.engine.node.loop import to_device
+job = job_from_config(RunConfig(**json.loads(sys.argv[1])).validate())
+device = torch.device("cuda:0")
+batch = to_device(Batches(job.dataset(0, 1, "train"), job.batch_size, job.seed, 0, job.shuffle,
+                          job.drop_last).first(), device)
+model = job.model.to(device)
+losses = []
+for tf32 in (False, True):
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    losses.append(model(batch).item())
+print(json.dumps(losses))
+"""
+
+
+def test_tf32_trains_with_tf32_matmuls():
+    wide = dict(n_layer=2, n_embd=256, n_head=4, block_size=64)  # tensor-core shapes
+    fields = dict(workload="gpt", workload_params=wide, nodes=1, steps=2, eval_every=2,
+                  compute="fixed:10ms", device="cuda:0", shuffle=False)
+    done = subprocess.run([sys.executable, "-c", FIRST_LOSS, json.dumps(fields)],
+                          capture_output=True, text=True, check=True)
+    fp32, tf32 = json.loads(done.stdout)
+    assert fp32 != pytest.approx(tf32, rel=1e-7, abs=0)  # TF32 rounds these matmuls
+    for precision, reference in (("fp32", fp32), ("tf32", tf32)):
+        config = RunConfig(**fields, precision=precision).validate()
+        assert execute(job_from_config(config)).metrics[0]["loss"] == \
+            pytest.approx(reference, rel=1e-6)
 
 
 def test_more_nodes_than_the_gpu_holds_are_refused_in_one_line():

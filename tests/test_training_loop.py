@@ -10,6 +10,7 @@ from conftest import Regressor
 from torch.utils.data import IterableDataset, TensorDataset
 
 import exoframe
+from exoframe.engine.node.loop import Precision, forward_backward
 from exoframe.engine.node.schedule import lr_at
 from exoframe.engine.plan import devices
 from exoframe.errors import ExoframeError
@@ -179,6 +180,41 @@ def test_fp16_trains_with_a_loss_scale():
     # torch's GradScaler at work: its initial scale, kept while no gradient overflows
     assert [row["loss_scale"] for row in result.metrics] == [2.0 ** 16] * 10
     assert "loss_scale" not in fit(strategy="ddp", steps=1).metrics[0]
+
+
+class FlagProbe(torch.nn.Module):
+    """Records torch's TF32 flags as its forward and its backward run."""
+
+    def __init__(self):
+        super().__init__()
+        self.w, self.seen = torch.nn.Parameter(torch.ones(1)), []
+
+    def flags(self, when):
+        self.seen.append((when, torch.backends.cuda.matmul.allow_tf32,
+                          torch.backends.cudnn.allow_tf32))
+
+    def forward(self, x):
+        self.flags("forward")
+        y = self.w * x
+        y.register_hook(lambda grad: self.flags("backward"))
+        return y.sum()
+
+
+def test_tf32_holds_torchs_flags_through_a_nodes_passes_and_puts_them_back():
+    """tf32 is a mode of CUDA matmuls, set by process-wide flags: on through a node's
+    forward and backward, as they were outside them (validation, the user's own code)."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    assert before == (False, True)  # torch's defaults: matmuls in fp32, convolutions in TF32
+    cpu = torch.device("cpu")
+    for name, flags in (("tf32", (True, True)), ("fp32", before)):
+        probe = FlagProbe()
+        forward_backward(probe, iter([torch.ones(2)] * 2), 2, Precision(name, cpu), cpu, 0)
+        assert probe.seen == [("forward", *flags), ("backward", *flags)] * 2
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+    with pytest.raises(ExoframeError, match=r"^precision: tf32 is how a CUDA GPU multiplies "
+                       r"fp32 matrices, and these nodes train on cpu; use --precision fp32 "
+                       r"there, or --device cuda\.$"):
+        fit(strategy="ddp", steps=1, precision="tf32")
 
 
 # -- optimizers -----------------------------------------------------------------------------

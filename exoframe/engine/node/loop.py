@@ -31,15 +31,31 @@ def to_device(batch, device: torch.device):
     return batch
 
 
+@contextlib.contextmanager
+def tf32_matmuls():
+    """CUDA matmuls of fp32 tensors in TF32 inside, and convolutions (which torch runs in
+    TF32 by default), as in any process that sets torch's allow_tf32 flags (EXO Gym does).
+    The flags are process-wide, so they are put back on leaving: validation and the user's
+    own code keep their matmuls in fp32."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = matmul.allow_tf32, conv.allow_tf32
+    matmul.allow_tf32 = conv.allow_tf32 = True
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, conv.allow_tf32 = before
+
+
 class Precision:
-    """fp32; bf16 (autocast); fp16 (autocast and a dynamic loss scale, torch's GradScaler).
+    """fp32; tf32 (fp32, the forward and backward passes' CUDA matmuls in TF32); bf16
+    (autocast); fp16 (autocast and a dynamic loss scale, torch's GradScaler).
 
     With fp16, a step whose unscaled local gradients overflow contributes zero gradients on
     that rank and the scale is halved. Unlike GradScaler, which skips the optimizer step,
     the strategy still runs (so every rank's exchanges stay matched): its optimizer steps
     with zero local gradients (Adam's moments decay, momentum carries on)."""
 
-    DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
     def __init__(self, name: str, device: torch.device):
         self.name, self.device_type = name, device.type
@@ -47,12 +63,15 @@ class Precision:
         self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
 
     def autocast(self):
+        if self.name == "tf32":
+            return tf32_matmuls()
         if self.dtype is None:  # fp32: autocast(enabled=False) would do nothing, at ~3 µs
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor):
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        with tf32_matmuls() if self.name == "tf32" else contextlib.nullcontext():
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def unscale_and_clip(self, optimizer, params, max_norm) -> float | None:
         """Unscale the local gradients (fp16), clip their total norm to `max_norm` (None: no

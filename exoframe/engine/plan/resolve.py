@@ -96,8 +96,13 @@ def resolve_names(config: RunConfig, strategy=None, pm: PluginManager | None = N
     faults = parse_faults(config.faults)
     faults.check_ranks(config.nodes)
     checked_checkpoints(config, strategy_cls, strategy_name, strategy_params)
-    return Resolved(strategy_cls, strategy_name, strategy_params, optimizer, sim,
-                    devices.resolve(config.device),
+    device = devices.resolve(config.device)
+    if config.precision == "tf32" and not device.startswith("cuda"):
+        raise ExoframeError(f"precision: tf32 is how a CUDA GPU multiplies fp32 matrices, and "
+                            f"these nodes train on {config.device}"
+                            f"{'' if device == config.device else f' ({device})'}; use "
+                            "--precision fp32 there, or --device cuda.")
+    return Resolved(strategy_cls, strategy_name, strategy_params, optimizer, sim, device,
                     tuple(sink_spec(item, pm.sinks) for item in config.sinks), faults)
 
 
