@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Issue 43's checks on a GPU machine, in one go: the CUDA tests, the step-time table, whether
-# turns cost anything by themselves, and a profile of 4 packed bf16 GPT-85M nodes' worker
-# beside the plain loop. Run from the repository's root:
+# turns cost anything by themselves, and a profile of one bf16 GPT-85M node's steady steps
+# beside the plain loop's (what the engine adds to a step). Run from the repository's root:
 #
 #     bash benchmarks/gpu_checks.sh [OUT_DIR]
 #
 # Each stage has its own time limit, so one that hangs leaves the others their time; what
 # each printed is kept in OUT_DIR (default gpu_checks): tests.log (the machine first),
 # bench.log, bench_variants.log (the bf16 case with the worker a thread of the benchmark's
-# process, not forked; then with --offload), turns.log, profile.log and profile/. Needs simpy and greenlet
-# importable (a GPU image may need them carried as wheels). The limits add up to 580 s: one
+# process, not forked; then with --offload), turns.log, profile.log and profile/. Needs simpy
+# and greenlet importable (a GPU image may need them carried as wheels). The limits add up to 580 s: one
 # device call of 600 s.
 set -u
 out=${1:-gpu_checks}
@@ -42,4 +42,4 @@ stage "${OFFLOAD_SECONDS:-40}" "$out/bench_variants.log" $python benchmarks/gpu_
   --cases gpt85m-bf16 --no-plain --field offload=true
 stage "${TURNS_SECONDS:-40}" "$out/turns.log" $python benchmarks/gpu_turns.py
 stage "${PROFILE_SECONDS:-40}" "$out/profile.log" $python benchmarks/gpu_profile.py \
-  --case gpt85m-bf16 --steps 21 --out "$out/profile"
+  --case one-node --out "$out/profile"

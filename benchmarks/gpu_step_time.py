@@ -115,9 +115,17 @@ def autocast(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
-def plain_in_turn(case: str, steps: int, device: str) -> float:
+def tf32_as_the_case_says(case: str):
+    """A tf32 case's plain loops run their matmuls in TF32 by torch's process-wide flag, as
+    EXO Gym sets it; the others in fp32."""
+    torch.backends.cuda.matmul.allow_tf32 = CASES[case][-1] == "tf32"
+
+
+def plain_in_turn(case: str, steps: int, device: str, each_step=None) -> float:
     """N models stepped one after another; every H steps their mean (DiLoCo: an outer
-    Nesterov step from it) is copied into each."""
+    Nesterov step from it) is copied into each. each_step(i): called as timed step i begins
+    (a profiler's window)."""
+    tf32_as_the_case_says(case)
     job = job_from_config(config(case, steps, device))
     _, nodes, strategy, params, precision = CASES[case]
     device = torch.device(device)
@@ -131,6 +139,8 @@ def plain_in_turn(case: str, steps: int, device: str) -> float:
         if step == WARMUP:
             sync(device)
             start = time.perf_counter()
+        if each_step is not None and step >= WARMUP:
+            each_step(step - WARMUP)
         for model, optimizer, batches in zip(models, optimizers, data):
             with autocast(precision, device):
                 loss = model(to_device(next(batches), device))
@@ -161,6 +171,7 @@ def stacked(case: str, steps: int, device: str) -> float:
     from torch.func import functional_call, stack_module_state, vmap
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    tf32_as_the_case_says(case)
     job = job_from_config(config(case, steps, device))
     _, nodes, _, _, precision = CASES[case]
     device = torch.device(device)
@@ -195,7 +206,6 @@ def plain_loops(case: str, steps: int, device: str, cudnn_attention: bool = True
     for it (see above)."""
     torch.set_num_threads(1)
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
-    torch.backends.cuda.matmul.allow_tf32 = CASES[case][-1] == "tf32"  # as EXO Gym sets it
     turn = plain_in_turn(case, steps, device) if case != "tiny1024" else None
     stack = None
     if case in ("gpt85m-tf32", "gpt85m-bf16", "tiny64"):

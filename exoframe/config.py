@@ -91,7 +91,7 @@ class RunConfig:
     accumulate: int = option(1, help="Micro-batches of --batch-size per step.")
     precision: str = option("fp32", choices=PRECISIONS,
                             help="Autocast precision (fp16 with a loss scaler); tf32: fp32, "
-                            "with a CUDA GPU's matmuls and convolutions in TF32.")
+                            "with a CUDA GPU's matmuls in TF32.")
     device: str = option("cpu", help="auto, cpu, cuda (ranks round-robin over the GPUs), "
                          "cuda:N or mps.")
     epochs: typing.Optional[int] = option(None, help="Passes over each rank's shard; replaces "
