@@ -39,7 +39,7 @@ def activities():
 
 class StepWindow:
     """cProfile and torch.profiler from the first call of at(first) to the first of
-    at(last); write(path...) puts what they saw in `out`."""
+    at(last); write(name, out) puts what they saw in `out`."""
 
     def __init__(self, first: int, last: int, python: bool = True):
         self.first, self.last = first, last
