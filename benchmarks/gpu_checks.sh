@@ -9,8 +9,8 @@
 # each printed is kept in OUT_DIR (default gpu_checks): tests.log (the machine first),
 # bench.log, bench_variants.log (the bf16 case with the worker a thread of the benchmark's
 # process, not forked; then with --offload), turns.log, profile.log and profile/. Needs simpy
-# and greenlet importable (a GPU image may need them carried as wheels). The limits add up to 580 s: one
-# device call of 600 s.
+# and greenlet importable (a GPU image may need them carried as wheels). The limits add up
+# to 580 s: one device call of 600 s.
 set -u
 out=${1:-gpu_checks}
 mkdir -p "$out/profile"

@@ -10,7 +10,8 @@ plain single-process loops doing the same compute (issue 43's cases), side by si
   4 models in turn (AdamW each, the outer Nesterov step every 10), and in bf16 and tf32 the
   stacked limit: the 4 replicas as one model under torch.func vmap, one AdamW over them;
 - gpt85m-tf32: the same in fp32 with TF32 matmuls (--precision tf32), as EXO Gym runs its
-  "fp32" (its TrainNode sets torch's allow_tf32 flags); its plain loops set them too;
+  "fp32" (its TrainNode sets torch's allow_tf32 flags); the plain loops take each case's
+  precision as the run does (engine/node/loop.py's Precision);
 - one-node: that GPT, 1 node (ddp), against 1 model in a loop;
 - tiny64: the default gpt workload, 64 nodes fedavg (H=10), against 64 models in turn, and
   stacked under vmap;
@@ -40,7 +41,7 @@ import yaml
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
 from exoframe.engine.node.data import Batches
-from exoframe.engine.node.loop import to_device
+from exoframe.engine.node.loop import Precision, to_device
 from exoframe.engine.node.packing import STEPS_PER_TURN
 
 GPT_85M = dict(n_layer=12, n_embd=768, n_head=12, block_size=256)
@@ -111,24 +112,14 @@ def sync(device: torch.device):
         torch.cuda.synchronize(device)
 
 
-def autocast(precision: str, device: torch.device):
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-
-
-def tf32_as_the_case_says(case: str):
-    """A tf32 case's plain loops run their matmuls in TF32 by torch's process-wide flag, as
-    EXO Gym sets it; the others in fp32."""
-    torch.backends.cuda.matmul.allow_tf32 = CASES[case][-1] == "tf32"
-
-
 def plain_in_turn(case: str, steps: int, device: str, each_step=None) -> float:
     """N models stepped one after another; every H steps their mean (DiLoCo: an outer
     Nesterov step from it) is copied into each. each_step(i): called as timed step i begins
     (a profiler's window)."""
-    tf32_as_the_case_says(case)
     job = job_from_config(config(case, steps, device))
     _, nodes, strategy, params, precision = CASES[case]
     device = torch.device(device)
+    precision = Precision(precision, device)  # the run's autocast, or TF32 matmuls
     models = [copy.deepcopy(job.model).to(device) for _ in range(nodes)]
     optimizers = [torch.optim.AdamW(m.parameters(), lr=job.optimizer.lr) for m in models]
     data = [Batches(job.dataset(r, nodes, "train"), job.batch_size, 0, r) for r in range(nodes)]
@@ -142,9 +133,9 @@ def plain_in_turn(case: str, steps: int, device: str, each_step=None) -> float:
         if each_step is not None and step >= WARMUP:
             each_step(step - WARMUP)
         for model, optimizer, batches in zip(models, optimizers, data):
-            with autocast(precision, device):
+            with precision.autocast():
                 loss = model(to_device(next(batches), device))
-            loss.backward()
+            precision.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
             loss.item()  # (a loss per node and step, as the run records)
@@ -171,10 +162,10 @@ def stacked(case: str, steps: int, device: str) -> float:
     from torch.func import functional_call, stack_module_state, vmap
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    tf32_as_the_case_says(case)
     job = job_from_config(config(case, steps, device))
     _, nodes, _, _, precision = CASES[case]
     device = torch.device(device)
+    precision = Precision(precision, device)
     models = [copy.deepcopy(job.model).to(device) for _ in range(nodes)]
     weights, buffers = stack_module_state(models)
     optimizer = torch.optim.AdamW(weights.values(), lr=job.optimizer.lr)
@@ -190,10 +181,10 @@ def stacked(case: str, steps: int, device: str) -> float:
             start = time.perf_counter()
         batch = torch.stack([to_device(next(batches), device)[0] for batches in data])
         # (vmap's efficient-attention backward rejects its batched strides: flash, or math)
-        with autocast(precision, device), sdpa_kernel([SDPBackend.FLASH_ATTENTION,
-                                                       SDPBackend.MATH]):
+        with precision.autocast(), sdpa_kernel([SDPBackend.FLASH_ATTENTION,
+                                                SDPBackend.MATH]):
             losses = vmap(loss_of, in_dims=(0, 0, 0))(weights, buffers, (batch,))
-        losses.sum().backward()
+        precision.backward(losses.sum())
         optimizer.step()
         optimizer.zero_grad()
         losses.tolist()
