@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_step_time import config, exoframe_step, plain_in_turn  # beside this file
+from gpu_step_time import check_cases, exoframe_step, plain_in_turn  # beside this file
 
 from exoframe.engine.launch import hosting, launcher
 from exoframe.engine.node.rank import Rank
@@ -133,13 +133,13 @@ def main():
     parser.add_argument("--out", default="profile")
     parser.add_argument("--no-plain", action="store_true", help="exoframe's run alone")
     options = parser.parse_args()
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
     first, last = (int(step) for step in options.window.split(","))
     if not 1 <= first < last <= options.steps:
         parser.error(f"--window: give FIRST,LAST with 1 <= FIRST < LAST <= --steps "
                      f"({options.steps}), not {options.window}")
-    config(options.case, options.steps, options.device)  # (checks the case)
+    check_cases(parser, [options.case], options.steps, options.device)
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
     profile_rank_zero(out, (first, last))
     ours = exoframe_step(options.case, options.steps, options.device)
     print(f"exoframe: {ours * 1e3:.1f} ms per step (with the run's end)", flush=True)

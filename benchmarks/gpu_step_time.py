@@ -43,6 +43,8 @@ from exoframe.engine import execute, job_from_config
 from exoframe.engine.node.data import Batches
 from exoframe.engine.node.loop import Precision, to_device
 from exoframe.engine.node.packing import STEPS_PER_TURN
+from exoframe.engine.plan import devices
+from exoframe.errors import ExoframeError
 
 GPT_85M = dict(n_layer=12, n_embd=768, n_head=12, block_size=256)
 CASES = {  # name: (workload params, nodes, strategy, params, precision)
@@ -63,6 +65,19 @@ def config(case: str, steps: int, device: str, **fields) -> RunConfig:
                strategy=strategy, strategy_params=strategy_params, precision=precision,
                device=device, eval_every=steps, compute="fixed:100ms")
     return RunConfig(**{**run, **fields}).validate()
+
+
+def check_cases(parser: argparse.ArgumentParser, cases: list[str], steps: int, device: str,
+                **fields):
+    """Every case known and its run's config valid on this machine's device, or one line
+    (before anything runs)."""
+    for case in cases:
+        if case not in CASES:
+            parser.error(f"--cases: unknown case {case!r}; cases: {', '.join(CASES)}")
+        try:
+            devices.resolve(config(case, steps, device, **fields).device)
+        except ExoframeError as error:
+            parser.error(str(error))
 
 
 def exoframe_step(case: str, steps: int, device: str, **fields) -> float:
@@ -238,6 +253,7 @@ def main():
     torch.backends.cuda.enable_cudnn_sdp(not options.no_cudnn_attention)
     fields = {name: yaml.safe_load(value)
               for name, _, value in (f.partition("=") for f in options.field)}
+    check_cases(parser, options.cases.split(","), options.steps, options.device, **fields)
     spawned = multiprocessing.get_context("spawn")
     print(f"{'case':<12} {'exoframe':>10} {'whole run':>10} {'in turn':>10} {'ratio':>7} "
           f"{'stacked':>10} {'ratio':>7}   (ms per step, {options.device})", flush=True)

@@ -36,10 +36,10 @@ PARTS = [
     ("model: forward and backward", r"torch/(nn|autograd)/|exoframe/workloads/|forward_backward"),
     ("optimizers (inner, outer)", r"torch/optim/"),
     ("exchanges", r"torch/distributed/|exoframe/comm/"),
-    ("data", r"torch/utils/data/|exoframe/engine/data\.py"),
+    ("data", r"torch/utils/data/|exoframe/engine/node/data\.py"),
     ("clock", r"exoframe/sim/"),
-    ("messages to the launcher", r"multiprocessing/|exoframe/engine/messages\.py"),
-    ("packing: node switches", r"greenlet|exoframe/engine/packing\.py"),
+    ("messages to the launcher", r"multiprocessing/|exoframe/engine/ipc/"),
+    ("packing: node switches", r"greenlet|exoframe/engine/node/(packing|node_globals|node_host)\.py"),
     ("strategy", r"exoframe/strategies/"),
     ("engine bookkeeping", r"exoframe/"),
 ]
@@ -47,10 +47,10 @@ PLAIN_PARTS = ("model: forward and backward", "optimizers (inner, outer)", "data
 # A node's start-up: rank.py's phases before its first step (its model copied, its
 # generators seeded, its pieces built, a checkpoint read), and what they call.
 STARTUP = re.compile(r"init_process_group|rendezvous|prepare \(|_bootstrap|make_clock|"
-                     r"Strategy\.__init__|setup \(|join \([^)]*exoframe/engine/rank|seed_rank \(|"
+                     r"Strategy\.__init__|setup \(|join \([^)]*exoframe/engine/node/|seed_rank \(|"
                      r"Rank\.__init__|Rank\.resume")
 WAITING = re.compile(r"(^|\.)(select|poll|wait|_recv|_recv_bytes|recv_bytes|sleep|acquire|get) \(")
-IN_TRAINING = re.compile(r"exoframe/engine/(rank|packing)\.py")
+IN_TRAINING = re.compile(r"exoframe/engine/node/(rank|packing)\.py")
 
 
 def classify(frames: list[str]) -> str:
@@ -91,6 +91,9 @@ def profile_run(nodes: int, steps: int, rate: int, extra: list[str]) -> dict:
         else:
             worker[classify(frames)] += count
     shutil.rmtree(out, ignore_errors=True)
+    if not worker:
+        raise SystemExit(f"no sample of the worker's training was recognised ({IN_TRAINING.pattern} "
+                         f"in no stack): has the engine's layout moved?")
     return {"worker": worker, "startup": startup, "launcher": launcher, "imports": imports,
             "summary": summary}
 
