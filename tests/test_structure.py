@@ -3,10 +3,12 @@
 the ground floor (errors, inputs) imports nothing of exoframe; exoframe.sim imports nothing
 of exoframe outside itself but the ground floor, and no torch; the wings of the engine and of
 the simulator import one way; strategies import nothing from the config, the sinks or the
-report; no folder but strategies/ holds more than 15 modules; no module is over 400 lines."""
+report; no folder but strategies/ holds more than 15 modules; no module is over 400 lines;
+the module paths benchmarks/step_overhead.py profiles by exist."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -196,3 +198,35 @@ def test_no_folder_but_strategies_holds_more_than_15_modules():
                if len(names) > MAX_MODULES and folder.name != "strategies"}
     assert not crowded, crowded
     assert len(folders) >= 12  # (the wings were found)
+
+
+def top_level_alternatives(pattern: str) -> list[str]:
+    """A regex's alternatives split at its outermost |, groups kept whole."""
+    alternatives, depth, start = [], 0, 0
+    for i, char in enumerate(pattern):
+        depth += {"(": 1, ")": -1}.get(char, 0) if pattern[i - 1:i] != "\\" else 0
+        if char == "|" and depth == 0:
+            alternatives.append(pattern[start:i])
+            start = i + 1
+    return alternatives + [pattern[start:]]
+
+
+def test_step_overhead_profiles_name_modules_that_exist():
+    """benchmarks/step_overhead.py gives py-spy's samples to parts by the engine's file paths;
+    when a module moved, every worker sample fell to "start-up" and the table read all zeros.
+    Each alternative naming an exoframe path matches a module of the package."""
+    sys.path.insert(0, str(PACKAGE.parent / "benchmarks"))
+    import step_overhead
+
+    paths = [str(path.relative_to(PACKAGE.parent).as_posix()) for path in module_files().values()]
+    patterns = [pattern for _, pattern in step_overhead.PARTS]
+    patterns += [step_overhead.STARTUP.pattern, step_overhead.IN_TRAINING.pattern]
+    named = [alternative[alternative.index("exoframe/"):]
+             for pattern in patterns for alternative in top_level_alternatives(pattern)
+             if "exoframe/" in alternative and not alternative.endswith("exoframe/")]
+    assert len(named) >= 8
+    missing = [name for name in named if not any(re.search(name, path) for path in paths)]
+    assert not missing, f"step_overhead.py names paths no module has: {missing}"
+    for module in ("rank.py", "packing.py"):  # the training loop's own frames
+        assert any(step_overhead.IN_TRAINING.search(path) and path.endswith(module)
+                   for path in paths)
