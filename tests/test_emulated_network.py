@@ -46,7 +46,7 @@ def test_the_smallest_emulated_case_trains_as_its_twin_and_leaves_nothing(tmp_pa
     # a step's exchange) went over the control network.
     assert 1.0 < result["tc_per_payload"] / result["payload"] < 1.2
     # The uplinks sent the ACKs ahead of the data (netns.py's host queue): about 2 % of
-    # their bytes (a 66-byte ACK every 2.2 segments of 1514), not none and not the data.
+    # their bytes (a 66-byte ACK every 2.5 segments of 1514), not none and not the data.
     assert 0.01 < result["small_share"] < 0.04
     assert result["transfer_per_sync"] > 0 and result["simulated"] > 0
     # Nothing left: no namespace, and no process of the run.

@@ -226,9 +226,9 @@ def test_a_projected_sweep_reports_only_the_projected_model(tmp_path, capsys):
     assert {r["projection"] for r in rows} == {"1e+08 params, 0.2 s/step"}
     by_net = {r["net"]: r for r in rows}
     # The presets model TCP (protocol: tcp): a 1448-byte segment travels in a 1514-byte
-    # frame, and each uplink also carries the ACKs (66 bytes per 2.2 segments) of the flow
-    # coming the other way, so a flow gets B / (1514/1448 + 66/(2.2 * 1448)).
-    wire = 1514 / 1448 + 66 / (2.2 * 1448)
+    # frame, and each uplink also carries the ACKs (66 bytes per 2.5 segments) of the flow
+    # coming the other way, so a flow gets B / (1514/1448 + 66/(2.5 * 1448)).
+    wire = 1514 / 1448 + 66 / (2.5 * 1448)
     for net, bandwidth, latency in (("wan-1gbps", 1e9 / 8, 0.010), ("wan-100mbps", 1e8 / 8, 0.025)):
         ring = 2 * (2 - 1) * (latency + 4e8 * wire / (2 * bandwidth))  # ± jitter: ms per step
         assert 3 * (0.2 + ring - 0.01) < by_net[net]["simulated_seconds"] < 3 * (0.2 + ring + 0.01)

@@ -2,6 +2,9 @@
 leaves protocol out) against closed forms derived here from TCP's mechanics, and
 `protocol: none` against the exact alpha-beta model."""
 import math
+import sys
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -40,9 +43,9 @@ def test_one_flow_pays_the_frame_headers_and_a_ring_pays_the_acks_coming_back():
     [alone] = deliveries(net, [(0.0, 0, 1, size)])
     assert close(alone, size * 1514 / 1448 / B)
     # 0 -> 1 and 1 -> 0 at once: each uplink carries one flow's frames and the other's
-    # ACKs, 66 bytes every 2.2 segments.
+    # ACKs, 66 bytes every 2.5 segments.
     both = deliveries(net, [(0.0, 0, 1, size), (0.0, 1, 0, size)])
-    per_byte = 1514 / 1448 + 66 / (2.2 * 1448)
+    per_byte = 1514 / 1448 + 66 / (2.5 * 1448)
     assert all(close(t, size * per_byte / B) for t in both)
 
 
@@ -77,7 +80,7 @@ def test_a_network_file_without_protocol_gets_the_presets_tcp_model(tmp_path):
     net = load_network(str(path), Registry("networks")).topology(2)
     assert net.protocol == TcpModel()
     both = deliveries(net, [(0.0, 0, 1, 5e6), (0.0, 1, 0, 5e6)])
-    per_byte = 1514 / 1448 + 66 / (2.2 * 1448)
+    per_byte = 1514 / 1448 + 66 / (2.5 * 1448)
     assert all(close(t, 5e6 * per_byte / (100e6 / 8) + 0.010) for t in both)
     # `protocol:` with nothing after it is not a way to say none: one line says what is.
     path.write_text("bandwidth: 100mbit\nprotocol:\n")
@@ -137,3 +140,38 @@ def test_the_emulated_benchmarks_held_out_cases_are_apart_from_those_fitted_on()
                for c in held_out)
     assert any(c.steps is not None for c in held_out)  # step counts
     assert any(c.congestion == "cubic" for c in held_out)
+
+
+def test_fit_tcp_model_rescales_as_the_simulator_and_recovers_the_constants():
+    """benchmarks/fit_tcp_model.py refits segments_per_ack and shared_efficiency from
+    emulated runs by rescaling each row's simulated communication. The rescaling is checked
+    against the simulator (a ring's flows on a star, and across two sites whose link two of
+    them share), and the fit recovers the constants that made a set of rows."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import fit_tcp_model as fitting
+
+    used, truth = (TcpModel(segments_per_ack=2.2, shared_efficiency=0.93),
+                   TcpModel(segments_per_ack=3.0, shared_efficiency=0.85))
+    ring = [(0.0, r, (r + 1) % 4, 4e6) for r in range(4)]
+    two_sites = dict(bandwidth="1gbit", sites={"a": {"ranks": [0, 2]}, "b": {"ranks": [1, 3]}},
+                     links=[{"between": ["a", "b"], "bandwidth": "50mbit"}])
+    for keys, shared in ((dict(bandwidth="100mbit"), False), (two_sites, True)):
+        assert fitting.shared_link(keys, 4) is shared
+        before, after = (max(deliveries(topology(4, protocol=asdict(model), **keys), ring))
+                         for model in (used, truth))
+        row = {"case": "x", "real": after, "simulated": before, "comm_share": 1.0}
+        assert close(fitting.rescaled_ratio(row, shared, used, truth), 1.0)
+
+    names = ["star-20mbit ddp", "star-100mbit diloco", "sites-1flow ddp",
+             "sites-2flows ddp", "sites-2flows-cubic diloco"]
+    shared = fitting.shared_by_case([{"case": name} for name in names], 4)
+    assert [shared[name] for name in names] == [False, False, False, True, True]
+    rows = []
+    for i, name in enumerate(names):  # each made by `truth`, simulated with `used`
+        simulated, comm = 3.0 + i, 0.6 + 0.08 * i
+        factor = ((1514 + 66 / 3.0) / (1514 + 66 / 2.2)) * (0.93 / 0.85 if shared[name] else 1)
+        rows.append({"case": name, "simulated": simulated, "comm_share": comm,
+                     "real": simulated * (comm * factor + 1 - comm)})
+    best = fitting.fit(rows, shared, used)
+    assert (best.segments_per_ack, best.shared_efficiency) == (3.0, 0.85)
+    assert all(close(x, 1.0) for x in fitting.ratios(rows, shared, used, best))

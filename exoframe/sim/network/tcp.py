@@ -32,9 +32,9 @@ class TcpModel:
     mtu: int = 1500  # bytes of an IP packet at most
     ip_tcp_header: int = 52  # IPv4 20 + TCP 20 + timestamps 12
     link_header: int = 14  # Ethernet, as tc counts a frame
-    segments_per_ack: float = 2.2  # delayed ACKs, merged further by GRO (measured)
+    segments_per_ack: float = 2.5  # delayed ACKs, merged further by GRO (fitted: README)
     window: float = 4 * 2 ** 20  # bytes in flight per flow (Linux's tcp_wmem maximum)
-    shared_efficiency: float = 0.93  # share of a link two or more flows get (measured)
+    shared_efficiency: float = 0.92  # share of a link two or more flows get (fitted: README)
 
     @property
     def mss(self) -> int:
