@@ -1,6 +1,7 @@
 """The network model under `protocol: tcp` (exoframe/sim/network/tcp.py, also a network file that
 leaves protocol out) against closed forms derived here from TCP's mechanics, and
 `protocol: none` against the exact alpha-beta model."""
+import json
 import math
 import sys
 from dataclasses import asdict
@@ -142,11 +143,12 @@ def test_the_emulated_benchmarks_held_out_cases_are_apart_from_those_fitted_on()
     assert any(c.congestion == "cubic" for c in held_out)
 
 
-def test_fit_tcp_model_rescales_as_the_simulator_and_recovers_the_constants():
-    """benchmarks/fit_tcp_model.py refits segments_per_ack and shared_efficiency from
-    emulated runs by rescaling each row's simulated communication. The rescaling is checked
-    against the simulator (a ring's flows on a star, and across two sites whose link two of
-    them share), and the fit recovers the constants that made a set of rows."""
+def test_fit_tcp_model_rescales_as_the_simulator_and_recovers_the_constants(tmp_path):
+    """benchmarks/fit_tcp_model.py refits segments_per_ack (on the stars) and
+    shared_efficiency (on shared links) from emulated runs, by rescaling each row's simulated
+    communication. The rescaling is checked against the simulator (a ring's flows on a
+    star, and across two sites whose link two of them share), and the fit recovers the
+    constants that made two files of rows simulated with other constants."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import fit_tcp_model as fitting
 
@@ -162,16 +164,27 @@ def test_fit_tcp_model_rescales_as_the_simulator_and_recovers_the_constants():
         row = {"case": "x", "real": after, "simulated": before, "comm_share": 1.0}
         assert close(fitting.rescaled_ratio(row, shared, used, truth), 1.0)
 
-    names = ["star-20mbit ddp", "star-100mbit diloco", "sites-1flow ddp",
-             "sites-2flows ddp", "sites-2flows-cubic diloco"]
-    shared = fitting.shared_by_case([{"case": name} for name in names], 4)
-    assert [shared[name] for name in names] == [False, False, False, True, True]
-    rows = []
-    for i, name in enumerate(names):  # each made by `truth`, simulated with `used`
-        simulated, comm = 3.0 + i, 0.6 + 0.08 * i
-        factor = ((1514 + 66 / 3.0) / (1514 + 66 / 2.2)) * (0.93 / 0.85 if shared[name] else 1)
-        rows.append({"case": name, "simulated": simulated, "comm_share": comm,
-                     "real": simulated * (comm * factor + 1 - comm)})
-    best = fitting.fit(rows, shared, used)
+    def made_by_truth(names, shared):
+        rows = []
+        for i, name in enumerate(names):
+            simulated, comm = 3.0 + i, 0.8 + 0.05 * i
+            factor = (1514 + 66 / 3.0) / (1514 + 66 / 2.2) * (0.93 / 0.85 if shared else 1)
+            rows.append({"case": name, "simulated": simulated, "comm_share": comm,
+                         "real": simulated * (comm * factor + 1 - comm)})
+        return rows
+
+    (tmp_path / "a.json").write_text(json.dumps(
+        made_by_truth(["star-20mbit ddp", "star-100mbit diloco"], False)
+        + made_by_truth(["sites-2flows ddp"], True)))
+    (tmp_path / "b.json").write_text(json.dumps(
+        made_by_truth(["sites-1flow ddp"], False)
+        + made_by_truth(["sites-2flows-cubic diloco"], True)))
+    runs = [fitting.load(f"{tmp_path / name}:segments_per_ack=2.2,shared_efficiency=0.93", 4)
+            for name in ("a.json", "b.json")]
+    assert [sorted(case for case, yes in one.star.items() if yes) for one in runs] == \
+        [["star-100mbit diloco", "star-20mbit ddp"], []]
+    assert [sorted(case for case, yes in one.shared.items() if yes) for one in runs] == \
+        [["sites-2flows ddp"], ["sites-2flows-cubic diloco"]]
+    best = fitting.fit(runs, TcpModel())
     assert (best.segments_per_ack, best.shared_efficiency) == (3.0, 0.85)
-    assert all(close(x, 1.0) for x in fitting.ratios(rows, shared, used, best))
+    assert all(close(x, 1.0) for x in fitting.ratios(runs, best))
