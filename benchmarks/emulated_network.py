@@ -8,9 +8,10 @@ compute per step the real run measured, so that only the network differs.
     sudo python benchmarks/emulated_network.py --cases held-out     # the cases only checked
     sudo python benchmarks/emulated_network.py --cases star-100mbit --strategies diloco
 
-The TCP model's measured constants were fitted on the first set; the held-out set (other
-payload sizes, step counts, bandwidths, layouts, CUBIC) checks it, and the last lines give
-each set's error apart.
+The TCP model's measured constants are fitted on the first set (--json, then
+benchmarks/fit_tcp_model.py; each row records the twin's tcp model); the held-out set
+(other payload sizes, step counts, bandwidths, layouts, CUBIC) checks them, and the last
+lines give each set's error apart.
 
 Needs root on Linux (one line otherwise); leaves no namespace, link or process behind, also
 when interrupted. The twin's compute per step is the time the real ranks took, per step,
@@ -39,13 +40,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
+from exoframe.errors import ExoframeError  # noqa: E402
 from exoframe.sim.clocks.compute import MACHINE_OVERLAP  # noqa: E402
+from exoframe.sim.network.tcp import parse_protocol  # noqa: E402
 from netns import (DATA_IF, HOST_QUEUES, Emulation, EmulationError,  # noqa: E402
                    add_emulation_options, check_can_emulate, leftovers, rank_sysctls, sh)
 
@@ -276,8 +279,15 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
         / max(1, uplinks),
         "same_losses": [r["loss"] for r in real_rows] == [r["loss"] for r in twin_rows],
         "same_bytes": real["bytes_sent_per_rank"] == twin["bytes_sent_per_rank"],
+        # the twin's tcp model (None: protocol none), for benchmarks/fit_tcp_model.py
+        "tcp": twin_tcp(protocol),
         "load": os.getloadavg()[0],
     }
+
+
+def twin_tcp(protocol) -> dict | None:
+    model = parse_protocol(protocol, "--protocol")
+    return None if model is None else asdict(model)
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -383,6 +393,11 @@ def main() -> int:
                   f"{', '.join(STRATEGIES)}.", file=sys.stderr)
             return 2
     protocol = yaml.safe_load(options.protocol)
+    try:
+        twin_tcp(protocol)
+    except ExoframeError as e:
+        print(e, file=sys.stderr)
+        return 2
     try:
         sysctls = rank_sysctls(options)
     except EmulationError as e:

@@ -6,7 +6,8 @@ shared_efficiency) on the emulated network's fit set, and show what they give el
                                        [--check held.json ...]
 
 Each file is emulated_network.py's --json, optionally followed by the tcp model its twins
-were simulated with (`:key=value,...`; by default the model's defaults). Several fit files
+were simulated with (`:key=value,...`; by default the one its rows record, or, in files
+written before they did, the model's defaults). Several fit files
 are pooled: one batch's rows on the two-site layouts vary by a few percent from run to run.
 
 The fit, in two stages, each the least squares of log(real / simulated) on a grid:
@@ -114,16 +115,25 @@ def load(spec: str, nodes: int) -> Runs:
 
     path, _, given = spec.partition(":")
     try:
-        pairs = {key: float(value) for key, value in
-                 (part.split("=") for part in given.split(","))} if given else "tcp"
-        simulated_with = parse_protocol(pairs, spec)
         rows = json.loads(Path(path).read_text())
+        if not isinstance(rows, list) or not rows:
+            raise ValueError("expected emulated_network.py's --json list")
+        recorded = {json.dumps(row.get("tcp", "tcp"), sort_keys=True) for row in rows}
+        if given:
+            pairs = {key: float(value) for key, value in
+                     (part.split("=") for part in given.split(","))}
+        elif len(recorded) == 1:  # the model the rows say their twins used, or the default
+            pairs = json.loads(recorded.pop())
+        else:
+            raise ValueError("its rows were simulated with different tcp models")
+        simulated_with = parse_protocol(pairs, spec)
     except ValueError as e:
         raise SystemExit(f"fit_tcp_model: {spec}: {e}; give PATH or PATH:key=value,...") from None
     except (OSError, ExoframeError) as e:
         raise SystemExit(f"fit_tcp_model: {e}") from None
-    if not isinstance(rows, list) or not rows:
-        raise SystemExit(f"fit_tcp_model: {path}: expected emulated_network.py's --json list")
+    if simulated_with is None:
+        raise SystemExit(f"fit_tcp_model: {path}: its twins ran with protocol none: no tcp "
+                         f"constants to rescale")
     known = cases(nodes)
     names = {row["case"]: row["case"].rsplit(" ", 1)[0] for row in rows}
     unknown = sorted({name for name in names.values() if name not in known})

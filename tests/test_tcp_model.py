@@ -187,4 +187,8 @@ def test_fit_tcp_model_rescales_as_the_simulator_and_recovers_the_constants(tmp_
         [["sites-2flows ddp"], ["sites-2flows-cubic diloco"]]
     best = fitting.fit(runs, TcpModel())
     assert (best.segments_per_ack, best.shared_efficiency) == (3.0, 0.85)
+    # Rows that record their twins' model (emulated_network.py's "tcp") need no spec.
+    recorded = [{**row, "tcp": asdict(used)} for row in runs[0].rows]
+    (tmp_path / "c.json").write_text(json.dumps(recorded))
+    assert fitting.load(str(tmp_path / "c.json"), 4).simulated_with == used
     assert all(close(x, 1.0) for x in fitting.ratios(runs, best))
