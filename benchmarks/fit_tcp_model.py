@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from emulated_network import cases  # noqa: E402 - beside this file
 
+from exoframe.errors import ExoframeError  # noqa: E402
 from exoframe.sim.network.netconfig import NetConfig  # noqa: E402
 from exoframe.sim.network.tcp import TcpModel, parse_protocol  # noqa: E402
 
@@ -111,8 +112,6 @@ def summary(values: list[float]) -> str:
 
 def load(spec: str, nodes: int) -> Runs:
     """PATH[:key=value,...]: a --json file and the tcp model its twins used."""
-    from exoframe.errors import ExoframeError
-
     path, _, given = spec.partition(":")
     try:
         rows = json.loads(Path(path).read_text())
@@ -155,6 +154,15 @@ def main():
     parser.add_argument("--nodes", type=int, default=4)
     options = parser.parse_args()
     runs = [load(spec, options.nodes) for spec in options.fit]
+    held_out = sorted({row["case"] for one in runs for row in one.rows if row.get("held_out")})
+    if held_out:
+        raise SystemExit(f"fit_tcp_model: held-out rows in the fit files ({', '.join(held_out)}): "
+                         f"the held-out cases only check the fit; give them with --check")
+    for which, what in (("star", f"network-bound stars (comm >= {STAR_MIN_COMM:.0%})"),
+                        ("shared", "rows with a shared site link")):
+        if not ratios(runs, TcpModel(), which):
+            raise SystemExit(f"fit_tcp_model: the fit files have no {what} to fit on: give "
+                             f"emulated_network.py's fit set (its default --cases)")
     for one in runs:
         model = one.simulated_with
         print(f"{one.path} (simulated with segments_per_ack {model.segments_per_ack:g}, "
