@@ -115,6 +115,30 @@ def test_a_resume_stopped_before_its_first_step_changes_nothing(cli):
     assert json.loads((run / "summary.json").read_text())["resumed_from_step"] == 20
 
 
+def test_a_refused_process_waits_for_the_holder_to_write_its_name(tmp_path):
+    """A holder that has taken the lock but not yet written its name (the gap a loaded
+    machine widens) is still named in the refusal; one that never writes it is "another
+    process"."""
+    import fcntl
+    import threading
+
+    from exoframe.engine.records.run_lock import LOCK_FILE, RunLock
+
+    fd = os.open(tmp_path / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(ExoframeError, match=r"in use by another process; "):
+            RunLock.take(tmp_path)
+        name = {"pid": 4242, "host": "h", "command": "exoframe run", "since": "then"}
+        late = threading.Timer(0.1, os.pwrite, (fd, json.dumps(name).encode(), 0))
+        late.start()
+        with pytest.raises(ExoframeError, match=r"in use by process 4242 on h \('exoframe run'"):
+            RunLock.take(tmp_path)
+        late.join()
+    finally:
+        os.close(fd)
+
+
 def test_two_resumes_started_together_one_goes_on_and_the_folder_keeps_every_row(cli):
     run = stopped_at_step_20(cli)
     gate = cli.cwd / "gate"  # the resume that goes on waits at its first step meanwhile

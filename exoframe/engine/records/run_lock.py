@@ -112,10 +112,19 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
 
 
+NAME_WAIT = 0.5  # seconds a refused process waits for the holder to write its name
+
+
 def _read_holder(fd: int) -> str:
-    try:
-        holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        return (f"process {holder['pid']} on {holder['host']} ('{holder['command']}', "
-                f"since {holder['since']})")
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process"  # (it has not written its name yet)
+    """Who holds the lock, as its file names it. A holder that has just taken the lock may
+    not have written its name yet (a loaded machine widens that gap): wait a little for it."""
+    deadline = time.monotonic() + NAME_WAIT
+    while True:
+        try:
+            holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            return (f"process {holder['pid']} on {holder['host']} ('{holder['command']}', "
+                    f"since {holder['since']})")
+        except (OSError, ValueError, KeyError, TypeError):
+            if time.monotonic() >= deadline:
+                return "another process"  # (it never wrote its name: a full disk)
+            time.sleep(0.01)
