@@ -133,14 +133,27 @@ class CaseError(Exception):
     """A case that could not run, in one line."""
 
 
-def hidden_for(network: dict, nodes: int, seconds: float) -> int:
-    """The MLP width whose ring all-reduce takes about `seconds` on the slowest hop."""
+def case_topology(network: dict, nodes: int):
     from exoframe.sim.network.netconfig import NetConfig
 
-    topology = NetConfig.from_dict(network, "case", "case").validate().topology(nodes)
-    flows = max(1, sum(1 for r in range(nodes)
-                       if topology.site_of[r] != topology.site_of[(r + 1) % nodes]) // 2)
-    slowest = topology.bottleneck() / flows
+    return NetConfig.from_dict(network, "case", "case").validate().topology(nodes)
+
+
+def ring_flows_per_site_link(topology, nodes: int) -> int:
+    """The most of a ring's flows (rank r to r + 1) that cross one direction of a link
+    between sites (0 on a star)."""
+    crossings: dict = {}
+    for rank in range(nodes):
+        hop = (topology.site_of[rank], topology.site_of[(rank + 1) % nodes])
+        if hop[0] != hop[1]:
+            crossings[hop] = crossings.get(hop, 0) + 1
+    return max(crossings.values(), default=0)
+
+
+def hidden_for(network: dict, nodes: int, seconds: float) -> int:
+    """The MLP width whose ring all-reduce takes about `seconds` on the slowest hop."""
+    topology = case_topology(network, nodes)
+    slowest = topology.bottleneck() / max(1, ring_flows_per_site_link(topology, nodes))
     size = seconds * slowest * nodes / (2 * (nodes - 1))  # bytes of the all-reduce
     hidden = int((-44 + (44 ** 2 + size) ** 0.5) / 2)  # about 4 (h² + 44 h) bytes
     return max(64, hidden // 64 * 64)
@@ -327,8 +340,11 @@ def print_table(results: list[dict], errors: bool = True):
 
 
 def error_line(results: list[dict]) -> str:
+    return ratios_line([r["real"] / r["simulated"] for r in results])
+
+
+def ratios_line(ratios: list[float]) -> str:
     """Mean and max |real/simulated - 1|, and how many are on each side."""
-    ratios = [r["real"] / r["simulated"] for r in results]
     errors = [abs(x - 1) for x in ratios]
     slower = sum(x > 1 for x in ratios)
     return (f"{len(ratios)} runs, mean |real/simulated - 1| = {sum(errors) / len(errors):.3f}, "

@@ -35,10 +35,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from emulated_network import cases  # noqa: E402 - beside this file
+from emulated_network import (case_topology, cases, ratios_line,  # noqa: E402 - beside it
+                              ring_flows_per_site_link)
 
 from exoframe.errors import ExoframeError  # noqa: E402
-from exoframe.sim.network.netconfig import NetConfig  # noqa: E402
 from exoframe.sim.network.tcp import TcpModel, parse_protocol  # noqa: E402
 
 SEGMENTS_PER_ACK = [x / 20 for x in range(30, 101)]  # 1.5 .. 5.0
@@ -58,16 +58,10 @@ class Runs:
     star: dict
 
 
-def shared_link(network: dict, nodes: int) -> bool:
-    """Whether two or more of a ring's flows cross one direction of a link between sites
-    (the link whose share shared_efficiency sets)."""
-    topology = NetConfig.from_dict(network, "case", "case").validate().topology(nodes)
-    crossings: dict = {}
-    for rank in range(nodes):
-        hop = (topology.site_of[rank], topology.site_of[(rank + 1) % nodes])
-        if hop[0] != hop[1]:
-            crossings[hop] = crossings.get(hop, 0) + 1
-    return max(crossings.values(), default=0) >= 2
+def site_link_flows(network: dict, nodes: int) -> int:
+    """How many of a ring's flows share one direction of a link between sites: 0 on a star,
+    2 or more where shared_efficiency acts."""
+    return ring_flows_per_site_link(case_topology(network, nodes), nodes)
 
 
 def per_byte(model: TcpModel) -> float:
@@ -103,13 +97,6 @@ def fit(runs: list[Runs], start: TcpModel) -> TcpModel:
                                 for value in SHARED_EFFICIENCY], "shared")
 
 
-def summary(values: list[float]) -> str:
-    errors = [abs(x - 1) for x in values]
-    slower = sum(x > 1 for x in values)
-    return (f"{len(values)} runs, mean |real/simulated - 1| {sum(errors) / len(errors):.4f}, "
-            f"max {max(errors):.4f}; real slower in {slower}, faster in {len(values) - slower}")
-
-
 def load(spec: str, nodes: int) -> Runs:
     """PATH[:key=value,...]: a --json file and the tcp model its twins used."""
     path, _, given = spec.partition(":")
@@ -139,9 +126,10 @@ def load(spec: str, nodes: int) -> Runs:
     if unknown:
         raise SystemExit(f"fit_tcp_model: {path}: cases emulated_network.py does not have: "
                          f"{', '.join(unknown)}")
-    shared = {row: shared_link(known[name].network, nodes) for row, name in names.items()}
-    star = {row["case"]: "sites" not in known[names[row["case"]]].network
-            and row["comm_share"] >= STAR_MIN_COMM for row in rows}
+    flows = {row: site_link_flows(known[name].network, nodes) for row, name in names.items()}
+    shared = {row: count >= 2 for row, count in flows.items()}
+    star = {row["case"]: flows[row["case"]] == 0 and row["comm_share"] >= STAR_MIN_COMM
+            for row in rows}
     return Runs(path, rows, simulated_with, shared, star)
 
 
@@ -160,22 +148,22 @@ def main():
                          f"the held-out cases only check the fit; give them with --check")
     for which, what in (("star", f"network-bound stars (comm >= {STAR_MIN_COMM:.0%})"),
                         ("shared", "rows with a shared site link")):
-        if not ratios(runs, TcpModel(), which):
+        if not any(getattr(one, which)[row["case"]] for one in runs for row in one.rows):
             raise SystemExit(f"fit_tcp_model: the fit files have no {what} to fit on: give "
                              f"emulated_network.py's fit set (its default --cases)")
     for one in runs:
         model = one.simulated_with
         print(f"{one.path} (simulated with segments_per_ack {model.segments_per_ack:g}, "
-              f"shared_efficiency {model.shared_efficiency:g}): {summary(ratios([one], model))}")
+              f"shared_efficiency {model.shared_efficiency:g}): {ratios_line(ratios([one], model))}")
     best = fit(runs, TcpModel())
     print(f"fitted: segments_per_ack {best.segments_per_ack:g} "
           f"({len(ratios(runs, best, 'star'))} star rows), shared_efficiency "
           f"{best.shared_efficiency:g} ({len(ratios(runs, best, 'shared'))} shared-link rows)")
-    print(f"  the fit files, rescaled: {summary(ratios(runs, best))}")
+    print(f"  the fit files, rescaled: {ratios_line(ratios(runs, best))}")
     for spec in options.check:
         other = load(spec, options.nodes)
-        print(f"  {other.path}: as run {summary(ratios([other], other.simulated_with))}; "
-              f"rescaled {summary(ratios([other], best))}")
+        print(f"  {other.path}: as run {ratios_line(ratios([other], other.simulated_with))}; "
+              f"rescaled {ratios_line(ratios([other], best))}")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from exoframe.engine import execute, job_from_config
 from exoframe.engine.node.data import Batches
 from exoframe.engine.node.loop import Precision, to_device
 from exoframe.engine.node.packing import STEPS_PER_TURN
-from exoframe.engine.plan import devices
+from exoframe.engine.plan.resolve import resolve_names
 from exoframe.errors import ExoframeError
 
 GPT_85M = dict(n_layer=12, n_embd=768, n_head=12, block_size=256)
@@ -69,13 +69,13 @@ def config(case: str, steps: int, device: str, **fields) -> RunConfig:
 
 def check_cases(parser: argparse.ArgumentParser, cases: list[str], steps: int, device: str,
                 **fields):
-    """Every case known and its run's config valid on this machine's device, or one line
-    (before anything runs)."""
+    """Every case known and its run's config valid here (the engine's own up-front checks:
+    the device, a precision it has), or one line, before anything runs."""
     for case in cases:
         if case not in CASES:
             parser.error(f"--cases: unknown case {case!r}; cases: {', '.join(CASES)}")
         try:
-            devices.resolve(config(case, steps, device, **fields).device)
+            resolve_names(config(case, steps, device, **fields))
         except ExoframeError as error:
             parser.error(str(error))
 

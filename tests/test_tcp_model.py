@@ -158,7 +158,7 @@ def test_fit_tcp_model_rescales_as_the_simulator_and_recovers_the_constants(tmp_
     two_sites = dict(bandwidth="1gbit", sites={"a": {"ranks": [0, 2]}, "b": {"ranks": [1, 3]}},
                      links=[{"between": ["a", "b"], "bandwidth": "50mbit"}])
     for keys, shared in ((dict(bandwidth="100mbit"), False), (two_sites, True)):
-        assert fitting.shared_link(keys, 4) is shared
+        assert fitting.site_link_flows(keys, 4) == (2 if shared else 0)
         before, after = (max(deliveries(topology(4, protocol=asdict(model), **keys), ring))
                          for model in (used, truth))
         row = {"case": "x", "real": after, "simulated": before, "comm_share": 1.0}

@@ -61,16 +61,16 @@ class Precision:
         self.name, self.device_type = name, device.type
         self.dtype = self.DTYPES[name]
         self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+        # what holds both passes besides autocast: TF32 matmuls, or nothing
+        self.passes = tf32_matmuls if name == "tf32" else contextlib.nullcontext
 
     def autocast(self):
-        if self.name == "tf32":
-            return tf32_matmuls()
-        if self.dtype is None:  # fp32: autocast(enabled=False) would do nothing, at ~3 µs
-            return contextlib.nullcontext()
+        if self.dtype is None:  # fp32, tf32: autocast(enabled=False) would do nothing, at ~3 µs
+            return self.passes()
         return torch.autocast(self.device_type, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor):
-        with tf32_matmuls() if self.name == "tf32" else contextlib.nullcontext():
+        with self.passes():
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def unscale_and_clip(self, optimizer, params, max_norm) -> float | None:
