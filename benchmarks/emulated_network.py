@@ -23,7 +23,8 @@ the network); per exchange, the ranks' mean measured transfer time, the simulate
 communication and their ratio, and the measured wait for peers; tc/payload: the bytes tc
 counted on the ranks' shaped uplinks per payload byte the run counted (frames and ACKs:
 about 1.06; evaluation would add a model's bytes per step); acks: of those, the ACK-sized
-packets the uplinks sent ahead of the data (0 with --host-queue fifo); same: the losses
+packets the uplinks sent ahead of the data (0 with --host-queue fifo); drops: packets the
+shaped queues dropped, retx: segments TCP retransmitted (neither is in the model); same: the losses
 and byte counts of the real and simulated runs are equal; load: the machine's 1-minute
 load average when the case ended.
 """
@@ -49,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from exoframe.errors import ExoframeError  # noqa: E402
 from exoframe.sim.clocks.compute import MACHINE_OVERLAP  # noqa: E402
 from exoframe.sim.network.tcp import parse_protocol  # noqa: E402
-from netns import (DATA_IF, HOST_QUEUES, Emulation, EmulationError,  # noqa: E402
-                   add_emulation_options, check_can_emulate, leftovers, rank_sysctls, sh)
+from netns import (DATA_IF, Emulation, EmulationError, EmulationOptions,  # noqa: E402
+                   add_emulation_options, check_can_emulate, emulation_options, leftovers, sh)
 
 REPO = Path(__file__).resolve().parent.parent
 GBIT_NIC = "1gbit"
@@ -243,11 +244,11 @@ def per_sync(said: dict, key: str) -> float:
 
 
 def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir: str,
-             tag: str, extra: list[str] = (), sysctls: dict | None = None,
-             overlap: str | None = None, host_queue: str = HOST_QUEUES[0]) -> dict:
-    """sysctls: set in every rank's namespace (e.g. net.ipv4.tcp_slow_start_after_idle);
-    overlap: the twin's compute model's overlap= (what this machine's exchanges move while
-    its ranks compute), or None; host_queue: the ranks' own egress queue (netns.py)."""
+             tag: str, extra: list[str] = (), overlap: str | None = None,
+             emulation_as: EmulationOptions = EmulationOptions()) -> dict:
+    """overlap: the twin's compute model's overlap= (what this machine's exchanges move while
+    its ranks compute), or None; emulation_as: the emulation's sysctls and queues
+    (netns.py)."""
     steps = case.steps or STRATEGIES[strategy][0]
     network = {**case.network, "protocol": protocol}
     hidden = hidden_for(case.network, nodes, case.seconds_per_exchange)
@@ -261,11 +262,14 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
     (folder / "real").mkdir()
     with Emulation(tag, topology.uplink, topology.downlink, topology.site_of,
                    {pair: spec.bandwidth for pair, spec in topology.inter.items()},
-                   case.congestion, sysctls, host_queue) as emulation:
+                   case.congestion, emulation_as) as emulation:
         before, small_before = emulation.counters(), emulation.small_packet_bytes()
+        dropped_before, tcp_before = emulation.dropped(), emulation.tcp_counters()
         real, real_rows = real_run(emulation, args, str(folder / "real"), nodes,
                                    timeout=300)
         after, small_after = emulation.counters(), emulation.small_packet_bytes()
+        dropped = emulation.dropped() - dropped_before
+        tcp = {k: v - tcp_before[k] for k, v in emulation.tcp_counters().items()}
     # The twin computes, per step, for as long as the real ranks took to arrive at their
     # exchanges (compute, and waiting for the last to arrive): the network alone differs.
     compute = sum(rank["compute_seconds"] + rank["wait_seconds"]
@@ -288,8 +292,10 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
         "tc_per_payload": uplinks,
         "payload": payload,
         # what the uplinks sent ahead of the data (ACK-sized packets), per byte they sent
-        "small_share": sum(small_after[k] - small_before[k] for k in small_after)
-        / max(1, uplinks),
+        "small_share": sum(small_after[k] - small_before[k] for k in small_after
+                           if k.endswith(f"/{DATA_IF}")) / max(1, uplinks),
+        # what the model leaves out: packets the shaped queues dropped, and TCP's repairs
+        "dropped": dropped, **tcp,
         "same_losses": [r["loss"] for r in real_rows] == [r["loss"] for r in twin_rows],
         "same_bytes": real["bytes_sent_per_rank"] == twin["bytes_sent_per_rank"],
         # the twin's tcp model (None: protocol none), for benchmarks/fit_tcp_model.py
@@ -305,17 +311,19 @@ def twin_tcp(protocol) -> dict | None:
 
 def median_run(runs: list[dict]) -> dict:
     """Of a case run several times, the run whose real/simulated ratio is the median, with
-    every run's ratio beside it (`ratios`): one run on a busy 2-core machine varies by a
-    few percent."""
+    every run's ratio and drops beside it (`ratios`, `drops`): one run on a busy 2-core
+    machine varies by a few percent, more where its queues drop packets."""
     ordered = sorted(runs, key=lambda r: r["real"] / r["simulated"])
     return {**ordered[(len(ordered) - 1) // 2],
-            "ratios": [round(r["real"] / r["simulated"], 4) for r in runs]}
+            "ratios": [round(r["real"] / r["simulated"], 4) for r in runs],
+            "drops": [r["dropped"] for r in runs]}
 
 
 def print_table(results: list[dict], errors: bool = True):
     print(f"{'case':30s} {'real s':>7s} {'sim s':>7s} {'ratio':>6s} {'comm':>5s} "
           f"{'xfer/sync':>9s} {'sim/sync':>8s} {'x ratio':>7s} {'wait/sync':>9s} "
-          f"{'tc/payload':>10s} {'acks':>6s} {'same':>5s} {'load':>5s}")
+          f"{'tc/payload':>10s} {'acks':>6s} {'drops':>5s} {'retx':>5s} {'same':>5s} "
+          f"{'load':>5s}")
     for r in results:
         same = "yes" if r["same_losses"] and r["same_bytes"] else "NO"
         print(f"{r['case']:30s} {r['real']:7.2f} {r['simulated']:7.2f} "
@@ -325,9 +333,11 @@ def print_table(results: list[dict], errors: bool = True):
               f"{r['transfer_per_sync'] / r['sim_comm_per_sync']:7.3f} "
               f"{r['wait_per_sync']:9.3f} {r['tc_per_payload'] / r['payload']:10.4f} "
               f"{r['small_share'] * r['tc_per_payload'] / r['payload']:6.4f} "
+              f"{r.get('dropped', '-'):>5} {r.get('retransmitted', '-'):>5} "
               f"{same:>5s} {r['load']:5.2f}"
-              + (f"  (ratios {', '.join(map(str, r['ratios']))})" if len(r.get("ratios", ())) > 1
-                 else ""), flush=True)
+              + (f"  (ratios {', '.join(map(str, r['ratios']))}"
+                 + (f"; drops {', '.join(map(str, r['drops']))}" if "drops" in r else "")
+                 + ")" if len(r.get("ratios", ())) > 1 else ""), flush=True)
     if not errors:
         return
     fitted = [r for r in results if not r.get("held_out")]
@@ -415,7 +425,7 @@ def main() -> int:
         print(e, file=sys.stderr)
         return 2
     try:
-        sysctls = rank_sysctls(options)
+        emulation_as = emulation_options(options)
     except EmulationError as e:
         print(e, file=sys.stderr)
         return 2
@@ -428,7 +438,8 @@ def main() -> int:
         congestion = sh("sysctl", "-n", "net.ipv4.tcp_congestion_control").strip()
         print(f"{options.nodes} ranks; TCP congestion control: each case's (bbr unless its "
               f"name says cubic; this machine's default: {congestion}); "
-              f"host queues: {options.host_queue}; {os.cpu_count()} CPUs", flush=True)
+              f"host queues: {emulation_as.host_queue}; switch ports: "
+              f"{emulation_as.port_queue}; {os.cpu_count()} CPUs", flush=True)
         with tempfile.TemporaryDirectory(prefix="exoframe-emulated-") as scratch:
             workdir = options.keep or scratch
             Path(workdir).mkdir(parents=True, exist_ok=True)
@@ -437,7 +448,7 @@ def main() -> int:
                     started = time.monotonic()
                     runs = [run_case(known[name], strategy, options.nodes, options.seed,
                                      protocol, workdir, tag, shlex.split(options.extra),
-                                     sysctls, options.overlap, options.host_queue)
+                                     options.overlap, emulation_as)
                             for _ in range(options.repeat)]
                     results.append(median_run(runs))
                     print_table(results[-1:], errors=False)

@@ -13,8 +13,9 @@ on w<a>_<b>. A rank's uplink is its host's own egress queue, so by default it qu
 Linux host's does: pure ACKs go ahead of queued data (the default fq_codel serves sparse
 flows first; this kernel has neither fq_codel nor fq, so an htb under the tbf serves
 packets under SMALL_PACKET bytes first) and the queue holds txqueuelen's 1000 packets.
-With `host_queue="fifo"` it is one 50 ms FIFO, as the links in the switch namespace are:
-there, BBR, whose window is sized from the 35 us round trip of these delay-free links,
+With `host_queue="fifo"` it is one 50 ms FIFO, as the links in the switch namespace are by
+default (a switch's ports; `port_queue="acks-first"` queues them as hosts' instead): there,
+BBR, whose window is sized from the 35 us round trip of these delay-free links,
 stalls while its ACKs wait tens of ms behind the other direction's data (ring rounds took up
 to 1.4x the model at 20-100 Mbit/s; benchmarks/ring_rounds.py --host-queue fifo), and
 the flows a rank sends drop packets in its own queue.
@@ -29,9 +30,10 @@ import math
 import os
 import re
 import subprocess
+from dataclasses import dataclass, field
 
 DATA_NET, CONTROL_NET = "10.213.1", "10.213.2"
-HOST_QUEUES = ("acks-first", "fifo")
+QUEUES = ("acks-first", "fifo")  # a shaped link's queue: ACK-sized packets first, or one FIFO
 SMALL_PACKET = 128  # bytes: a pure ACK (52-84 bytes with options) is under it, data is not
 HOST_QUEUE_PACKETS = 1000  # a host's egress queue: Linux's default txqueuelen
 # tbf's bucket, the larger of the two: 2 ms keeps 1 Gbit/s whole on this busy machine (0.5 ms
@@ -51,22 +53,41 @@ def sh(*command: str, check: bool = True) -> str:
     return done.stdout
 
 
+@dataclass(frozen=True)
+class EmulationOptions:
+    """What a benchmark's user may change in the emulation (add_emulation_options)."""
+    sysctls: dict = field(default_factory=dict)  # set in every rank's namespace (its TCP stack)
+    host_queue: str = "acks-first"  # a rank's own egress queue
+    port_queue: str = "fifo"  # the switch's ports: a rank's downlink, a link between sites
+
+    def __post_init__(self):
+        for name in ("host_queue", "port_queue"):
+            if getattr(self, name) not in QUEUES:
+                raise EmulationError(f"{name.replace('_', ' ')} {getattr(self, name)!r}: "
+                                     f"expected one of {', '.join(QUEUES)}.")
+
+
 def add_emulation_options(parser):
-    """The options every benchmark on this emulation takes: --rank-sysctl, --host-queue."""
+    """The options every benchmark on this emulation takes (EmulationOptions)."""
     parser.add_argument("--rank-sysctl", action="append", default=[], metavar="KEY=VALUE",
                         help="a sysctl of every rank's namespace, repeatable (e.g. "
                              "net.ipv4.tcp_slow_start_after_idle=0)")
-    parser.add_argument("--host-queue", choices=HOST_QUEUES, default=HOST_QUEUES[0],
+    parser.add_argument("--host-queue", choices=QUEUES, default=EmulationOptions.host_queue,
                         help="the ranks' own egress queue: pure ACKs ahead of data, as "
                              "Linux's default qdisc serves them (default), or a FIFO")
+    parser.add_argument("--port-queue", choices=QUEUES, default=EmulationOptions.port_queue,
+                        help="the switch's ports' queues (a rank's downlink, a link between "
+                             "sites): a FIFO (default), or ACKs ahead of data in 1000 "
+                             "packets, as a host's")
 
 
-def rank_sysctls(options) -> dict[str, str]:
-    """--rank-sysctl's items by key; EmulationError for one that is not KEY=VALUE."""
+def emulation_options(options) -> EmulationOptions:
+    """add_emulation_options' values; EmulationError for a --rank-sysctl not KEY=VALUE."""
     if any("=" not in item for item in options.rank_sysctl):
         raise EmulationError("--rank-sysctl: give KEY=VALUE, e.g. "
                              "net.ipv4.tcp_slow_start_after_idle=0.")
-    return dict(item.split("=", 1) for item in options.rank_sysctl)
+    return EmulationOptions(dict(item.split("=", 1) for item in options.rank_sysctl),
+                            options.host_queue, options.port_queue)
 
 
 def check_can_emulate():
@@ -87,17 +108,13 @@ class Emulation:
     (site a, site b) -> bytes/s of the directed link between them."""
 
     def __init__(self, tag: str, uplink, downlink, site_of, inter: dict,
-                 congestion_control: str | None = None, sysctls: dict | None = None,
-                 host_queue: str = HOST_QUEUES[0]):
-        if host_queue not in HOST_QUEUES:
-            raise EmulationError(f"host queue {host_queue!r}: expected one of "
-                                 f"{', '.join(HOST_QUEUES)}.")
+                 congestion_control: str | None = None,
+                 options: EmulationOptions = EmulationOptions()):
         self.tag = tag
-        self.host_queue = host_queue
+        self.options = options
         self.uplink, self.downlink, self.site_of = list(uplink), list(downlink), list(site_of)
         self.inter = dict(inter)
         self.congestion_control = congestion_control
-        self.sysctls = dict(sysctls or {})  # set in every rank's namespace (its own TCP stack)
         self.created: list[str] = []
         self.shaped: list[tuple[str, str]] = []  # (namespace, device)
         self.acks_first: list[tuple[str, str]] = []  # those of them queued as a host's
@@ -141,13 +158,14 @@ class Emulation:
         sw = self.switch
         self._netns(sw)
         sites = sorted(set(self.site_of))
+        ports_acks_first = self.options.port_queue == "acks-first"
         for site in sites:
             self._bridge(f"bd{site}")
         self._bridge("bc")
         for rank, site in enumerate(self.site_of):
             ns = self.rank_ns(rank)
             self._netns(ns)
-            for key, value in self.sysctls.items():
+            for key, value in self.options.sysctls.items():
                 self._in(ns, "sysctl", "-q", "-w", f"{key}={value}")
             if self.congestion_control:
                 self._allow(self.congestion_control)
@@ -156,15 +174,15 @@ class Emulation:
             self._veth(ns, DATA_IF, f"p{rank}", f"bd{site}", f"{self.data_addr(rank)}/24")
             self._veth(ns, CONTROL_IF, f"q{rank}", "bc", f"{self.control_addr(rank)}/24")
             self._shape(ns, DATA_IF, self.uplink[rank],
-                        acks_first=self.host_queue == "acks-first")
-            self._shape(sw, f"p{rank}", self.downlink[rank])
+                        acks_first=self.options.host_queue == "acks-first")
+            self._shape(sw, f"p{rank}", self.downlink[rank], acks_first=ports_acks_first)
         for (a, b), rate in self.inter.items():
             if a < b:
                 self._in(sw, "ip", "link", "add", f"w{a}_{b}", "type", "veth", "peer", "name",
                          f"w{b}_{a}")
                 for x, y in ((a, b), (b, a)):
                     self._in(sw, "ip", "link", "set", f"w{x}_{y}", "master", f"bd{x}", "up")
-            self._shape(sw, f"w{a}_{b}", rate)
+            self._shape(sw, f"w{a}_{b}", rate, acks_first=ports_acks_first)
 
     def _allow(self, algorithm: str):
         """A namespace may pick only a congestion control the machine allows: add it to the
@@ -230,6 +248,27 @@ class Emulation:
         bytes: the ACKs) so far, by 'namespace/device'; empty where the queues are FIFOs."""
         return {f"{ns}/{dev}": self._sent(ns, "class", "show", "dev", dev, "classid", "2:10")
                 for ns, dev in self.acks_first}
+
+    def dropped(self) -> int:
+        """Packets all the shaped devices' queues have dropped so far."""
+        return sum(int(re.search(r"dropped (\d+)", self._in(
+            ns, "tc", "-s", "qdisc", "show", "dev", dev, "root")).group(1))
+            for ns, dev in self.shaped)
+
+    def tcp_counters(self) -> dict[str, int]:
+        """TCP's own counters, summed over the ranks' namespaces (each has its own stack):
+        segments retransmitted, retransmission timeouts, tail loss probes."""
+        wanted = {"RetransSegs": "retransmitted", "TCPTimeouts": "timeouts",
+                  "TCPLossProbes": "loss_probes"}
+        total = dict.fromkeys(wanted.values(), 0)
+        for rank in range(len(self.site_of)):
+            lines = self._in(self.rank_ns(rank), "cat", "/proc/net/snmp",
+                             "/proc/net/netstat").splitlines()
+            for names, values in zip(lines[::2], lines[1::2]):
+                for name, value in zip(names.split()[1:], values.split()[1:]):
+                    if name in wanted:
+                        total[wanted[name]] += int(value)
+        return total
 
     def _sent(self, ns: str, *show: str) -> int:
         """The bytes `tc -s <show...>` says were sent."""

@@ -7,6 +7,7 @@ uplink) says whether the congestion control itself gets the model's rate there.
     sudo python benchmarks/ring_rounds.py [--rates 20,50,100,200] [--congestion bbr|cubic]
                                           [--rounds 4] [--rank-sysctl KEY=VALUE]
                                           [--host-queue acks-first|fifo]
+                                          [--port-queue fifo|acks-first]
 
 Rounds start 3 s apart by the wall clock (about 1 s of sending, then idle, as between a
 run's exchanges). Needs root; leaves no namespace behind.
@@ -20,8 +21,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from netns import (Emulation, EmulationError, add_emulation_options,  # noqa: E402
-                   check_can_emulate, rank_sysctls)
+from netns import (Emulation, EmulationError, EmulationOptions,  # noqa: E402
+                   add_emulation_options, check_can_emulate, emulation_options)
 
 from exoframe.sim.network.tcp import TcpModel  # noqa: E402
 
@@ -65,15 +66,15 @@ print(" ".join(f"{t:.5f}" for t in times))
 '''
 
 
-def rounds_at(mbit: float, congestion: str, rounds: int, sysctls: dict,
-              host_queue: str) -> tuple[list, float]:
+def rounds_at(mbit: float, congestion: str, rounds: int,
+              emulation_as: EmulationOptions) -> tuple[list, float]:
     """Each round's time (the slowest rank's) and the model's, at `mbit` Mbit/s per link."""
     rate = mbit * 1e6 / 8
     tcp = TcpModel()
     per_payload_byte = (tcp.data_factor + tcp.ack_factor) / rate  # an uplink's two loads
     nbytes = int(1.0 / per_payload_byte)  # about 1 s a round under the model
     with Emulation(f"ring{int(mbit)}", [rate] * RANKS, [rate] * RANKS, [0] * RANKS, {},
-                   congestion, sysctls, host_queue) as emulation:
+                   congestion, emulation_as) as emulation:
         start = time.time() + 2.0
         ranks = [subprocess.Popen(
             ["ip", "netns", "exec", emulation.rank_ns(r), sys.executable, "-c", RANK,
@@ -93,12 +94,12 @@ def main() -> int:
     add_emulation_options(parser)
     options = parser.parse_args()
     try:
-        sysctls = rank_sysctls(options)
+        emulation_as = emulation_options(options)
         check_can_emulate()
         for mbit in (float(r) for r in options.rates.split(",")):
-            times, model = rounds_at(mbit, options.congestion, options.rounds, sysctls,
-                                     options.host_queue)
-            print(f"{mbit:g} Mbit/s, {options.congestion}, {options.host_queue} host queue: "
+            times, model = rounds_at(mbit, options.congestion, options.rounds, emulation_as)
+            print(f"{mbit:g} Mbit/s, {options.congestion}, {options.host_queue} host queue, "
+                  f"{options.port_queue} switch ports: "
                   f"round / model "
                   + ", ".join(f"{t / model:.3f}" for t in times), flush=True)
     except EmulationError as e:

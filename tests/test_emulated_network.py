@@ -6,6 +6,7 @@ benchmark's to report; this test checks what must hold whatever the machine's lo
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -13,7 +14,8 @@ from conftest import REPO, processes_with_marker
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import emulated_network  # noqa: E402
-from netns import Emulation, EmulationError, check_can_emulate, leftovers  # noqa: E402
+from netns import (Emulation, EmulationError, EmulationOptions,  # noqa: E402
+                   check_can_emulate, leftovers)
 
 
 def can_emulate() -> str | None:
@@ -27,9 +29,84 @@ def can_emulate() -> str | None:
 
 
 why_not = can_emulate()
-pytestmark = pytest.mark.skipif(why_not is not None, reason=f"no emulated network: {why_not}")
+needs_emulation = pytest.mark.skipif(why_not is not None,
+                                     reason=f"no emulated network: {why_not}")
 
 
+def test_an_unknown_queue_is_one_line():
+    with pytest.raises(EmulationError, match=r"^port queue 'red': expected one of "
+                                             r"acks-first, fifo\.$"):
+        EmulationOptions(port_queue="red")
+
+
+SEND = """
+import socket, sys, time
+kind, address, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if kind == "udp":
+    out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    out.sendto(b"x", (address, 5001))  # its neighbour known first (ARP), then the burst
+    time.sleep(0.5)
+    for _ in range(count):
+        out.sendto(b"x" * 1400, (address, 5001))
+else:
+    out = socket.create_connection((address, 5001))
+    out.sendall(b"x" * count)
+    out.shutdown(socket.SHUT_WR)
+    out.recv(1)
+"""
+RECEIVE = """
+import socket
+server = socket.create_server(("0.0.0.0", 5001))
+incoming, _ = server.accept()
+while incoming.recv(1 << 20):
+    pass
+"""
+
+
+@needs_emulation
+def test_the_counters_see_what_the_queues_drop_and_tcp_resends():
+    """What the model leaves out, counted: a burst of datagrams into a FIFO uplink of 67
+    frames (1 Mbit/s, so it hardly drains meanwhile) loses all but those; a CUBIC flow from
+    a 1 Gbit/s uplink into an 8 Mbit/s downlink (a FIFO port of 64 frames) overflows it, and
+    TCP resends. --port-queue acks-first queues the switch's ports as hosts'."""
+    ranks = [f"u{os.getpid()}", f"v{os.getpid()}"]
+    swapped = EmulationOptions(host_queue="fifo", port_queue="acks-first")
+    with Emulation(ranks[0], [125e3, 125e3], [125e3, 125e3], [0, 0], {}, None,
+                   swapped) as emulation:
+        # ACK-sized packets first on the switch's ports only
+        assert set(emulation.small_packet_bytes()) == {f"{emulation.switch}/p0",
+                                                       f"{emulation.switch}/p1"}
+        assert emulation.dropped() == 0
+        subprocess.run(["ip", "netns", "exec", emulation.rank_ns(0), sys.executable, "-c",
+                        SEND, "udp", emulation.data_addr(1), "300"], check=True, timeout=60)
+        # 300 frames of 1442 bytes: the queue holds 96,896 bytes (67 of them), the bucket
+        # passes 2, and a few drain while the burst is sent
+        assert 300 - 67 - 2 - 4 <= emulation.dropped() <= 300 - 67 - 2
+    with Emulation(ranks[1], [125e6, 125e6], [125e6, 1e6], [0, 0], {}, "cubic") as emulation:
+        before = emulation.tcp_counters()
+        server = subprocess.Popen(["ip", "netns", "exec", emulation.rank_ns(1),
+                                   sys.executable, "-c", RECEIVE])
+        try:
+            for _ in range(50):  # until the receiver listens
+                sent = subprocess.run(["ip", "netns", "exec", emulation.rank_ns(0),
+                                       sys.executable, "-c", SEND, "tcp",
+                                       emulation.data_addr(1), str(2 << 20)],
+                                      capture_output=True, timeout=60)
+                if sent.returncode == 0:
+                    break
+                time.sleep(0.1)
+            assert sent.returncode == 0, sent.stderr
+            server.wait(timeout=60)
+        finally:
+            server.kill()
+            server.wait()
+        after = emulation.tcp_counters()
+        assert emulation.dropped() > 0
+        assert after["retransmitted"] - before["retransmitted"] > 0
+    assert leftovers(ranks[0]) == leftovers(ranks[1]) == []
+
+
+@needs_emulation
 def test_the_smallest_emulated_case_trains_as_its_twin_and_leaves_nothing(tmp_path,
                                                                           monkeypatch):
     marker = f"EXOFRAME_TEST_{uuid.uuid4().hex}"
@@ -54,6 +131,7 @@ def test_the_smallest_emulated_case_trains_as_its_twin_and_leaves_nothing(tmp_pa
     assert processes_with_marker(marker) == []
 
 
+@needs_emulation
 def test_a_failure_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     """A rank that cannot start (here: an unknown workload parameter) stops the case with
     one line; the namespaces are gone."""
