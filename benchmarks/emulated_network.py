@@ -24,9 +24,9 @@ communication and their ratio, and the measured wait for peers; tc/payload: the 
 counted on the ranks' shaped uplinks per payload byte the run counted (frames and ACKs:
 about 1.06; evaluation would add a model's bytes per step); acks: of those, the ACK-sized
 packets the uplinks sent ahead of the data (0 with --host-queue fifo); drops: packets the
-shaped queues dropped, retx: segments TCP retransmitted (neither is in the model); same: the losses
-and byte counts of the real and simulated runs are equal; load: the machine's 1-minute
-load average when the case ended.
+shaped queues dropped, retx: segments TCP retransmitted (neither is in the model); same:
+the losses and byte counts of the real and simulated runs are equal; load: the machine's
+1-minute load average when the case ended.
 """
 from __future__ import annotations
 

@@ -535,6 +535,32 @@ def test_a_stop_signal_while_a_row_is_written_keeps_the_row_in_every_record():
         restore_signals(previous)
 
 
+def test_a_stop_signal_after_a_failure_does_not_take_its_place():
+    """Once a run fails, the ranks it stops may have the launcher signalled (torchrun's agent
+    stops rank 0 when a rank beside it has lost the launcher: the CI race printed
+    "interrupted by SIGTERM" instead of the failed rank's error). The first stop signal
+    after the failure is let pass; a second acts; the next command starts afresh."""
+    from exoframe.engine.ipc.stop_signals import (catch_stop_signals, restore_signals,
+                                                  stopping_for_a_failure)
+
+    def signalled():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # (its handler runs at the next bytecode)
+
+    previous = catch_stop_signals()
+    try:
+        stopping_for_a_failure()
+        signalled()  # let pass
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            signalled()
+        stopping_for_a_failure()
+        catch_stop_signals()  # a new command or run: a stop signal is one again
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            signalled()
+    finally:
+        restore_signals(previous)
+
+
 def test_a_failed_run_writes_a_failed_summary_with_every_finished_row(cli):
     write_crashy_plugin(cli.cwd, step=4)
     # Every step is validated: rows finished by every rank may still wait for validation.

@@ -245,8 +245,6 @@ def _comm_rows(summary: dict) -> list:
 
 # How exchanges overlapped with compute were simulated (README, "How close is the simulated
 # clock to a real network?"), said on every run that overlaps them.
-# What the model leaves out, which such runs meet most: on the emulated two-site link, real
-# streaming DiLoCo runs whose switch port dropped packets took up to 1.17x the simulated time.
 _OVERLAPPED = "{share:.0%} of compute ran beside the nodes' exchanges in flight, which moved "
 _NO_LOSS = ("; packet loss is not modelled (where a bottleneck's queue drops packets, real "
             "runs of these exchanges took up to 1.17x the simulated time: README)")

@@ -13,6 +13,16 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 class _Hold:
     depth = 0  # signals_held() blocks entered and not yet left
     pending = None  # the stop signal that came inside them
+    # The run failed and is stopping: the next stop signal is that failure's echo (torchrun's
+    # agent stops rank 0 once a rank beside it has lost the launcher) and is let pass.
+    failing = False
+
+
+def stopping_for_a_failure():
+    """The command stops for a failure, which it reports: the first stop signal from now until
+    the next catch_stop_signals() is ignored, so that it cannot put "interrupted" in the
+    failure's place; a second one acts (a stop that hangs can still be stopped)."""
+    _Hold.failing = True
 
 
 def interrupt_for(signum: int) -> KeyboardInterrupt:
@@ -31,6 +41,9 @@ def held(signum: int) -> bool:
 
 
 def _raise_interrupt(signum, frame):
+    if _Hold.failing:
+        _Hold.failing = False
+        return
     if not held(signum):
         raise interrupt_for(signum)
 
@@ -40,6 +53,7 @@ def catch_stop_signals():
     handlers."""
     if threading.current_thread() is not threading.main_thread():
         return {}
+    _Hold.failing = False
     previous = {}
     for signum in STOP_SIGNALS:
         if signum == signal.SIGINT and signal.getsignal(signum) is not signal.default_int_handler:

@@ -29,7 +29,7 @@ from ...sim.clocks.compute import device_from_name
 from ..ipc.messages import EvaluatorDone, EvaluatorStop, Rendezvous
 from ..ipc.processes import RankFailed, RunInterrupted, child_entry, interrupted, stop_all
 from ..ipc.sender import Sender
-from ..ipc.stop_signals import catch_stop_signals, restore_signals
+from ..ipc.stop_signals import catch_stop_signals, restore_signals, stopping_for_a_failure
 from ..node.data import Batches
 from ..node.loop import check_loss
 from ..node.model_state import ModelState
@@ -251,6 +251,8 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
             # The error carries what the run did, for the summary (see run.py).
             error = e if isinstance(e, ExoframeError) else interrupted(e)
             error.status = "interrupted" if isinstance(error, RunInterrupted) else "failed"
+            if error.status == "failed":
+                stopping_for_a_failure()  # (ranks stopped by it may signal this process)
             error.rows = monitor.flush()
             raise error from None
         done = evaluator_done(conns[-1], monitor.relay, watchdog)
