@@ -40,6 +40,7 @@ HOST_QUEUE_PACKETS = 1000  # a host's egress queue: Linux's default txqueuelen
 # lost half of it); a full bucket starts each exchange at line rate, so no more than that
 BURST_FRAMES, BURST_SECONDS = 2, 0.002
 DATA_IF, CONTROL_IF = "d0", "c0"
+SENT = r"Sent (\d+) bytes"  # in `tc -s`'s statistics
 
 
 class EmulationError(Exception):
@@ -77,8 +78,8 @@ def add_emulation_options(parser):
                              "Linux's default qdisc serves them (default), or a FIFO")
     parser.add_argument("--port-queue", choices=QUEUES, default=EmulationOptions.port_queue,
                         help="the switch's ports' queues (a rank's downlink, a link between "
-                             "sites): a FIFO (default), or ACKs ahead of data in 1000 "
-                             "packets, as a host's")
+                             "sites): a FIFO of 50 ms (default), or ACKs ahead of data, "
+                             "each class holding the same 50 ms")
 
 
 def emulation_options(options) -> EmulationOptions:
@@ -174,7 +175,7 @@ class Emulation:
             self._veth(ns, DATA_IF, f"p{rank}", f"bd{site}", f"{self.data_addr(rank)}/24")
             self._veth(ns, CONTROL_IF, f"q{rank}", "bc", f"{self.control_addr(rank)}/24")
             self._shape(ns, DATA_IF, self.uplink[rank],
-                        acks_first=self.options.host_queue == "acks-first")
+                        acks_first=self.options.host_queue == "acks-first", host=True)
             self._shape(sw, f"p{rank}", self.downlink[rank], acks_first=ports_acks_first)
         for (a, b), rate in self.inter.items():
             if a < b:
@@ -209,12 +210,14 @@ class Emulation:
         self._in(ns, "ip", "addr", "add", address, "dev", inner)
         self._in(ns, "ip", "link", "set", inner, "up")
 
-    def _shape(self, ns: str, dev: str, rate: float, acks_first: bool = False):
+    def _shape(self, ns: str, dev: str, rate: float, acks_first: bool = False,
+               host: bool = False):
         """tbf at `rate` bytes/s on dev's egress: a burst of BURST_SECONDS at that rate (at
-        least BURST_FRAMES frames) and a queue of 50 ms. acks_first: a host's queue under the
-        tbf instead, an htb whose first class (packets under SMALL_PACKET bytes) is served
-        before the second (the rest), each holding HOST_QUEUE_PACKETS; the classes' rates are
-        far above the tbf's, so only their order acts."""
+        least BURST_FRAMES frames) and a queue of 50 ms. acks_first: under the tbf instead,
+        an htb whose first class (packets under SMALL_PACKET bytes) is served before the
+        second (the rest), each holding HOST_QUEUE_PACKETS on a host (its txqueuelen) and
+        the 50 ms elsewhere (a port: only the order changes); the classes' rates are far
+        above the tbf's, so only their order acts."""
         if math.isinf(rate):
             return
         burst = max(BURST_FRAMES * 1514, int(rate * BURST_SECONDS))
@@ -230,7 +233,9 @@ class Emulation:
             for leaf, priority in (("2:10", "0"), ("2:20", "1")):
                 self._in(ns, *klass, "parent", "2:1", "classid", leaf, "htb", "rate", "10gbit",
                          "quantum", "65536", "prio", priority)
-                self._in(ns, *tc, "parent", leaf, "pfifo", "limit", str(HOST_QUEUE_PACKETS))
+                queue = ("pfifo", "limit", str(HOST_QUEUE_PACKETS)) if host else \
+                    ("bfifo", "limit", str(limit))
+                self._in(ns, *tc, "parent", leaf, *queue)
             # IPv4 total length (bytes 2-3) under 128: its bits above the 7th are zero
             self._in(ns, "tc", "filter", "add", "dev", dev, "parent", "2:", "protocol", "ip",
                      "prio", "1", "u32", "match", "u16", "0x0000",
@@ -240,39 +245,44 @@ class Emulation:
 
     def counters(self) -> dict[str, int]:
         """Bytes each shaped device has sent so far, by 'namespace/device'."""
-        return {f"{ns}/{dev}": self._sent(ns, "qdisc", "show", "dev", dev, "root")
+        return {f"{ns}/{dev}": self._stat(ns, SENT, "qdisc", "show", "dev", dev, "root")
                 for ns, dev in self.shaped}
 
     def small_packet_bytes(self) -> dict[str, int]:
         """Bytes each host queue has sent from its first class (packets under SMALL_PACKET
         bytes: the ACKs) so far, by 'namespace/device'; empty where the queues are FIFOs."""
-        return {f"{ns}/{dev}": self._sent(ns, "class", "show", "dev", dev, "classid", "2:10")
+        return {f"{ns}/{dev}": self._stat(ns, SENT, "class", "show", "dev", dev, "classid",
+                                          "2:10")
                 for ns, dev in self.acks_first}
 
     def dropped(self) -> int:
         """Packets all the shaped devices' queues have dropped so far."""
-        return sum(int(re.search(r"dropped (\d+)", self._in(
-            ns, "tc", "-s", "qdisc", "show", "dev", dev, "root")).group(1))
-            for ns, dev in self.shaped)
+        return sum(self._stat(ns, r"dropped (\d+)", "qdisc", "show", "dev", dev, "root")
+                   for ns, dev in self.shaped)
 
     def tcp_counters(self) -> dict[str, int]:
         """TCP's own counters, summed over the ranks' namespaces (each has its own stack):
-        segments retransmitted, retransmission timeouts, tail loss probes."""
+        segments retransmitted, retransmission timeouts, tail loss probes. (They count the
+        unshaped control network's connections too, which resend next to nothing.)"""
         wanted = {"RetransSegs": "retransmitted", "TCPTimeouts": "timeouts",
                   "TCPLossProbes": "loss_probes"}
         total = dict.fromkeys(wanted.values(), 0)
         for rank in range(len(self.site_of)):
             lines = self._in(self.rank_ns(rank), "cat", "/proc/net/snmp",
                              "/proc/net/netstat").splitlines()
-            for names, values in zip(lines[::2], lines[1::2]):
-                for name, value in zip(names.split()[1:], values.split()[1:]):
+            rows = [line.split() for line in lines]
+            for names, values in zip(rows[::2], rows[1::2]):
+                if names[0] != values[0]:
+                    raise EmulationError(f"/proc/net/snmp: '{names[0]}' is followed by "
+                                         f"'{values[0]}', not its values.")
+                for name, value in zip(names[1:], values[1:]):
                     if name in wanted:
                         total[wanted[name]] += int(value)
         return total
 
-    def _sent(self, ns: str, *show: str) -> int:
-        """The bytes `tc -s <show...>` says were sent."""
-        match = re.search(r"Sent (\d+) bytes", self._in(ns, "tc", "-s", *show))
+    def _stat(self, ns: str, pattern: str, *show: str) -> int:
+        """The number `pattern` finds in what `tc -s <show...>` says (0 where it says none)."""
+        match = re.search(pattern, self._in(ns, "tc", "-s", *show))
         return int(match.group(1)) if match else 0
 
     def close(self):

@@ -98,8 +98,8 @@ def main() -> int:
         check_can_emulate()
         for mbit in (float(r) for r in options.rates.split(",")):
             times, model = rounds_at(mbit, options.congestion, options.rounds, emulation_as)
-            print(f"{mbit:g} Mbit/s, {options.congestion}, {options.host_queue} host queue, "
-                  f"{options.port_queue} switch ports: "
+            print(f"{mbit:g} Mbit/s, {options.congestion}, {emulation_as.host_queue} host "
+                  f"queue, {emulation_as.port_queue} switch ports: "
                   f"round / model "
                   + ", ".join(f"{t / model:.3f}" for t in times), flush=True)
     except EmulationError as e:

@@ -51,9 +51,9 @@ def _raise_interrupt(signum, frame):
 def catch_stop_signals():
     """SIGINT, SIGTERM and SIGHUP stop the run as Ctrl-C does. Returns the previous
     handlers."""
+    _Hold.failing = False
     if threading.current_thread() is not threading.main_thread():
         return {}
-    _Hold.failing = False
     previous = {}
     for signum in STOP_SIGNALS:
         if signum == signal.SIGINT and signal.getsignal(signum) is not signal.default_int_handler:

@@ -251,8 +251,11 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
             # The error carries what the run did, for the summary (see run.py).
             error = e if isinstance(e, ExoframeError) else interrupted(e)
             error.status = "interrupted" if isinstance(error, RunInterrupted) else "failed"
-            if error.status == "failed":
-                stopping_for_a_failure()  # (ranks stopped by it may signal this process)
+            if error.status == "failed" and cluster is not None:
+                # torchrun's agents stop the ranks it stops, and the one that started this
+                # process then signals it: the CLI's handler (under this launch's, restored
+                # below) lets that first signal pass
+                stopping_for_a_failure()
             error.rows = monitor.flush()
             raise error from None
         done = evaluator_done(conns[-1], monitor.relay, watchdog)
