@@ -50,8 +50,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from exoframe.errors import ExoframeError  # noqa: E402
 from exoframe.sim.clocks.compute import MACHINE_OVERLAP  # noqa: E402
 from exoframe.sim.network.tcp import parse_protocol  # noqa: E402
-from netns import (DATA_IF, Emulation, EmulationError, EmulationOptions,  # noqa: E402
-                   add_emulation_options, check_can_emulate, emulation_options, leftovers, sh)
+from netns import (DATA_IF, Counts, Emulation, EmulationError,  # noqa: E402
+                   EmulationOptions, add_emulation_options, check_can_emulate,
+                   emulation_options, leftovers, sh)
 
 REPO = Path(__file__).resolve().parent.parent
 GBIT_NIC = "1gbit"
@@ -263,13 +264,10 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
     with Emulation(tag, topology.uplink, topology.downlink, topology.site_of,
                    {pair: spec.bandwidth for pair, spec in topology.inter.items()},
                    case.congestion, emulation_as) as emulation:
-        before, small_before = emulation.counters(), emulation.small_packet_bytes()
-        dropped_before, tcp_before = emulation.dropped(), emulation.tcp_counters()
+        before = emulation.counts()
         real, real_rows = real_run(emulation, args, str(folder / "real"), nodes,
                                    timeout=300)
-        after, small_after = emulation.counters(), emulation.small_packet_bytes()
-        dropped = emulation.dropped() - dropped_before
-        tcp = {k: v - tcp_before[k] for k, v in emulation.tcp_counters().items()}
+        counted = emulation.counts() - before
     # The twin computes, per step, for as long as the real ranks took to arrive at their
     # exchanges (compute, and waiting for the last to arrive): the network alone differs.
     compute = sum(rank["compute_seconds"] + rank["wait_seconds"]
@@ -277,7 +275,7 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
     twin, twin_rows = twin_run(str(net_file), args, str(folder / "sim"), compute, nodes,
                                overlap)
     payload = sum(real["bytes_sent_per_rank"])
-    uplinks = sum(after[k] - before[k] for k in after if k.endswith(f"/{DATA_IF}"))
+    uplinks = Counts.on_uplinks(counted.sent)
     return {
         "case": f"{case.name} {strategy}", "hidden": hidden, "held_out": case.held_out,
         # each rank's clock starts when it does: the mean, not the latest starter's
@@ -292,10 +290,9 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
         "tc_per_payload": uplinks,
         "payload": payload,
         # what the uplinks sent ahead of the data (ACK-sized packets), per byte they sent
-        "small_share": sum(small_after[k] - small_before[k] for k in small_after
-                           if k.endswith(f"/{DATA_IF}")) / max(1, uplinks),
+        "small_share": Counts.on_uplinks(counted.small) / max(1, uplinks),
         # what the model leaves out: packets the shaped queues dropped, and TCP's repairs
-        "dropped": dropped, **tcp,
+        "dropped": sum(counted.dropped.values()), **counted.tcp,
         "same_losses": [r["loss"] for r in real_rows] == [r["loss"] for r in twin_rows],
         "same_bytes": real["bytes_sent_per_rank"] == twin["bytes_sent_per_rank"],
         # the twin's tcp model (None: protocol none), for benchmarks/fit_tcp_model.py
@@ -334,10 +331,7 @@ def print_table(results: list[dict], errors: bool = True):
               f"{r['wait_per_sync']:9.3f} {r['tc_per_payload'] / r['payload']:10.4f} "
               f"{r['small_share'] * r['tc_per_payload'] / r['payload']:6.4f} "
               f"{r.get('dropped', '-'):>5} {r.get('retransmitted', '-'):>5} "
-              f"{same:>5s} {r['load']:5.2f}"
-              + (f"  (ratios {', '.join(map(str, r['ratios']))}"
-                 + (f"; drops {', '.join(map(str, r['drops']))}" if "drops" in r else "")
-                 + ")" if len(r.get("ratios", ())) > 1 else ""), flush=True)
+              f"{same:>5s} {r['load']:5.2f}{each_run(r)}", flush=True)
     if not errors:
         return
     fitted = [r for r in results if not r.get("held_out")]
@@ -347,6 +341,15 @@ def print_table(results: list[dict], errors: bool = True):
                           ("held-out cases", [r for r in results if r.get("held_out")])):
         if chosen:
             print(f"{label}: {error_line(chosen)}")
+
+
+def each_run(result: dict) -> str:
+    """A median run's note of every run: their ratios, and drops (rows from before the
+    drops were counted have none)."""
+    if len(result.get("ratios", ())) < 2:
+        return ""
+    drops = f"; drops {', '.join(map(str, result['drops']))}" if "drops" in result else ""
+    return f"  (ratios {', '.join(map(str, result['ratios']))}{drops})"
 
 
 def error_line(results: list[dict]) -> str:

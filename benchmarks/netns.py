@@ -30,7 +30,7 @@ import math
 import os
 import re
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 DATA_NET, CONTROL_NET = "10.213.1", "10.213.2"
 QUEUES = ("acks-first", "fifo")  # a shaped link's queue: ACK-sized packets first, or one FIFO
@@ -40,7 +40,15 @@ HOST_QUEUE_PACKETS = 1000  # a host's egress queue: Linux's default txqueuelen
 # lost half of it); a full bucket starts each exchange at line rate, so no more than that
 BURST_FRAMES, BURST_SECONDS = 2, 0.002
 DATA_IF, CONTROL_IF = "d0", "c0"
-SENT = r"Sent (\d+) bytes"  # in `tc -s`'s statistics
+SENT, DROPPED = r"Sent (\d+) bytes", r"dropped (\d+)"  # in `tc -s`'s statistics
+TCP_COUNTERS = {"RetransSegs": "retransmitted", "TCPTimeouts": "timeouts",
+                "TCPLossProbes": "loss_probes"}  # /proc/net/snmp or netstat name -> ours
+
+
+def _number(pattern: str, said: str) -> int:
+    """The number `pattern` finds in what tc said (0 where it says none)."""
+    match = re.search(pattern, said)
+    return int(match.group(1)) if match else 0
 
 
 class EmulationError(Exception):
@@ -66,6 +74,26 @@ class EmulationOptions:
             if getattr(self, name) not in QUEUES:
                 raise EmulationError(f"{name.replace('_', ' ')} {getattr(self, name)!r}: "
                                      f"expected one of {', '.join(QUEUES)}.")
+
+
+@dataclass
+class Counts:
+    """What an emulation's queues and its ranks' TCP stacks have counted (`after - before`:
+    what happened between two readings). Queues by 'namespace/device'."""
+    sent: dict  # bytes each shaped queue sent
+    dropped: dict  # packets each shaped queue dropped
+    small: dict  # bytes the queues serving ACKs first sent from their first class (the ACKs)
+    tcp: dict  # TCP_COUNTERS, summed over the ranks' namespaces
+
+    def __sub__(self, before: Counts) -> Counts:
+        return Counts(*({key: value - getattr(before, part.name)[key]
+                         for key, value in getattr(self, part.name).items()}
+                        for part in fields(self)))
+
+    @staticmethod
+    def on_uplinks(counts: dict) -> int:
+        """The sum of a queue count over the ranks' uplinks."""
+        return sum(value for key, value in counts.items() if key.endswith(f"/{DATA_IF}"))
 
 
 def add_emulation_options(parser):
@@ -118,7 +146,7 @@ class Emulation:
         self.congestion_control = congestion_control
         self.created: list[str] = []
         self.shaped: list[tuple[str, str]] = []  # (namespace, device)
-        self.acks_first: list[tuple[str, str]] = []  # those of them queued as a host's
+        self.acks_first: list[tuple[str, str]] = []  # those of them serving ACKs first
         self.allowed_before: str | None = None  # the machine's list, while widened
 
     @property
@@ -159,7 +187,6 @@ class Emulation:
         sw = self.switch
         self._netns(sw)
         sites = sorted(set(self.site_of))
-        ports_acks_first = self.options.port_queue == "acks-first"
         for site in sites:
             self._bridge(f"bd{site}")
         self._bridge("bc")
@@ -174,16 +201,15 @@ class Emulation:
                          f"net.ipv4.tcp_congestion_control={self.congestion_control}")
             self._veth(ns, DATA_IF, f"p{rank}", f"bd{site}", f"{self.data_addr(rank)}/24")
             self._veth(ns, CONTROL_IF, f"q{rank}", "bc", f"{self.control_addr(rank)}/24")
-            self._shape(ns, DATA_IF, self.uplink[rank],
-                        acks_first=self.options.host_queue == "acks-first", host=True)
-            self._shape(sw, f"p{rank}", self.downlink[rank], acks_first=ports_acks_first)
+            self._shape(ns, DATA_IF, self.uplink[rank], self.options.host_queue, host=True)
+            self._shape(sw, f"p{rank}", self.downlink[rank], self.options.port_queue)
         for (a, b), rate in self.inter.items():
             if a < b:
                 self._in(sw, "ip", "link", "add", f"w{a}_{b}", "type", "veth", "peer", "name",
                          f"w{b}_{a}")
                 for x, y in ((a, b), (b, a)):
                     self._in(sw, "ip", "link", "set", f"w{x}_{y}", "master", f"bd{x}", "up")
-            self._shape(sw, f"w{a}_{b}", rate, acks_first=ports_acks_first)
+            self._shape(sw, f"w{a}_{b}", rate, self.options.port_queue)
 
     def _allow(self, algorithm: str):
         """A namespace may pick only a congestion control the machine allows: add it to the
@@ -210,10 +236,9 @@ class Emulation:
         self._in(ns, "ip", "addr", "add", address, "dev", inner)
         self._in(ns, "ip", "link", "set", inner, "up")
 
-    def _shape(self, ns: str, dev: str, rate: float, acks_first: bool = False,
-               host: bool = False):
+    def _shape(self, ns: str, dev: str, rate: float, queue: str, host: bool = False):
         """tbf at `rate` bytes/s on dev's egress: a burst of BURST_SECONDS at that rate (at
-        least BURST_FRAMES frames) and a queue of 50 ms. acks_first: under the tbf instead,
+        least BURST_FRAMES frames) and a queue (QUEUES) of 50 ms. "acks-first": under the tbf,
         an htb whose first class (packets under SMALL_PACKET bytes) is served before the
         second (the rest), each holding HOST_QUEUE_PACKETS on a host (its txqueuelen) and
         the 50 ms elsewhere (a port: only the order changes); the classes' rates are far
@@ -224,7 +249,7 @@ class Emulation:
         limit = max(64 * 1514, int(rate * 0.05))
         self._in(ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate",
                  f"{int(rate * 8)}bit", "burst", str(burst), "limit", str(limit))
-        if acks_first:
+        if queue == "acks-first":
             tc = ("tc", "qdisc", "add", "dev", dev)
             klass = ("tc", "class", "add", "dev", dev)
             self._in(ns, *tc, "parent", "1:1", "handle", "2:", "htb", "default", "20")
@@ -233,9 +258,9 @@ class Emulation:
             for leaf, priority in (("2:10", "0"), ("2:20", "1")):
                 self._in(ns, *klass, "parent", "2:1", "classid", leaf, "htb", "rate", "10gbit",
                          "quantum", "65536", "prio", priority)
-                queue = ("pfifo", "limit", str(HOST_QUEUE_PACKETS)) if host else \
+                depth = ("pfifo", "limit", str(HOST_QUEUE_PACKETS)) if host else \
                     ("bfifo", "limit", str(limit))
-                self._in(ns, *tc, "parent", leaf, *queue)
+                self._in(ns, *tc, "parent", leaf, *depth)
             # IPv4 total length (bytes 2-3) under 128: its bits above the 7th are zero
             self._in(ns, "tc", "filter", "add", "dev", dev, "parent", "2:", "protocol", "ip",
                      "prio", "1", "u32", "match", "u16", "0x0000",
@@ -243,30 +268,23 @@ class Emulation:
             self.acks_first.append((ns, dev))
         self.shaped.append((ns, dev))
 
-    def counters(self) -> dict[str, int]:
-        """Bytes each shaped device has sent so far, by 'namespace/device'."""
-        return {f"{ns}/{dev}": self._stat(ns, SENT, "qdisc", "show", "dev", dev, "root")
-                for ns, dev in self.shaped}
+    def counts(self) -> Counts:
+        """What the shaped queues and the ranks' TCP stacks have counted so far: each root
+        queue's statistics are read once, for its bytes and its drops."""
+        sent, dropped = {}, {}
+        for ns, dev in self.shaped:
+            said = self._in(ns, "tc", "-s", "qdisc", "show", "dev", dev, "root")
+            sent[f"{ns}/{dev}"], dropped[f"{ns}/{dev}"] = _number(SENT, said), \
+                _number(DROPPED, said)
+        small = {f"{ns}/{dev}": _number(SENT, self._in(ns, "tc", "-s", "class", "show", "dev",
+                                                       dev, "classid", "2:10"))
+                 for ns, dev in self.acks_first}
+        return Counts(sent, dropped, small, self._tcp_counters())
 
-    def small_packet_bytes(self) -> dict[str, int]:
-        """Bytes each host queue has sent from its first class (packets under SMALL_PACKET
-        bytes: the ACKs) so far, by 'namespace/device'; empty where the queues are FIFOs."""
-        return {f"{ns}/{dev}": self._stat(ns, SENT, "class", "show", "dev", dev, "classid",
-                                          "2:10")
-                for ns, dev in self.acks_first}
-
-    def dropped(self) -> int:
-        """Packets all the shaped devices' queues have dropped so far."""
-        return sum(self._stat(ns, r"dropped (\d+)", "qdisc", "show", "dev", dev, "root")
-                   for ns, dev in self.shaped)
-
-    def tcp_counters(self) -> dict[str, int]:
-        """TCP's own counters, summed over the ranks' namespaces (each has its own stack):
-        segments retransmitted, retransmission timeouts, tail loss probes. (They count the
-        unshaped control network's connections too, which resend next to nothing.)"""
-        wanted = {"RetransSegs": "retransmitted", "TCPTimeouts": "timeouts",
-                  "TCPLossProbes": "loss_probes"}
-        total = dict.fromkeys(wanted.values(), 0)
+    def _tcp_counters(self) -> dict[str, int]:
+        """TCP_COUNTERS, summed over the ranks' namespaces (each has its own stack). They
+        count the unshaped control network's connections too, which resend next to nothing."""
+        total = dict.fromkeys(TCP_COUNTERS.values(), 0)
         for rank in range(len(self.site_of)):
             lines = self._in(self.rank_ns(rank), "cat", "/proc/net/snmp",
                              "/proc/net/netstat").splitlines()
@@ -276,14 +294,9 @@ class Emulation:
                     raise EmulationError(f"/proc/net/snmp: '{names[0]}' is followed by "
                                          f"'{values[0]}', not its values.")
                 for name, value in zip(names[1:], values[1:]):
-                    if name in wanted:
-                        total[wanted[name]] += int(value)
+                    if name in TCP_COUNTERS:
+                        total[TCP_COUNTERS[name]] += int(value)
         return total
-
-    def _stat(self, ns: str, pattern: str, *show: str) -> int:
-        """The number `pattern` finds in what `tc -s <show...>` says (0 where it says none)."""
-        match = re.search(pattern, self._in(ns, "tc", "-s", *show))
-        return int(match.group(1)) if match else 0
 
     def close(self):
         """Remove every namespace this emulation made (their links and qdiscs go with

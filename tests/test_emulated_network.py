@@ -73,19 +73,19 @@ def test_the_counters_see_what_the_queues_drop_and_tcp_resends():
     swapped = EmulationOptions(host_queue="fifo", port_queue="acks-first")
     with Emulation(ranks[0], [125e3, 125e3], [125e3, 125e3], [0, 0], {}, None,
                    swapped) as emulation:
+        before = emulation.counts()
         # ACK-sized packets first on the switch's ports only
-        assert set(emulation.small_packet_bytes()) == {f"{emulation.switch}/p0",
-                                                       f"{emulation.switch}/p1"}
-        assert emulation.dropped() == 0
+        assert set(before.small) == {f"{emulation.switch}/p0", f"{emulation.switch}/p1"}
+        assert sum(before.dropped.values()) == 0
         subprocess.run(["ip", "netns", "exec", emulation.rank_ns(0), sys.executable, "-c",
                         SEND, "udp", emulation.data_addr(1), "300"], check=True, timeout=60)
         # 300 frames of 1442 bytes: the queue holds 96,896 bytes (67 of them) and the bucket
         # passes 2, so 231 are dropped; fewer where the sender is descheduled long enough for
         # the queue to drain (one frame per 11.5 ms), a few more where the kernel's own
         # frames (ARP, IPv6 neighbour discovery) meet the full queue
-        assert 150 <= emulation.dropped() <= 240
+        assert 150 <= sum((emulation.counts() - before).dropped.values()) <= 240
     with Emulation(ranks[1], [125e6, 125e6], [125e6, 1e6], [0, 0], {}, "cubic") as emulation:
-        before = emulation.tcp_counters()
+        before = emulation.counts()
         server = subprocess.Popen(["ip", "netns", "exec", emulation.rank_ns(1),
                                    sys.executable, "-c", RECEIVE])
         try:
@@ -102,9 +102,9 @@ def test_the_counters_see_what_the_queues_drop_and_tcp_resends():
         finally:
             server.kill()
             server.wait()
-        after = emulation.tcp_counters()
-        assert emulation.dropped() > 0
-        assert after["retransmitted"] - before["retransmitted"] > 0
+        counted = emulation.counts() - before
+        assert sum(counted.dropped.values()) > 0
+        assert counted.tcp["retransmitted"] > 0
     assert leftovers(ranks[0]) == leftovers(ranks[1]) == []
 
 
