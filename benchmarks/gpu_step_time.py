@@ -27,6 +27,8 @@ The plain loops are timed after 3 warm-up steps, each case in a process of its o
 (spawned: exoframe forks its workers, and a forked process cannot use CUDA that its parent
 initialized), so every row prints as its case ends.
 --measured adds each of 4 packed tiny-GPT nodes' own measured GPU compute per step.
+`--field stack_replicas=true` runs exoframe's nodes as one stacked model per worker
+(engine/node/stacked.py): the "stacked" column is then its limit.
 """
 from __future__ import annotations
 

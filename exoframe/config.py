@@ -63,6 +63,11 @@ class RunConfig:
         "DiLoCo's global model and outer momentum) in pinned host memory between its turns "
         "on the GPU, so that more nodes share a GPU than its memory holds "
         "(engine/node/offload.py); nodes packed on a CUDA GPU only.")
+    stack_replicas: bool = option(
+        False, help="Train each worker's packed nodes as one stacked model (torch.func.vmap): "
+        "one forward and backward pass for all of them, each node still its own optimizer and "
+        "strategy (engine/node/stacked.py); for strategies that declare it safe (ddp, "
+        "localsgd, diloco). Records equal the unstacked run's to float tolerance.")
     steps: int = option(300, help="Training steps per rank.")
     batch_size: typing.Optional[int] = option(None, help="Per-rank batch size.",
                                               unset="workload's")

@@ -58,6 +58,20 @@ def test_offloaded_nodes_on_the_gpu_give_the_same_records(strategy, params):
         assert torch.equal(p, q)
 
 
+@pytest.mark.parametrize("strategy,params", [("ddp", {}), ("diloco", {"H": 2})])
+def test_stacked_nodes_on_the_gpu_give_the_unstacked_records(strategy, params):
+    """One worker's 4 nodes as one stacked model (--stack-replicas, engine/node/stacked.py):
+    the unstacked run's records to float tolerance, the same simulated clock."""
+    plain, stacked = run(strategy, params), run(strategy, params, stack_replicas=True)
+    for a, b in zip(stacked.metrics, plain.metrics, strict=True):
+        assert a["sim_time"] == b["sim_time"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-5)
+        if "val_loss" in b:
+            assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-4, abs=1e-5)
+    for p, q in zip(stacked.model.parameters(), plain.model.parameters()):
+        assert (p - q).abs().max() < 1e-4
+
+
 # The first batch's loss through the run's initial model, with fp32 and with TF32 matmuls,
 # in a process of its own (CUDA is never initialized in pytest's).
 FIRST_LOSS = """

@@ -17,6 +17,7 @@ class DDP(Strategy):
 
     traits = Traits(
         gradient_all_reduce_after_backward=True,
+        stacks=True,
         survives_failures=True,
         replicas_equal_after_sync=True,
         held_model="replicas' model (equal on every node)")

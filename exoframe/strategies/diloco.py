@@ -57,6 +57,7 @@ class DiLoCo(Strategy):
     traits = Traits(
         outer_sync_overlaps_backward=True,
         replicas_equal_after_sync=True,
+        stacks=True,
         survives_failures=True,
         held_model="global model as of the last outer step")
 

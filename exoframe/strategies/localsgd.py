@@ -16,6 +16,7 @@ class LocalSGD(Strategy):
     """H local steps, then average parameters."""
 
     traits = Traits(
+        stacks=True,
         survives_failures=True,
         replicas_equal_after_sync=True,
         held_model="global model as of the last average")

@@ -36,6 +36,11 @@ class Traits:
     #: checksums at those steps and stops the run, naming the ranks, if they differ.
     #: Subclasses inherit it: one that keeps ranks apart sets it False.
     replicas_equal_after_sync: bool = False
+    #: True when a worker's nodes may train as one stacked model (--stack-replicas,
+    #: engine/node/stacked.py): the strategy writes the model's parameters and buffers only in
+    #: place (never rebinding `.data`), zeroes the gradients in every step, and runs no
+    #: forward or backward pass of its own. Subclasses inherit it.
+    stacks: bool = False
     #: The model a node would deploy, which the run validates and reports (val_loss, time to
     #: target, result.model): each node's `held_weights()`, taken over the nodes as
     #: `held_model_from` says: "average" (their mean) or "rank0" (the lowest live rank's).

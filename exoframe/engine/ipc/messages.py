@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ...sim.clocks.protocol import StepEnd
+from ...sim.clocks.protocol import Resume, StepEnd
 from ...sim.clocks.transport import Conn
 
 
@@ -155,11 +155,14 @@ class ChildFailed:
 class PipeSimPort:
     """A rank clock's way to the simulator over the rank's pipe (see sim/clocks/clock.py). A
     CheckpointNow may come while the rank waits for the simulator: it is kept for the
-    rank's next step end (checkpoint_requests)."""
+    rank's next step end (checkpoint_requests). A Resume comes to a rank that paused (a
+    stacked node waiting for its worker's others: engine/node/stacked.py); one for a step
+    the rank no longer waits at (its wait ended first) is dropped."""
 
     def __init__(self, conn: Conn, rank: int):
         self.conn, self.rank = conn, rank
         self.kept: list[CheckpointNow] = []
+        self.resumes: set[int] = set()  # the steps a Resume came for
 
     def send(self, message, payload: bytes | None = None):
         self.conn.send(SimRequest(self.rank, message, payload))
@@ -167,18 +170,43 @@ class PipeSimPort:
     def recv(self):
         while True:
             message = self.conn.recv()
-            if not isinstance(message, CheckpointNow):
+            if not self._kept(message):
                 return message
+
+    def _kept(self, message) -> bool:
+        """Keep a message that may come at any time; whether it was one."""
+        if isinstance(message, CheckpointNow):
             self.kept.append(message)
+        elif isinstance(message, Resume):
+            self.resumes.add(message.step)
+        else:
+            return False
+        return True
+
+    def _read_unasked(self, block: bool = False):
+        """Read what came unasked (all of it; block: at least one message)."""
+        while block or self.conn.poll():
+            message = self.conn.recv()
+            if not self._kept(message):
+                raise RuntimeError(f"rank {self.rank}: {message!r} came unasked")
+            block = False
+
+    def resumed(self, step: int) -> bool:
+        """Whether the simulator said to go on at `step` (it waits for this rank)."""
+        self._read_unasked()
+        resumed = step in self.resumes
+        self.resumes = set()  # (one for an earlier step came after that wait ended)
+        return resumed
 
     def checkpoint_requests(self) -> list[int]:
         """The steps asked for since the last call. At a step end the rank waits for no
         answer: whatever is in the pipe was sent unasked."""
-        while self.conn.poll():
-            self.kept.append(self.conn.recv())
+        self._read_unasked()
         steps, self.kept = [m.step for m in self.kept], []
         return steps
 
     def next_checkpoint_request(self) -> int:
         """Wait for the step the launcher asks next (a rank that said CheckpointLate)."""
-        return self.kept.pop(0).step if self.kept else self.conn.recv().step
+        while not self.kept:
+            self._read_unasked(block=True)
+        return self.kept.pop(0).step

@@ -6,6 +6,8 @@ import queue
 import threading
 from multiprocessing.reduction import ForkingPickler
 
+from .messages import Bundle
+
 
 class Sender(threading.Thread):
     """Writes every outgoing message in order, off the thread that sends it (a hub's, the
@@ -30,3 +32,15 @@ class Sender(threading.Thread):
     def close(self, timeout: float | None = None):
         self.queue.put(None)
         self.join(timeout)
+
+
+class Outbox:
+    """Messages for one pipe, sent as one Bundle at flush() by send(bundle)."""
+
+    def __init__(self, conn, send):
+        self.conn, self.pending, self._send = conn, [], send
+
+    def flush(self):
+        if self.pending:
+            bundle, self.pending = Bundle(tuple(self.pending)), []
+            self._send(bundle)

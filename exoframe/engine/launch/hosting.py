@@ -14,9 +14,9 @@ from typing import Protocol
 
 from ..ipc.messages import NodeMessage
 from ..ipc.processes import child_entry, closing, stack_file, stop_all, thread_entry
-from ..ipc.sender import Sender
+from ..ipc.sender import Outbox, Sender
 from ..node.node_globals import ProcessGlobals
-from ..node.packing import Outbox, run_nodes
+from ..node.packing import run_nodes
 from ..node.rank import run_rank
 from ..plan.job import Job
 from .evaluator import evaluate

@@ -1,11 +1,12 @@
 """What the process a node runs in gives the node: its device, how it exchanges tensors, the
 timer its measured compute reads, and where its models go at evaluation steps.
 
-Two hosts: a process of its own (OwnProcess, here), which joins a torch process group; and a
-worker shared with other nodes (engine/node/packing.py's PackedNode), whose nodes exchange in
+Two hosts: a process of its own (OwnProcess), which joins a torch process group; and a worker
+shared with other nodes (PackedNode, in engine/node/packing.py's hub), whose nodes exchange in
 memory and take turns. The node's code (rank.py's train) is the same on both."""
 from __future__ import annotations
 
+import copy
 import datetime
 from typing import Callable, Iterable, Protocol
 
@@ -13,10 +14,13 @@ import torch
 import torch.distributed as dist
 
 from ...comm.exchange import Exchange, TorchExchange
+from ...comm.memory import MemoryExchange
 from ..ipc.messages import Rendezvous
 from ..ipc.sender import Sender
 from ..plan.job import Job
 from . import model_state
+from .loop import forward_backward
+from .stacked import StackedReplicas
 
 
 class NodeHost(Protocol):
@@ -26,6 +30,12 @@ class NodeHost(Protocol):
 
     def join(self, rank: int, job: Job) -> tuple[torch.device, Exchange, torch.nn.Module]:
         """The node's device, exchange and model (on that device), once the node starts."""
+
+    def forward_backward(self, model, batches, accumulate: int, precision, device,
+                         step: int, clock) -> float:
+        """The step's forward and backward passes (engine/node/loop.py's forward_backward),
+        or the node's part of its worker's stacked ones (engine/node/stacked.py), which
+        may pause the node's simulated `clock` while it waits for the others."""
 
     def keeps(self, state: Callable[[], Iterable[torch.Tensor]]):
         """How to list the node's state (weights, gradients, optimizer and strategy state),
@@ -64,6 +74,10 @@ class OwnProcess:
         exchange = TorchExchange(p2p_group=join_group(rank, job.nodes, rendezvous, device))
         return device, exchange, job.model.to(device)
 
+    def forward_backward(self, model, batches, accumulate: int, precision, device, step: int,
+                         clock) -> float:
+        return forward_backward(model, batches, accumulate, precision, device, step)
+
     def keeps(self, state):
         pass  # (its GPU, if any, is its own: the state stays there)
 
@@ -101,3 +115,37 @@ def join_group(rank: int, world_size: int, rendezvous: Rendezvous,
     # slow rank fails with "Connection closed by peer". No rank leaves before all have met.
     dist.barrier(group=p2p_group)
     return p2p_group
+
+
+class PackedNode:
+    """A node's host in a worker of packed nodes (engine/node/packing.py): it exchanges in memory with the other
+    nodes (comm/memory.py), its compute is timed over its own turns, and its models are added
+    into the worker's fold (Hub.add_models). Its model is a view of a stacked one where the
+    worker's nodes are stacked (`stacked`, engine/node/stacked.py)."""
+
+    def __init__(self, node, gpu_timing: bool, stacked: StackedReplicas | None = None):
+        """node: its packing.Node."""
+        self.node, self.stacked = node, stacked
+        self.timer = node.gpu_timer if gpu_timing else node.timer
+
+    def keeps(self, state):
+        self.node.state = state
+
+    def join(self, rank: int, job):
+        device = job.placement.device_of(rank)
+        model = (self.stacked.model_of(rank) if self.stacked is not None
+                 else copy.deepcopy(job.model).to(device))
+        return device, MemoryExchange(rank, self.node.hub.pack), model
+
+    def forward_backward(self, model, batches, accumulate: int, precision, device, step: int,
+                         clock):
+        if self.stacked is None:
+            return forward_backward(model, batches, accumulate, precision, device, step)
+        return self.stacked.forward_backward(self.node.rank, batches, accumulate, precision,
+                                             step, clock)
+
+    def add_models(self, *models):
+        self.node.hub.add_models(*models)
+
+    def close(self):
+        pass  # (the hub sends the fold once every node's models are in)

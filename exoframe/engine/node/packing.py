@@ -23,7 +23,6 @@ its peer blocks in one to it.
 from __future__ import annotations
 
 import contextlib
-import copy
 import faulthandler
 import multiprocessing.connection
 import select
@@ -35,16 +34,18 @@ from collections import deque
 import torch
 from greenlet import greenlet
 
-from ...comm.memory import Contribution, MemoryExchange, Pack
+from ...comm.memory import Contribution, Pack
 from ...files import write_atomic
-from ..ipc.messages import Bundle, CheckpointLate, NodeMessage, StepDone
+from ..ipc.messages import CheckpointLate, NodeMessage, StepDone
 from ..ipc.processes import STACK_SIGNAL
-from ..ipc.sender import Sender
+from ..ipc.sender import Outbox, Sender
 from . import model_state
 from .loop import warm_up
 from .node_globals import TURNS, NodeGlobals
+from .node_host import PackedNode
 from .offload import OffloadedState, storage_ids
 from .rank import measures, train
+from .stacked import StackedReplicas
 
 # A node that does not wait runs up to this many steps before the next node's turn: each
 # turn costs a switch and a swap of the node's globals (~30 µs), and its model stays in the
@@ -55,18 +56,6 @@ FLUSH_SECONDS = 1.0  # what the nodes said reaches the launcher at least this of
 
 def _always() -> bool:
     return True
-
-
-class Outbox:
-    """Messages for one pipe, sent as one Bundle at flush() by send(bundle)."""
-
-    def __init__(self, conn, send):
-        self.conn, self.pending, self._send = conn, [], send
-
-    def flush(self):
-        if self.pending:
-            bundle, self.pending = Bundle(tuple(self.pending)), []
-            self._send(bundle)
 
 
 class Node:
@@ -105,6 +94,13 @@ class Node:
         self.off_spans = []
         self.gpu_seconds -= exchanges / 1000
         return self.gpu_seconds + self.turn_start.elapsed_time(now) / 1000
+
+    def add_compute(self, seconds: float):
+        """A share of compute done for it in another node's turn (a stacked step)."""
+        if self.hub.gpu_timing:
+            self.gpu_seconds += seconds
+        else:
+            self.cpu += seconds
 
 
 class NodeConn:
@@ -196,6 +192,28 @@ class Hub:
                 spans[-1][1].record()
             if self.current is not None:
                 self.current.cpu -= time.thread_time() - start
+
+    @contextlib.contextmanager
+    def shared_compute(self, ranks: list):
+        """What runs inside is the compute of the nodes `ranks`, in equal shares (a stacked
+        step, engine/node/stacked.py), not the current node's alone. Nothing inside may
+        give way."""
+        if self.gpu_timing:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            start = time.thread_time()
+        with self.off_clock():
+            yield
+        if self.gpu_timing:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1000
+        else:
+            seconds = time.thread_time() - start
+        for rank in ranks:
+            self.nodes[rank].add_compute(seconds / len(ranks))
 
     def add_models(self, strategy, rank: int, step: int, live: bool, held: bool,
                    replicas: bool, device):
@@ -351,30 +369,6 @@ def write_stacks_on(signum: int, path: str, hub: Hub):
     signal.signal(signum, write)
 
 
-class PackedNode:
-    """A node's host in a worker (node_host.NodeHost): it exchanges in memory with the other
-    nodes (comm/memory.py), its compute is timed over its own turns, and its models are added
-    into the worker's fold (Hub.add_models)."""
-
-    def __init__(self, node: Node, gpu_timing: bool):
-        self.node = node
-        self.timer = node.gpu_timer if gpu_timing else node.timer
-
-    def keeps(self, state):
-        self.node.state = state
-
-    def join(self, rank: int, job):
-        device = job.placement.device_of(rank)
-        return (device, MemoryExchange(rank, self.node.hub.pack),
-                copy.deepcopy(job.model).to(device))
-
-    def add_models(self, *models):
-        self.node.hub.add_models(*models)
-
-    def close(self):
-        pass  # (the hub sends the fold once every node's models are in)
-
-
 def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: dict,
               stack_path: str, evaluator, conn):
     """A worker process: train `ranks` as nodes of one hub (see train in rank.py). peers:
@@ -392,8 +386,10 @@ def run_nodes(ranks: list, job, batches: dict, home: list, index: int, peers: di
               job.placement.offload)
     if stack_path is not None:  # (None: a thread of the launcher's process, InProcess)
         write_stacks_on(STACK_SIGNAL, stack_path, hub)
+    stacked = (StackedReplicas(job.model, ranks, device, job.seed, hub.block,
+                               hub.shared_compute) if job.placement.stacked else None)
     for rank in ranks:
         hub.add(rank, lambda node: train(node.rank, job, batches[node.rank], NodeConn(node),
-                                         PackedNode(node, gpu_timing)))
+                                         PackedNode(node, gpu_timing, stacked)))
     hub.run()
 

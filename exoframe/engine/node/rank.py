@@ -26,7 +26,7 @@ from ..plan import devices
 from ..plan.job import Job
 from ..records import rank_state
 from .data import Batches
-from .loop import Precision, forward_backward, set_lr
+from .loop import Precision, set_lr
 from .node_host import NodeHost, OwnProcess
 from .replicas import checksum
 from .schedule import lr_at
@@ -131,6 +131,7 @@ class Rank:
                  batches: Batches, conn, host: NodeHost):
         self.rank, self.job, self.model, self.device = rank, job, model, device
         self.batches, self.conn, self.add_models = batches, conn, host.add_models
+        self.forward_backward = host.forward_backward
         self.moving_seconds = 0.0  # folding and sending its models for validation
         self.port = PipeSimPort(conn, rank)
         self.clock = make_clock(rank, job, self.port, device, host.timer)
@@ -177,8 +178,8 @@ class Rank:
                                                  job.steps, job.warmup_steps,
                                                  job.min_lr_ratio)), down=down)
         if not down:
-            trained.loss = forward_backward(self.model, self.batches, job.accumulate,
-                                            precision, self.device, step)
+            trained.loss = self.forward_backward(self.model, self.batches, job.accumulate,
+                                                 precision, self.device, step, clock)
             check_finite(trained.loss, step, self.rank, job.on_nonfinite)
             trained.grad_norm = precision.unscale_and_clip(strategy.optimizer,
                                                            self.model.parameters(),

@@ -74,6 +74,7 @@ class Placement:
     gpus: int = 0  # the GPUs visible (device cuda: ranks or workers round-robin over them)
     in_process: bool = False  # every node in the launcher's process (engine/launch/hosting.py)
     offload: bool = False  # packed nodes' state in host memory between turns (node/offload.py)
+    stacked: bool = False  # each worker's nodes as one stacked model (engine/node/stacked.py)
 
     @property
     def packed(self) -> bool:
@@ -95,13 +96,13 @@ class Placement:
 def place(nodes: int, asked: Optional[int], device: str, real_network: bool,
           device_asked: str = "", machine: Machine | None = None,
           memory: NodeMemory | None = None, in_process: bool = False,
-          offload: bool = False) -> Placement:
+          offload: bool = False, stacked: bool = False) -> Placement:
     """asked: the user's nodes_per_process (None: chosen here); device: resolved;
     device_asked: as the user gave it (for the error line); machine: this machine's facts
     (default: read now); memory: what a node and a worker keep on a GPU
     (engine/plan/node_memory.py), to admit nodes packed on a GPU; in_process: every node in
     the launcher's process, as one worker; offload: packed nodes keep their state in host
-    memory between their turns."""
+    memory between their turns; stacked: each worker's nodes train as one stacked model."""
     machine = machine or Machine.current(with_gpus=device.startswith("cuda"))
     torchrun = machine.torchrun
     if in_process:
@@ -117,9 +118,12 @@ def place(nodes: int, asked: Optional[int], device: str, real_network: bool,
     placement = Placement(nodes, device, per_process,
                           backend(device, torchrun.local_world_size if torchrun else nodes,
                                   machine.gpus),
-                          tuple(map(tuple, groups)), machine.gpus, in_process, offload)
+                          tuple(map(tuple, groups)), machine.gpus, in_process, offload,
+                          stacked)
     if offload:
         check_offload(placement, device_asked or device)
+    if stacked:
+        check_stacked(placement)
     if per_process is not None and device.startswith("cuda") and memory is not None:
         admit(placement, machine, memory)
     return placement
@@ -211,6 +215,18 @@ def check_offload(placement: Placement, device_asked: str):
         raise ExoframeError("offload: only nodes that take turns on a GPU (packed in a "
                             "worker) leave it between turns, and here each node is a process "
                             "of its own; drop --offload or give --nodes-per-process above 1.")
+
+
+def check_stacked(placement: Placement):
+    """Stacking trains a worker's packed nodes as one model."""
+    if not placement.packed or len(placement.groups) == placement.nodes:
+        raise ExoframeError("stack_replicas: only nodes packed in a worker train as one "
+                            "stacked model, and here each node is a process of its own; drop "
+                            "--stack-replicas or give --nodes-per-process above 1.")
+    if placement.offload:
+        raise ExoframeError("stack_replicas: stacked nodes keep their state in the stacked "
+                            "model, on their device, so it cannot leave between turns; drop "
+                            "--offload or --stack-replicas.")
 
 
 # Under --offload a worker's GPU holds the whole state of the node whose turn it is, and

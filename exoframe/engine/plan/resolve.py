@@ -96,6 +96,8 @@ def resolve_names(config: RunConfig, strategy=None, pm: PluginManager | None = N
     faults = parse_faults(config.faults)
     faults.check_ranks(config.nodes)
     checked_checkpoints(config, strategy_cls, strategy_name, strategy_params)
+    if config.stack_replicas:
+        check_stacking(config, strategy_cls, strategy_name, faults)
     device = devices.resolve(config.device)
     if config.precision == "tf32" and not device.startswith("cuda"):
         raise ExoframeError(f"precision: tf32 is how a CUDA GPU multiplies fp32 matrices, and "
@@ -176,7 +178,7 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         placement=place(config.nodes, config.nodes_per_process, device, sim.real, config.device,
                         memory=node_memory(model, optimizer.name)
                         if device.startswith("cuda") else None, in_process=config.in_process,
-                        offload=config.offload),
+                        offload=config.offload, stacked=config.stack_replicas),
         sim=sim,
         # A target is judged at every step, so the time to reach it is resolved to one step.
         eval_every=1 if config.target_loss is not None else
@@ -204,6 +206,24 @@ def check_real_network(config: RunConfig, strategy_cls: type, strategy_name: str
     if config.checkpoint_every is not None:
         raise ExoframeError("checkpoint_every: a run on the real network cannot be "
                             "checkpointed yet; drop one of them.")
+
+
+def check_stacking(config: RunConfig, strategy_cls: type, strategy_name: str,
+                   faults: FaultSpec):
+    """What stacked replicas (engine/node/stacked.py) cannot train; where nodes run is
+    checked with the placement (placement.check_stacked)."""
+    if not strategy_cls.traits.stacks:
+        raise ExoframeError(f"stack_replicas: strategy '{strategy_name}' does not declare that "
+                            "its nodes may share one stacked model (its traits' `stacks`; "
+                            "ddp, localsgd and diloco do); drop --stack-replicas.")
+    if faults.active:
+        raise ExoframeError("stack_replicas: stacked nodes compute every step together, and a "
+                            "simulated failure keeps a node from computing; drop --faults or "
+                            "--stack-replicas.")
+    if config.precision == "fp16":
+        raise ExoframeError("stack_replicas: fp16's loss scale is each node's own, and stacked "
+                            "nodes take one backward pass; use --precision bf16, or drop "
+                            "--stack-replicas.")
 
 
 def checked_checkpoints(config: RunConfig, strategy_cls: type, strategy_name: str,

@@ -53,10 +53,18 @@ class RankCheckpoints:
         return False
 
 
+def own_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor, copied where it is a view of a larger storage (a stacked node's weights,
+    engine/node/stacked.py): torch.save writes a view's whole storage."""
+    if tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size():
+        return tensor.clone()
+    return tensor
+
+
 def capture(step: int, model, strategy, batches, clock, comm, precision) -> dict:
     return {
         "step": step,
-        "model": model.state_dict(),
+        "model": {name: own_storage(t) for name, t in model.state_dict().items()},
         "strategy": strategy.state_dict(),
         "data": batches.state_dict(),
         "clock": clock.state_dict(),

@@ -14,7 +14,8 @@ from ...errors import ExoframeError
 from ..network.collectives import Plans
 from ..network.topology import Topology
 from .compute import ComputeClock
-from .protocol import Listen, Mail, Op, Post, Probe, Probed, Quorum, Quorumed, Wait, Waited
+from .protocol import (Listen, Mail, Op, Paused, Post, Probe, Probed, Quorum, Quorumed, Wait,
+                       Waited)
 
 # is_completed() asked this many times at one simulated instant: the rank spins without
 # letting simulated time pass, and the answer can never change.
@@ -145,6 +146,16 @@ class RankClock:
 
     def end_step(self, step: int):
         self.trace.append(["s", step])
+
+    def pause(self, step: int):
+        """Tell the simulator that this rank waits outside it (for its worker's other nodes,
+        to compute `step` with them: engine/node/stacked.py), sending nothing earlier than
+        its clock now; resumed(step) says whether the simulator answered that it waits for
+        this rank."""
+        self._send(Paused(self.now, step))
+
+    def resumed(self, step: int) -> bool:
+        return self.port.resumed(step)
 
     def _add_compute(self, seconds: float):
         if seconds and not self.down:

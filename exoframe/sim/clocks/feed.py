@@ -11,13 +11,14 @@ dropped. A rank's new inputs queue behind its recorded ones.
 Inputs are stored as JSON-ready lists: ["o", t, op_id, key, kind, nbytes, participants,
 root, blocking], ["w", t, op_id], ["t", t, op_id] (a Probe), ["q", t, seq, down_until]
 (a Quorum), ["p", t, msg_id, dst, nbytes] (a Post), ["l", t, op_id, block] (a Listen),
-["s", t] (a step's end).
+["s", t] (a step's end), ["z", t, step] (Paused; a Resume the replay answers is for a step
+the rank has passed, and the rank ignores it).
 """
 from __future__ import annotations
 
 from collections import deque
 
-from .protocol import Done, Listen, Op, Post, Probe, Quorum, StepEnd, Wait, frozen
+from .protocol import Done, Listen, Op, Paused, Post, Probe, Quorum, StepEnd, Wait, frozen
 from .simulator import Simulator
 
 STEP_END = "s"
@@ -92,6 +93,8 @@ def as_record(message: Op | Wait | Probe | Quorum | Post | Listen | StepEnd) -> 
         return ["p", message.t, message.msg_id, message.dst, message.nbytes]
     if isinstance(message, Listen):
         return ["l", message.t, message.op_id, message.block]
+    if isinstance(message, Paused):
+        return ["z", message.t, message.step]
     if isinstance(message, Op):
         return ["o", message.t, message.op_id, message.key, message.kind, message.nbytes,
                 message.participants, message.root, message.blocking]
@@ -108,6 +111,8 @@ def from_record(record: list) -> Op | Wait | Probe | Quorum | Post | Listen | St
         return Post(*record[1:])
     if tag == "l":
         return Listen(*record[1:])
+    if tag == "z":
+        return Paused(*record[1:])
     if tag == "o":
         _, t, op_id, key, kind, nbytes, participants, root, blocking = record
         return Op(t, frozen(op_id), frozen(key), kind, nbytes, tuple(participants), root,

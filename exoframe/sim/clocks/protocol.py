@@ -7,7 +7,8 @@ yet there, versus communication); a Probe with Probed. Under simulated failures 
 joins a Quorum at each synchronization, answered with Quorumed: who takes part. Remote
 calls travel as Posts (one-sided messages); a rank gets its mail when it Listens, answered
 with Mail (or Waited, when the operation it also waits for completes first). StepEnd and Done
-tell the simulator how far a rank has come. Ranks send these through a transport
+tell the simulator how far a rank has come; Paused, that a rank waits outside it (answered
+with Resume if the simulation waits for that rank). Ranks send these through a transport
 (transport.py): live ranks over their pipe or TCP connection (engine/launch/monitor.py), replayed
 ranks in process (sim/traces/replay.py). (Without __slots__: a slotted dataclass pickles at
 twice the cost, and a rank sends a StepEnd every step.)
@@ -71,6 +72,21 @@ class Listen:
     t: float
     op_id: int | None = None
     block: bool = True
+
+
+@dataclass(frozen=True)
+class Paused:
+    """The rank waits for something outside the simulator before it goes on (its worker's
+    other nodes, to compute a step with them: engine/node/stacked.py), and sends nothing
+    earlier than `t`. If the simulator can go no further without it, it answers
+    Resume(step): the rank goes on without what it waited for."""
+    t: float
+    step: int
+
+
+@dataclass(frozen=True)
+class Resume:
+    step: int
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ from .diagnosis import why_stuck
 from .mailbox import Mailboxes
 from .membership import join_quorum
 from .operation import Operation
-from .protocol import Listen, Op, Post, Probe, Probed, Quorum, SimulationError, Wait, Waited
+from .protocol import (Listen, Op, Paused, Post, Probe, Probed, Quorum, Resume, SimulationError,
+                       Wait, Waited)
 
 MESSAGE, NETWORK, QUESTION = 0, 1, 2
 
@@ -68,6 +69,7 @@ class Simulator:
         self.outside: set[int] = set()  # down ranks between quorums (see the docstring)
         self.recovering: set[int] = set()  # joining ranks whose receive is still to come
         self.mail = Mailboxes(self)
+        self.paused: dict[int, int] = {}  # rank -> the step it waits outside the simulator at
         self._earliest = None
 
     # -- input -------------------------------------------------------------------------------
@@ -77,11 +79,15 @@ class Simulator:
         return {f"{names[a]}->{names[b]}": nbytes
                 for (a, b), nbytes in sorted(self.network.bytes_between_sites.items())}
 
-    def receive(self, rank: int, message: Op | Wait | Probe | Quorum | Post | Listen):
+    def receive(self, rank: int, message: Op | Wait | Probe | Quorum | Post | Listen | Paused):
         self._earliest = None
         t = message.t
         self._computed(rank, t)
-        if isinstance(message, Post):
+        self.paused.pop(rank, None)
+        if isinstance(message, Paused):
+            self.bound[rank] = max(self.bound[rank], t)
+            self.paused[rank] = message.step
+        elif isinstance(message, Post):
             self.bound[rank] = t
             heapq.heappush(self.inbox, (t, MESSAGE, rank, next(self._seq), message))
         elif isinstance(message, Listen):
@@ -116,6 +122,7 @@ class Simulator:
     def note_clock(self, rank: int, t: float):
         self._computed(rank, t)
         self.bound[rank] = max(self.bound[rank], t)
+        self.paused.pop(rank, None)
         self._earliest = None
 
     def _computed(self, rank: int, t: float):
@@ -128,6 +135,7 @@ class Simulator:
 
     def rank_done(self, rank: int):
         self.finished[rank] = True
+        self.paused.pop(rank, None)
         self._earliest = None
 
     # -- processing --------------------------------------------------------------------------
@@ -153,8 +161,22 @@ class Simulator:
                     self.env.step()
             else:
                 break
+        self._resume_if_held()
         replies, self.replies = self.replies, []
         return replies
+
+    def _resume_if_held(self):
+        """Every running rank is paused (waits outside the simulator), and nothing more can
+        be processed: the simulation waits for them, so the one with the lowest bound goes
+        on (Resume). It is the lowest, and one at a time, so that which ranks a resumed
+        rank's wait still lacked depends on the simulation alone (every other rank waits
+        for the simulator or is paused, and none of them moves before it does)."""
+        if not self.paused or any(
+                not (self.blocked[r] or self.finished[r] or r in self.outside or
+                     r in self.paused) for r in range(self.topology.size)):
+            return
+        rank = min(self.paused, key=lambda r: (self.bound[r], r))
+        self.replies.append((rank, Resume(self.paused.pop(rank))))
 
     def _safe(self, t: float, cls: int, rank: int) -> bool:
         """No running rank can still send a message that sorts before (t, cls, rank)."""

@@ -1,0 +1,176 @@
+"""--stack-replicas (engine/node/stacked.py): a worker's nodes train as one stacked model, and
+give the records of the unstacked run to float tolerance, on the same simulated clock; the
+simulator resumes a node that waits for its worker's others when the simulation waits for
+it (Paused, Resume), so that no run hangs and the grouping is the simulation's alone."""
+import pytest
+import torch
+from test_sim import B, send_recv
+
+from exoframe import testing
+from exoframe.config import RunConfig
+from exoframe.engine import job_from_config
+from exoframe.engine.ipc.processes import RankFailed
+from exoframe.engine.node import stacked
+from exoframe.errors import ExoframeError
+from exoframe.sim import Simulator, Topology
+from exoframe.sim.clocks.protocol import Paused, Resume, Waited
+from exoframe.sim.network.collectives import BUILTIN
+
+# Two sites and a rank 4 times slower: the nodes of a worker reach each step's compute at
+# different simulated times, and some wait there while the others wait for the network.
+HELD = dict(net="geo-2dc", stragglers="1:4", compute="fixed:10ms", hang_timeout=60)
+
+
+def close_records(stacked_run, plain):
+    for a, b in zip(stacked_run.metrics, plain.metrics, strict=True):
+        assert a["sim_time"] == b["sim_time"]  # (fixed compute: the same simulation)
+        assert a["bytes_sent_per_node"] == b["bytes_sent_per_node"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
+        assert a.get("val_loss") == pytest.approx(b.get("val_loss"), rel=1e-5, abs=1e-6)
+    assert testing.max_difference(stacked_run, plain) < 1e-5
+
+
+@pytest.mark.parametrize("strategy,params", [("ddp", {}), ("diloco", {"H": 2}),
+                                             ("localsgd", {"H": 3}), ("hier-diloco", {"H": 2})])
+def test_stacked_nodes_give_the_unstacked_records(strategy, params):
+    """Two forked workers of 4 and 2 nodes: the unstacked run's losses, validation losses,
+    bytes, simulated clock and final model; and the same bits in a second stacked run."""
+    def run(**fit):
+        return testing.run(strategy, params, nodes=6, steps=6, eval_every=3,
+                           nodes_per_process=4, **HELD, **fit)
+    plain, stacked_run = run(), run(stack_replicas=True)
+    close_records(stacked_run, plain)
+    assert stacked_run.metrics != plain.metrics  # (batched kernels: not the same bits)
+    assert run(stack_replicas=True).metrics == stacked_run.metrics
+
+
+def test_nodes_the_simulation_waits_for_compute_without_the_others(monkeypatch):
+    """One worker of 4 nodes in this process. Where a node waits for its worker's others
+    while one of them waits for the simulated network, which waits for it, the simulator
+    resumes it and the nodes there compute together; each node computes each step once,
+    and the records are the unstacked run's."""
+    groups = []
+    compute = stacked.StackedReplicas.compute
+
+    def recording(self, ranks, *args):
+        groups.append((args[-1], tuple(ranks)))
+        return compute(self, ranks, *args)
+    monkeypatch.setattr(stacked.StackedReplicas, "compute", recording)
+
+    def run(**fit):
+        return testing.run("ddp", nodes=4, steps=6, **HELD, **fit)
+    stacked_run = run(stack_replicas=True, nodes_per_process=4, in_process=True)
+    for step in range(1, 7):
+        ranks = [r for s, group in groups if s == step for r in group]
+        assert sorted(ranks) == [0, 1, 2, 3]
+    assert any(len(group) < 4 for _, group in groups)  # (the simulator resumed a node)
+    assert any(len(group) == 4 for _, group in groups)
+    close_records(stacked_run, run())
+
+
+def test_the_simulator_resumes_the_lowest_paused_rank_when_it_waits_for_it():
+    """Ranks 0 and 1 exchange S bytes (done at 0.01 + S/B); ranks 2 and 3 wait outside the
+    simulator. It answers only once no rank runs, and then resumes one rank: the lowest."""
+    sim = Simulator(Topology.uniform(4, B, 0.01), BUILTIN)
+    for rank, message in send_recv(0, 1, 4e6):
+        sim.receive(rank, message)
+    sim.receive(2, Paused(0.002, 7))
+    assert sim.advance() == []  # rank 3 runs: it may still send something before 0.042
+    sim.receive(3, Paused(0.001, 5))
+    assert sim.advance() == [(3, Resume(5))]  # the lowest bound, and it alone
+    assert sim.advance() == []  # rank 3 runs now
+    sim.receive(3, Paused(0.02, 6))
+    assert sim.advance() == [(2, Resume(7))]
+    sim.note_clock(2, 0.1)  # rank 2 went on (a step's end)
+    assert sim.advance() == []  # it runs
+    sim.receive(2, Paused(0.1, 8))
+    assert sim.advance() == [(3, Resume(6))]  # the exchange waits for rank 3, at 0.02
+    sim.note_clock(3, 0.1)
+    replies = dict(sim.advance())
+    assert set(replies) == {0, 1} and all(isinstance(r, Waited) for r in replies.values())
+    assert replies[0].end == pytest.approx(0.01 + 4e6 / B)
+
+
+def test_a_resumed_stacked_run_equals_the_run_never_stopped(tmp_path):
+    """Checkpointed at step 2 and resumed to 6: the uninterrupted stacked run's bits (the
+    simulator's recorded inputs hold the pauses; a Resume it answers again is for a step the
+    nodes have passed)."""
+    from exoframe import Trainer
+    from exoframe.testing import tiny_data, tiny_model
+
+    run = dict(strategy="ddp", num_nodes=4, nodes_per_process=2, stack_replicas=True,
+               checkpoint_every=2, **HELD)
+    whole = Trainer(tiny_model(), tiny_data(), batch_size=4).fit(steps=6, out=str(tmp_path),
+                                                                 **run)
+    first = Trainer(tiny_model(), tiny_data(), batch_size=4).fit(steps=2, out=str(tmp_path),
+                                                                 **run)
+    again = Trainer(tiny_model(), tiny_data(), batch_size=4).fit(
+        steps=6, resume=str(first.run_dir), **run)
+    assert again.metrics == whole.metrics
+
+
+class ItemInForward(testing.TinyRegression):
+    def forward(self, batch):
+        if batch[0].sum().item() > 1e9:  # (vmap cannot take a tensor's value)
+            return batch[0].sum()
+        return super().forward(batch)
+
+
+def test_a_model_vmap_cannot_take_stops_the_run_in_one_line():
+    torch.manual_seed(0)
+    with pytest.raises(RankFailed, match=r"stack_replicas: the model cannot run stacked under "
+                                         r"torch.func.vmap \(RuntimeError: vmap: .*\.item\(\).*"
+                                         r"drop --stack-replicas\."):
+        testing.run("ddp", nodes=4, steps=2, model=ItemInForward(), nodes_per_process=2,
+                    stack_replicas=True, compute="fixed:10ms")
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"strategy": "sparta"}, "stack_replicas: strategy 'sparta' does not declare that its "
+                             "nodes may share one stacked model"),
+    ({"faults": "1@1s:1s"}, "stack_replicas: stacked nodes compute every step together"),
+    ({"precision": "fp16"}, "stack_replicas: fp16's loss scale is each node's own"),
+    ({"nodes_per_process": 1}, "stack_replicas: only nodes packed in a worker train as one "
+                               "stacked model"),
+])
+def test_what_cannot_stack_is_one_clear_line(fields, message):
+    config = RunConfig(workload="mlp", stack_replicas=True,
+                       **{"nodes": 4, "nodes_per_process": 2, **fields})
+    with pytest.raises(ExoframeError, match=message):
+        job_from_config(config.validate())
+
+
+def test_stacked_with_offload_is_refused(monkeypatch):
+    from exoframe.engine.plan import placement
+    monkeypatch.setattr(placement, "check_offload", lambda *_: None)  # (a GPU option)
+    config = RunConfig(workload="mlp", nodes=4, nodes_per_process=2, stack_replicas=True,
+                       offload=True)
+    with pytest.raises(ExoframeError, match="stack_replicas: stacked nodes keep their state in "
+                                            "the stacked model"):
+        job_from_config(config.validate())
+
+
+def test_a_checkpoint_of_a_stacked_node_holds_its_own_weights_only():
+    """torch.save writes a view's whole storage: a node's checkpoint copies its slice."""
+    from exoframe.engine.records.rank_state import own_storage
+
+    weights = torch.zeros(4, 3)
+    node = weights[1]
+    assert own_storage(node).untyped_storage().nbytes() == 3 * 4
+    assert torch.equal(own_storage(node), node)
+    whole = torch.zeros(3)
+    assert own_storage(whole) is whole
+
+
+def test_a_stacked_nodes_parameters_are_views_of_the_stack():
+    """Written in place by its strategy, a node's parameter is its row of the stack."""
+    model = testing.tiny_model()
+    replicas = stacked.StackedReplicas(model, [4, 5, 6], torch.device("cpu"), 0,
+                                       block=None, shared=None)
+    node = replicas.model_of(5)
+    first = next(node.parameters())
+    with torch.no_grad():
+        first.add_(1.0)
+    stack = replicas.weights["net.0.weight"]
+    assert torch.equal(stack[1], first) and torch.equal(stack[0] + 1, first)
+    assert torch.equal(stack[0], next(model.parameters()))
