@@ -67,7 +67,7 @@ class RunConfig:
         False, help="Train each worker's packed nodes as one stacked model (torch.func.vmap): "
         "one forward and backward pass for all of them, each node still its own optimizer and "
         "strategy (engine/node/stacked.py); for strategies that declare it safe (ddp, "
-        "localsgd, diloco). Records equal the unstacked run's to float tolerance.")
+        "localsgd, diloco, hier-diloco). Records equal the unstacked run's to float tolerance.")
     steps: int = option(300, help="Training steps per rank.")
     batch_size: typing.Optional[int] = option(None, help="Per-rank batch size.",
                                               unset="workload's")

@@ -2,6 +2,9 @@
 give the records of the unstacked run to float tolerance, on the same simulated clock; the
 simulator resumes a node that waits for its worker's others when the simulation waits for
 it (Paused, Resume), so that no run hangs and the grouping is the simulation's alone."""
+import random
+import time
+
 import pytest
 import torch
 from test_sim import B, send_recv
@@ -44,28 +47,83 @@ def test_stacked_nodes_give_the_unstacked_records(strategy, params):
     assert run(stack_replicas=True).metrics == stacked_run.metrics
 
 
+class Normalized(testing.TinyRegression):
+    """BatchNorm before the MLP: buffers that each forward pass updates in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(6)
+
+    def forward(self, batch):
+        x, y = batch
+        return super().forward((self.norm(x), y))
+
+
 def test_nodes_the_simulation_waits_for_compute_without_the_others(monkeypatch):
-    """One worker of 4 nodes in this process. Where a node waits for its worker's others
-    while one of them waits for the simulated network, which waits for it, the simulator
-    resumes it and the nodes there compute together; each node computes each step once,
-    and the records are the unstacked run's."""
-    groups = []
-    compute = stacked.StackedReplicas.compute
+    """One worker of 4 nodes in this process, 2 micro-batches a step. Where a node waits for
+    its worker's others while one of them waits for the simulated network, which waits for
+    it, the simulator resumes it and the nodes there compute together; each node computes
+    each step once, its BatchNorm counts every micro-batch, and the records are the
+    unstacked run's."""
+    groups, stacks = [], []
+    compute, init = stacked.StackedReplicas.compute, stacked.StackedReplicas.__init__
 
     def recording(self, ranks, *args):
         groups.append((args[-1], tuple(ranks)))
         return compute(self, ranks, *args)
+
+    def kept(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        stacks.append(self)
     monkeypatch.setattr(stacked.StackedReplicas, "compute", recording)
+    monkeypatch.setattr(stacked.StackedReplicas, "__init__", kept)
 
     def run(**fit):
-        return testing.run("ddp", nodes=4, steps=6, **HELD, **fit)
+        torch.manual_seed(0)
+        return testing.run("localsgd", {"H": 3}, nodes=4, steps=6, model=Normalized(),
+                           accumulate=2, **HELD, **fit)
     stacked_run = run(stack_replicas=True, nodes_per_process=4, in_process=True)
     for step in range(1, 7):
         ranks = [r for s, group in groups if s == step for r in group]
         assert sorted(ranks) == [0, 1, 2, 3]
     assert any(len(group) < 4 for _, group in groups)  # (the simulator resumed a node)
     assert any(len(group) == 4 for _, group in groups)
+    assert stacks[0].buffers["norm.num_batches_tracked"].tolist() == [12] * 4
     close_records(stacked_run, run())
+
+
+class Dropping(testing.TinyRegression):
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.3)
+
+    def forward(self, batch):
+        x, y = batch
+        return super().forward((self.drop(x), y))
+
+
+def test_which_nodes_compute_together_does_not_depend_on_when_a_worker_reads(monkeypatch):
+    """Two forked workers whose hubs sleep at random (0-4 ms) before half of their reads, as
+    a busy machine would make them: the same groups, so the same losses (with dropout, whose
+    draws depend on the group), as without the sleeps."""
+    from exoframe.engine.node import packing
+    receive = packing.Hub._receive
+
+    def run(sleeps: int):
+        if sleeps:
+            draws = random.Random(sleeps)
+
+            def late_receive(hub, block):
+                if not block and draws.random() < 0.5:
+                    time.sleep(draws.random() * 0.004)
+                return receive(hub, block)
+            monkeypatch.setattr(packing.Hub, "_receive", late_receive)
+        torch.manual_seed(0)
+        return testing.run("diloco", {"H": 2}, nodes=6, steps=12, model=Dropping(),
+                           nodes_per_process=4, stack_replicas=True, **HELD).metrics
+    unhurried = run(0)
+    for sleeps in (1, 2, 3):
+        assert run(sleeps) == unhurried
 
 
 def test_the_simulator_resumes_the_lowest_paused_rank_when_it_waits_for_it():
@@ -132,6 +190,8 @@ def test_a_model_vmap_cannot_take_stops_the_run_in_one_line():
     ({"precision": "fp16"}, "stack_replicas: fp16's loss scale is each node's own"),
     ({"nodes_per_process": 1}, "stack_replicas: only nodes packed in a worker train as one "
                                "stacked model"),
+    ({"target_loss": 0.1}, "stack_replicas: a run with target_loss cannot stack its nodes"),
+    ({"time_budget": "1h"}, "stack_replicas: a run with time_budget cannot stack its nodes"),
 ])
 def test_what_cannot_stack_is_one_clear_line(fields, message):
     config = RunConfig(workload="mlp", stack_replicas=True,

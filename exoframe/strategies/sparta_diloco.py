@@ -24,7 +24,7 @@ class SpartaDiLoCo(Sparta, DiLoCo):
     # The exchange right after each step's compute is SPARTA's sparse average, not the
     # outer sync a projection would stream through the backward pass.
     traits = dataclasses.replace(DiLoCo.traits, outer_sync_overlaps_backward=False,
-                                 replicas_equal_after_sync=False)
+                                 replicas_equal_after_sync=False, stacks=False)
     # SPARTA's sparse averages leave the ranks apart between outer steps.
     held_weights = DiLoCo.held_weights
 

@@ -1,9 +1,9 @@
 """What the process a node runs in gives the node: its device, how it exchanges tensors, the
 timer its measured compute reads, and where its models go at evaluation steps.
 
-Two hosts: a process of its own (OwnProcess), which joins a torch process group; and a worker
-shared with other nodes (PackedNode, in engine/node/packing.py's hub), whose nodes exchange in
-memory and take turns. The node's code (rank.py's train) is the same on both."""
+Two hosts, both here: a process of its own (OwnProcess), which joins a torch process group;
+and a worker shared with other nodes (PackedNode, run by engine/node/packing.py's hub), whose
+nodes exchange in memory and take turns. The node's code (rank.py's train) is the same on both."""
 from __future__ import annotations
 
 import copy
@@ -118,10 +118,10 @@ def join_group(rank: int, world_size: int, rendezvous: Rendezvous,
 
 
 class PackedNode:
-    """A node's host in a worker of packed nodes (engine/node/packing.py): it exchanges in memory with the other
-    nodes (comm/memory.py), its compute is timed over its own turns, and its models are added
-    into the worker's fold (Hub.add_models). Its model is a view of a stacked one where the
-    worker's nodes are stacked (`stacked`, engine/node/stacked.py)."""
+    """A node's host in a worker of packed nodes (engine/node/packing.py): it exchanges in
+    memory with the other nodes (comm/memory.py), its compute is timed over its own turns,
+    and its models are added into the worker's fold (Hub.add_models). Its model is a view of
+    a stacked one where the worker's nodes are stacked (`stacked`, engine/node/stacked.py)."""
 
     def __init__(self, node, gpu_timing: bool, stacked: StackedReplicas | None = None):
         """node: its packing.Node."""

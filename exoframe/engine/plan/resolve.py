@@ -214,12 +214,18 @@ def check_stacking(config: RunConfig, strategy_cls: type, strategy_name: str,
     checked with the placement (placement.check_stacked)."""
     if not strategy_cls.traits.stacks:
         raise ExoframeError(f"stack_replicas: strategy '{strategy_name}' does not declare that "
-                            "its nodes may share one stacked model (its traits' `stacks`; "
-                            "ddp, localsgd and diloco do); drop --stack-replicas.")
+                            "its nodes may share one stacked model (its traits' `stacks`, "
+                            "which ddp, localsgd, diloco and hier-diloco declare); drop "
+                            "--stack-replicas.")
     if faults.active:
         raise ExoframeError("stack_replicas: stacked nodes compute every step together, and a "
                             "simulated failure keeps a node from computing; drop --faults or "
                             "--stack-replicas.")
+    for field, value in (("target_loss", config.target_loss),
+                         ("time_budget", config.time_budget)):
+        if value is not None:
+            raise ExoframeError(f"stack_replicas: a run with {field} cannot stack its nodes "
+                                f"yet (its verdicts wait for every node); drop one of them.")
     if config.precision == "fp16":
         raise ExoframeError("stack_replicas: fp16's loss scale is each node's own, and stacked "
                             "nodes take one backward pass; use --precision bf16, or drop "

@@ -14,8 +14,8 @@ from ...errors import ExoframeError
 from ..network.collectives import Plans
 from ..network.topology import Topology
 from .compute import ComputeClock
-from .protocol import (Listen, Mail, Op, Paused, Post, Probe, Probed, Quorum, Quorumed, Wait,
-                       Waited)
+from .protocol import (Listen, Mail, Op, Paused, Post, Probe, Probed, Quorum, Quorumed, StepEnd,
+                       Wait, Waited)
 
 # is_completed() asked this many times at one simulated instant: the rank spins without
 # letting simulated time pass, and the answer can never change.
@@ -156,6 +156,11 @@ class RankClock:
 
     def resumed(self, step: int) -> bool:
         return self.port.resumed(step)
+
+    def go_on(self):
+        """The paused rank goes on: it waits for nothing outside the simulator any more (a
+        StepEnd at its clock, which has not moved)."""
+        self._send(StepEnd(self.now))
 
     def _add_compute(self, seconds: float):
         if seconds and not self.down:

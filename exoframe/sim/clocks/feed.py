@@ -39,7 +39,8 @@ class Feed:
         for rank in range(nodes):
             self._pump(rank)
 
-    def message(self, rank: int, message: Op | Wait | Probe | Quorum | Post | Listen | StepEnd):
+    def message(self, rank: int,
+                message: Op | Wait | Probe | Quorum | Post | Listen | Paused | StepEnd):
         if self.record:
             self.log[rank].append(as_record(message))
         self.queue[rank].append((message, False))
@@ -84,7 +85,7 @@ class Feed:
                 self.replay_waits[rank] = True
 
 
-def as_record(message: Op | Wait | Probe | Quorum | Post | Listen | StepEnd) -> list:
+def as_record(message: Op | Wait | Probe | Quorum | Post | Listen | Paused | StepEnd) -> list:
     if isinstance(message, StepEnd):
         return [STEP_END, message.t]
     if isinstance(message, Quorum):
@@ -101,7 +102,7 @@ def as_record(message: Op | Wait | Probe | Quorum | Post | Listen | StepEnd) -> 
     return ["w" if isinstance(message, Wait) else "t", message.t, message.op_id]
 
 
-def from_record(record: list) -> Op | Wait | Probe | Quorum | Post | Listen | StepEnd:
+def from_record(record: list) -> Op | Wait | Probe | Quorum | Post | Listen | Paused | StepEnd:
     tag = record[0]
     if tag == STEP_END:
         return StepEnd(record[1])

@@ -20,6 +20,11 @@ that must be ordered and holds no event back: it counts as neither running nor b
 joining rank is outside too, once its one receive of the state (right after the quorum) is
 in, until that receive is answered.
 `note_clock(rank, t)` and `rank_done(rank)` come from the engine's step records.
+
+A Paused rank waits outside the simulator (a stacked node for its worker's others): it
+counts as running, with its bound. Once every running rank is paused and nothing more can be
+processed, the simulation waits for them: the one with the lowest bound is answered Resume
+(_resume_if_held).
 """
 from __future__ import annotations
 
