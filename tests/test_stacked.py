@@ -47,16 +47,17 @@ def test_stacked_nodes_give_the_unstacked_records(strategy, params):
     assert run(stack_replicas=True).metrics == stacked_run.metrics
 
 
-class Normalized(testing.TinyRegression):
-    """BatchNorm before the MLP: buffers that each forward pass updates in place."""
+class Preceded(testing.TinyRegression):
+    """The MLP after a layer of its own on the inputs (BatchNorm: buffers each pass updates
+    in place; dropout: random draws)."""
 
-    def __init__(self):
+    def __init__(self, first: torch.nn.Module):
         super().__init__()
-        self.norm = torch.nn.BatchNorm1d(6)
+        self.first = first
 
     def forward(self, batch):
         x, y = batch
-        return super().forward((self.norm(x), y))
+        return super().forward((self.first(x), y))
 
 
 def test_nodes_the_simulation_waits_for_compute_without_the_others(monkeypatch):
@@ -80,26 +81,17 @@ def test_nodes_the_simulation_waits_for_compute_without_the_others(monkeypatch):
 
     def run(**fit):
         torch.manual_seed(0)
-        return testing.run("localsgd", {"H": 3}, nodes=4, steps=6, model=Normalized(),
-                           accumulate=2, **HELD, **fit)
+        return testing.run("localsgd", {"H": 3}, nodes=4, steps=6,
+                           model=Preceded(torch.nn.BatchNorm1d(6)), accumulate=2, **HELD,
+                           **fit)
     stacked_run = run(stack_replicas=True, nodes_per_process=4, in_process=True)
     for step in range(1, 7):
         ranks = [r for s, group in groups if s == step for r in group]
         assert sorted(ranks) == [0, 1, 2, 3]
     assert any(len(group) < 4 for _, group in groups)  # (the simulator resumed a node)
     assert any(len(group) == 4 for _, group in groups)
-    assert stacks[0].buffers["norm.num_batches_tracked"].tolist() == [12] * 4
+    assert stacks[0].buffers["first.num_batches_tracked"].tolist() == [12] * 4
     close_records(stacked_run, run())
-
-
-class Dropping(testing.TinyRegression):
-    def __init__(self):
-        super().__init__()
-        self.drop = torch.nn.Dropout(0.3)
-
-    def forward(self, batch):
-        x, y = batch
-        return super().forward((self.drop(x), y))
 
 
 def test_which_nodes_compute_together_does_not_depend_on_when_a_worker_reads(monkeypatch):
@@ -119,8 +111,9 @@ def test_which_nodes_compute_together_does_not_depend_on_when_a_worker_reads(mon
                 return receive(hub, block)
             monkeypatch.setattr(packing.Hub, "_receive", late_receive)
         torch.manual_seed(0)
-        return testing.run("diloco", {"H": 2}, nodes=6, steps=12, model=Dropping(),
-                           nodes_per_process=4, stack_replicas=True, **HELD).metrics
+        return testing.run("diloco", {"H": 2}, nodes=6, steps=12,
+                           model=Preceded(torch.nn.Dropout(0.3)), nodes_per_process=4,
+                           stack_replicas=True, **HELD).metrics
     unhurried = run(0)
     for sleeps in (1, 2, 3):
         assert run(sleeps) == unhurried

@@ -52,6 +52,7 @@ class StackedReplicas:
         context whose compute is charged to those nodes in equal shares
         (packing.Hub.shared_compute)."""
         self.ranks, self.device, self.seed = list(ranks), device, seed
+        self.row = {rank: index for index, rank in enumerate(self.ranks)}  # in the stack
         self.block, self.shared = block, shared
         self.base = copy.deepcopy(model).to(device)  # the template functional_call runs
         size = len(self.ranks)
@@ -71,7 +72,7 @@ class StackedReplicas:
 
     def model_of(self, rank: int) -> torch.nn.Module:
         """The node's model: the workload's, its parameters and buffers views of its slice."""
-        index = self.ranks.index(rank)
+        index = self.row[rank]
         memo = {id(p): torch.nn.Parameter(self.weights[name].detach()[index],
                                           requires_grad=p.requires_grad)
                 for name, p in self.base.named_parameters()}
@@ -120,7 +121,7 @@ class StackedReplicas:
                 precision: Precision, step: int) -> list:
         """The forward and backward passes of the nodes `ranks` over `accumulate`
         micro-batches, as one; each node's mean loss (as loop.forward_backward gives it)."""
-        indices = [self.ranks.index(rank) for rank in ranks]
+        indices = [self.row[rank] for rank in ranks]
         for weight in self.weights.values():
             weight.grad = None  # (the nodes that computed before keep theirs: views)
         attention = ATTENTION.get(self.device.type, ATTENTION["cpu"])
