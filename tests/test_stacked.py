@@ -3,6 +3,7 @@ give the records of the unstacked run to float tolerance, on the same simulated 
 simulator resumes a node that waits for its worker's others when the simulation waits for
 it (Paused, Resume), so that no run hangs and the grouping is the simulation's alone."""
 import random
+import re
 import time
 
 import pytest
@@ -119,6 +120,66 @@ def test_which_nodes_compute_together_does_not_depend_on_when_a_worker_reads(mon
         assert run(sleeps) == unhurried
 
 
+def test_stacked_runs_stop_at_a_target_loss_or_a_time_budget(monkeypatch):
+    """Nodes waiting for their worker's others while peers wait for a stopping verdict that
+    the simulation holds back: the launcher resumes them (an unstacked run would not have
+    waited there), then lets the verdicts go. A target loss is reached at the step and
+    simulated time of the stacked run validated every step, the same with hubs that read
+    late; a time budget stops after the unstacked run's step, on its clock."""
+    from exoframe.engine.node import packing
+    receive, draws = packing.Hub._receive, random.Random(0)
+
+    def run(**fit):
+        return testing.run("diloco", {"H": 2}, nodes=6, steps=20, nodes_per_process=4,
+                           lr=0.01, **{**HELD, **fit})  # (validation losses that fall)
+    reference = run(stack_replicas=True, eval_every=1).metrics
+    target = reference[7]["val_loss"]
+    reached = next(row for row in reference if row["val_loss"] <= target)
+    assert 2 < reached["step"] < 18
+    on_time = run(stack_replicas=True, target_loss=target)
+
+    def late_receive(hub, block):
+        if not block and draws.random() < 0.5:
+            time.sleep(draws.random() * 0.004)
+        return receive(hub, block)
+    monkeypatch.setattr(packing.Hub, "_receive", late_receive)
+    for result in (on_time, run(stack_replicas=True, target_loss=target)):
+        assert result.summary["steps_to_target"] == reached["step"]
+        assert result.summary["time_to_target"] == reached["sim_time"]
+        assert result.metrics == on_time.metrics
+    # Step 6 is the first to end at the budget; where the simulation holds the verdicts
+    # back, ranks are let run past it, and the nodes paused there go on first.
+    budget = reference[5]["sim_time"] - 1e-9
+    stacked_run, plain = (run(stack_replicas=stack, time_budget=budget, net="wan-100mbps")
+                          for stack in (True, False))
+    assert stacked_run.summary["stopped_by"] == plain.summary["stopped_by"] == "time_budget"
+    assert len(stacked_run.metrics) == len(plain.metrics) > 6
+    close_records(stacked_run, plain)
+
+
+def test_the_watchdog_names_nodes_waiting_for_their_workers_others(monkeypatch):
+    """A launcher that takes a paused node for a running one (as it did before it let
+    verdicts go past them) stalls the run above; the watchdog's line names the paused
+    nodes and the step they wait at, instead of "made no progress"."""
+    from exoframe.engine.launch.monitor import Monitor
+    release = Monitor.release_stalled_verdicts
+
+    def blind_to_pauses(monitor):
+        paused, monitor.sim.paused = monitor.sim.paused, {}
+        try:
+            release(monitor)
+        finally:
+            monitor.sim.paused = paused
+    monkeypatch.setattr(Monitor, "release_stalled_verdicts", blind_to_pauses)
+    with pytest.raises(RankFailed) as failed:
+        testing.run("diloco", {"H": 2}, nodes=6, steps=20, nodes_per_process=4,
+                    stack_replicas=True, time_budget=3.0, **{**HELD, "hang_timeout": 2})
+    line = str(failed.value)
+    assert "no process made progress" in line, line
+    assert re.search(r"rank \d waits for its worker's other nodes, to compute step \d+ with "
+                     r"them \(--stack-replicas\)", line), line
+
+
 def test_the_simulator_resumes_the_lowest_paused_rank_when_it_waits_for_it():
     """Ranks 0 and 1 exchange S bytes (done at 0.01 + S/B); ranks 2 and 3 wait outside the
     simulator. It answers only once no rank runs, and then resumes one rank: the lowest."""
@@ -183,8 +244,6 @@ def test_a_model_vmap_cannot_take_stops_the_run_in_one_line():
     ({"precision": "fp16"}, "stack_replicas: fp16's loss scale is each node's own"),
     ({"nodes_per_process": 1}, "stack_replicas: only nodes packed in a worker train as one "
                                "stacked model"),
-    ({"target_loss": 0.1}, "stack_replicas: a run with target_loss cannot stack its nodes"),
-    ({"time_budget": "1h"}, "stack_replicas: a run with time_budget cannot stack its nodes"),
 ])
 def test_what_cannot_stack_is_one_clear_line(fields, message):
     config = RunConfig(workload="mlp", stack_replicas=True,

@@ -157,14 +157,19 @@ class Monitor:
         return True
 
     def release_stalled_verdicts(self):
-        """Let the ranks waiting for a verdict go on when nothing else can move: every rank
-        is done or waits for the simulator or a verdict, and no validation runs (see
-        exoframe.engine.plan.target)."""
+        """Where nothing else can move (every rank is done or waits for the simulator, a
+        verdict or its stacked peers, its clock paused; and no validation runs): resume a
+        paused rank, which an unstacked run would not have waited at, else let the ranks
+        waiting for a verdict go on (see exoframe.engine.plan.target)."""
         if not self.verdicts.asked() or self.rows.awaiting_steps():
             return
-        waiting = self.verdicts.waiting
-        if all(self.results[r] is not None or self.sim.blocked[r] or r in waiting
-               for r in range(self.job.nodes)):
+        waiting, sim = self.verdicts.waiting, self.sim
+        if not all(self.results[r] is not None or sim.blocked[r] or r in sim.paused or
+                   r in waiting for r in range(self.job.nodes)):
+            return
+        if sim.paused:
+            self.service.resume_paused()
+        else:
             self.verdicts.release()
 
     def raise_first_error(self):

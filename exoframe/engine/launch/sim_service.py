@@ -35,6 +35,11 @@ class SimService:
     def rank_done(self, rank: int):
         self.feed.rank_done(rank)
 
+    def resume_paused(self):
+        """Resume the paused rank with the lowest bound, now (Simulator.resume_lowest_paused)."""
+        self.sim.resume_lowest_paused()
+        self.advance()
+
     def advance(self):
         """Run the simulator as far as every rank's inputs let it, and answer the ranks."""
         try:

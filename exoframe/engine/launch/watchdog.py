@@ -48,6 +48,9 @@ def describe_stall(monitor, seconds: float) -> tuple[str, list[int]]:
                          f"(for every rank to finish step {step}{validation})")
         elif sim.blocked[i]:
             waits.append(f"{name} waits for {_pending(sim, i)}")
+        elif i in sim.paused:
+            waits.append(f"{name} waits for its worker's other nodes, to compute step "
+                         f"{sim.paused[i]} with them (--stack-replicas)")
         else:
             idle.append(name)
             if here:

@@ -221,11 +221,6 @@ def check_stacking(config: RunConfig, strategy_cls: type, strategy_name: str,
         raise ExoframeError("stack_replicas: stacked nodes compute every step together, and a "
                             "simulated failure keeps a node from computing; drop --faults or "
                             "--stack-replicas.")
-    for field, value in (("target_loss", config.target_loss),
-                         ("time_budget", config.time_budget)):
-        if value is not None:
-            raise ExoframeError(f"stack_replicas: a run with {field} cannot stack its nodes "
-                                f"yet (its verdicts wait for every node); drop one of them.")
     if config.precision == "fp16":
         raise ExoframeError("stack_replicas: fp16's loss scale is each node's own, and stacked "
                             "nodes take one backward pass; use --precision bf16, or drop "

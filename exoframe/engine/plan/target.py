@@ -16,10 +16,15 @@ and their collectives stay matched.
 A rank waiting for the answer waits outside the simulated network, and the simulator cannot
 move past that rank's clock. If another rank cannot finish step k − LAG until it does (it
 waits for a transfer that a straggler or a slow link delays past that clock), neither could
-go on. The launcher recognizes that state (every rank is done or waits for the simulator
-or an answer, and no validation is running) and lets the waiting ranks run one more step.
-Whether and where that state arises is decided by the simulated events alone, not by the
-OS's scheduling, so S is the same for the same config and seed (with compute `measured`
+go on. The launcher recognizes that state (every rank is done or waits for the simulator,
+an answer or, with --stack-replicas, its worker's other nodes, its clock paused; and no
+validation is running) and lets the waiting ranks run one more step; first, though, it
+resumes the paused nodes one at a time (the lowest clock first, as the simulator does), which
+an unstacked run would not have held there, so that a stacked run stops after the unstacked
+run's step. A rank leaves each of those waits only when the launcher answers it (a paused
+rank: when a peer that the launcher answered computes for it, and says so before anything
+else), so no rank moves once that state is seen, and whether and where it arises is decided
+by the simulated events alone, not by the OS's scheduling: S is the same for the same config and seed (with compute `measured`
 simulated times vary from run to run, and so may such an S). The time to target does not
 depend on S: it is read from the per-step validation losses.
 """

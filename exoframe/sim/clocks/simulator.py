@@ -24,7 +24,8 @@ in, until that receive is answered.
 A Paused rank waits outside the simulator (a stacked node for its worker's others): it
 counts as running, with its bound. Once every running rank is paused and nothing more can be
 processed, the simulation waits for them: the one with the lowest bound is answered Resume
-(_resume_if_held).
+(_resume_if_held). The engine resumes one too (resume_lowest_paused) where the running ranks
+that are not paused wait outside the simulator for something the simulation holds back.
 """
 from __future__ import annotations
 
@@ -180,6 +181,12 @@ class Simulator:
                 not (self.blocked[r] or self.finished[r] or r in self.outside or
                      r in self.paused) for r in range(self.topology.size)):
             return
+        self.resume_lowest_paused()
+
+    def resume_lowest_paused(self):
+        """Resume the paused rank with the lowest bound (answered by the next advance()).
+        Also the engine's, where the running ranks that are not paused wait outside the
+        simulator for something that waits for the simulation (a stopping verdict)."""
         rank = min(self.paused, key=lambda r: (self.bound[r], r))
         self.replies.append((rank, Resume(self.paused.pop(rank))))
 
