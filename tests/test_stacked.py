@@ -162,15 +162,15 @@ def test_the_watchdog_names_nodes_waiting_for_their_workers_others(monkeypatch):
     verdicts go past them) stalls the run above; the watchdog's line names the paused
     nodes and the step they wait at, instead of "made no progress"."""
     from exoframe.engine.launch.monitor import Monitor
-    release = Monitor.release_stalled_verdicts
+    break_stall = Monitor.break_stall
 
     def blind_to_pauses(monitor):
         paused, monitor.sim.paused = monitor.sim.paused, {}
         try:
-            release(monitor)
+            break_stall(monitor)
         finally:
             monitor.sim.paused = paused
-    monkeypatch.setattr(Monitor, "release_stalled_verdicts", blind_to_pauses)
+    monkeypatch.setattr(Monitor, "break_stall", blind_to_pauses)
     with pytest.raises(RankFailed) as failed:
         testing.run("diloco", {"H": 2}, nodes=6, steps=20, nodes_per_process=4,
                     stack_replicas=True, time_budget=3.0, **{**HELD, "hang_timeout": 2})

@@ -1,6 +1,7 @@
 """Time to a target validation loss: validated every step, stopped after the same step on
 every rank, independent of the evaluation schedule, and deterministic."""
 import json
+import random
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from torch.utils.data import TensorDataset
 import exoframe
 from exoframe.cli import main
 from exoframe.config import RunConfig
-from exoframe.engine.plan.target import LAG
+from exoframe.engine.plan.target import LAG, StopVerdicts
 from exoframe.engine.sweep import sweep
 from exoframe.errors import ExoframeError
 
@@ -93,6 +94,58 @@ def test_partners_held_back_by_a_straggler_do_not_deadlock_the_stop():
         assert reached + LAG <= summary["steps"] == len(metrics) < STEPS
         assert [row["val_loss"] for row in metrics] == [
             row["val_loss"] for row in reference[:len(metrics)]]
+
+
+def stopping(target, budget, schedule: random.Random, ranks=3, steps=12):
+    """StopVerdicts driven as the launcher drives it, in an order the schedule draws: each
+    rank runs its steps, asking after each (as Job.asks_to_stop says) and waiting for the
+    answer; once every rank has run step k, its row (its end at 0.1·k s) and its validation
+    loss come in, either first. What each rank ran, the stop step and its rule."""
+    losses = [0.9, 0.8, 0.8, 0.7, 0.6, 0.6, 0.5, 0.4, 0.4, 0.3, 0.2, 0.1]
+    rules = StopVerdicts(target, budget)
+    ran, asking, stopped = [0] * ranks, {}, set()
+    rows, validations = 0, 0  # the steps whose row, and validation, came in
+
+    def answer(answers):
+        for rank, stop in answers:
+            del asking[rank]
+            if stop:
+                stopped.add(rank)
+    while len(stopped) < ranks and min(ran) < steps or rows < min(ran) or validations < min(ran):
+        moves = [rank for rank in range(ranks)
+                 if rank not in asking and rank not in stopped and ran[rank] < steps]
+        moves += ["row"] * (rows < min(ran)) + ["validation"] * (validations < min(ran))
+        move = schedule.choice(moves)
+        if move == "row":
+            rows += 1
+            answer(rules.add_finished(rows, 0.1 * rows))
+        elif move == "validation":
+            validations += 1
+            answer(rules.add_val(validations, losses[validations - 1]))
+        else:
+            ran[move] += 1
+            step = ran[move]
+            if step < steps and (budget is not None or (target is not None and step > LAG)):
+                asking[move] = step
+                answer(rules.ask(move, step))
+    return tuple(ran), rules.stop_step, rules.stopped_by
+
+
+@pytest.mark.parametrize("target,budget,stop_step,rule", [
+    (0.55, None, 8, "target_loss"),  # 0.5 at step 7, so 7 + LAG
+    (None, 0.45, 5, "time_budget"),  # step 5 ends at 0.5 s
+    (0.75, 0.55, 5, "target_loss"),  # 4 + LAG before 6
+    (0.55, 0.3, 3, "time_budget"),
+    (0.45, 0.8, 8, "time_budget"),  # 8 before 8 + LAG
+    (0.65, 0.6, 6, "target_loss"),  # both at step 6
+])
+def test_where_a_run_stops_does_not_depend_on_what_the_launcher_hears_first(
+        target, budget, stop_step, rule):
+    """Rows, validation losses and questions in every order that 200 schedules draw: every
+    rank stops after the same step, the same one in every order, by the rule that stops
+    first (the target, where both stop at the same step)."""
+    outcomes = {stopping(target, budget, random.Random(seed)) for seed in range(200)}
+    assert outcomes == {((stop_step,) * 3, stop_step, rule)}
 
 
 def test_a_sweep_validates_every_step_and_replays_read_the_target_step(tmp_path):

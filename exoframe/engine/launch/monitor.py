@@ -156,20 +156,19 @@ class Monitor:
             self.handle(one)
         return True
 
-    def release_stalled_verdicts(self):
-        """Where nothing else can move (every rank is done or waits for the simulator, a
-        verdict or its stacked peers, its clock paused; and no validation runs): resume a
-        paused rank, which an unstacked run would not have waited at, else let the ranks
-        waiting for a verdict go on (see exoframe.engine.plan.target)."""
+    def break_stall(self):
+        """Where nothing can move but by the launcher (every rank is done or waits for the
+        simulator, a verdict, or its worker's other nodes with its clock paused; and no
+        validation runs): resume a paused rank first, which an unstacked run would not have
+        held there; else let the ranks waiting for a verdict go on (see
+        exoframe.engine.plan.target)."""
         if not self.verdicts.asked() or self.rows.awaiting_steps():
             return
-        waiting, sim = self.verdicts.waiting, self.sim
-        if not all(self.results[r] is not None or sim.blocked[r] or r in sim.paused or
-                   r in waiting for r in range(self.job.nodes)):
+        waiting = self.verdicts.waiting
+        if self.service.resume_if_held(waiting):
             return
-        if sim.paused:
-            self.service.resume_paused()
-        else:
+        if all(self.results[r] is not None or self.sim.blocked[r] or r in waiting
+               for r in range(self.job.nodes)):
             self.verdicts.release()
 
     def raise_first_error(self):
@@ -224,7 +223,7 @@ class Monitor:
         self.raise_first_error()
         self.service.advance()
         self.output.emit()
-        self.release_stalled_verdicts()
+        self.break_stall()
         self.flush_outboxes()
         for obj in ready:
             if obj in sentinels:

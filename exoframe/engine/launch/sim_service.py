@@ -35,10 +35,12 @@ class SimService:
     def rank_done(self, rank: int):
         self.feed.rank_done(rank)
 
-    def resume_paused(self):
-        """Resume the paused rank with the lowest bound, now (Simulator.resume_lowest_paused)."""
-        self.sim.resume_lowest_paused()
-        self.advance()
+    def resume_if_held(self, waiting_outside) -> bool:
+        """Simulator.resume_if_held, answered now."""
+        resumed = self.sim.resume_if_held(waiting_outside)
+        if resumed:
+            self.advance()
+        return resumed
 
     def advance(self):
         """Run the simulator as far as every rank's inputs let it, and answer the ranks."""

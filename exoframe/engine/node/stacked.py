@@ -34,6 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._pytree import tree_map
 
 from ...errors import ExoframeError, shorten
+from ...sim.clocks.clock import RankClock
 from .loop import Precision, check_loss, to_device
 
 # Attention kernels a stacked pass may use, by device type: on a GPU, torch's
@@ -83,7 +84,7 @@ class StackedReplicas:
         return model
 
     def forward_backward(self, rank: int, batches, accumulate: int, precision: Precision,
-                         step: int, clock) -> float:
+                         step: int, clock: RankClock) -> float:
         """loop.forward_backward for one node of the stack: its mean loss, its gradients in
         its parameters' .grad, once every node of the worker has given its batches, or once
         the simulator waits for this node (clock.pause: its peers wait for the simulated

@@ -13,6 +13,10 @@ run stops after step S = max(j + LAG, the furthest step any rank was allowed to 
 every rank is answered "continue" before S and "stop" at S, so all stop after the same step
 and their collectives stay matched.
 
+With both rules, the run stops at the earlier of their steps (the target, where they tie);
+"continue" after step k waits for both step k − LAG's validation and step k's end, whichever
+the launcher hears first, since either could still stop the run there.
+
 A rank waiting for the answer waits outside the simulated network, and the simulator cannot
 move past that rank's clock. If another rank cannot finish step k − LAG until it does (it
 waits for a transfer that a straggler or a slow link delays past that clock), neither could
@@ -24,9 +28,9 @@ an unstacked run would not have held there, so that a stacked run stops after th
 run's step. A rank leaves each of those waits only when the launcher answers it (a paused
 rank: when a peer that the launcher answered computes for it, and says so before anything
 else), so no rank moves once that state is seen, and whether and where it arises is decided
-by the simulated events alone, not by the OS's scheduling: S is the same for the same config and seed (with compute `measured`
-simulated times vary from run to run, and so may such an S). The time to target does not
-depend on S: it is read from the per-step validation losses.
+by the simulated events alone, not by the OS's scheduling: S is the same for the same config
+and seed (with compute `measured` simulated times vary from run to run, and so may such an
+S). The time to target does not depend on S: it is read from the per-step validation losses.
 """
 from __future__ import annotations
 
@@ -87,7 +91,9 @@ class StopVerdicts:
 
     def _stop(self, step: int, rule: str):
         step = max(step, self.allowed)
-        if self.stop_step is None or step < self.stop_step:
+        # (at a tie the target wins, whichever of the two was seen first)
+        if (self.stop_step is None or step < self.stop_step or
+                (step == self.stop_step and rule == "target_loss")):
             self.stop_step, self.stopped_by = step, rule
 
     def release(self) -> list[tuple[int, bool]]:
@@ -99,7 +105,11 @@ class StopVerdicts:
         return answers
 
     def _answerable(self, step: int) -> bool:
-        if self.stop_step is not None:
+        """Whether the answer after `step` is settled: no validation loss or finished step
+        still to come can move the stop step to `step` or before it. (A stop step is never
+        moved before a step some rank was let run: `allowed`.)"""
+        stop = self.stop_step
+        if stop is not None and (step >= stop or self.allowed >= stop):
             return True
         if self.target is not None and step - LAG > self.validated:
             return False

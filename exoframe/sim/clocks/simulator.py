@@ -24,8 +24,8 @@ in, until that receive is answered.
 A Paused rank waits outside the simulator (a stacked node for its worker's others): it
 counts as running, with its bound. Once every running rank is paused and nothing more can be
 processed, the simulation waits for them: the one with the lowest bound is answered Resume
-(_resume_if_held). The engine resumes one too (resume_lowest_paused) where the running ranks
-that are not paused wait outside the simulator for something the simulation holds back.
+(resume_if_held; the engine's too, where the running ranks that are not paused wait outside
+the simulator for what the simulation holds back).
 """
 from __future__ import annotations
 
@@ -167,28 +167,27 @@ class Simulator:
                     self.env.step()
             else:
                 break
-        self._resume_if_held()
+        self.resume_if_held()
         replies, self.replies = self.replies, []
         return replies
 
-    def _resume_if_held(self):
-        """Every running rank is paused (waits outside the simulator), and nothing more can
-        be processed: the simulation waits for them, so the one with the lowest bound goes
-        on (Resume). It is the lowest, and one at a time, so that which ranks a resumed
-        rank's wait still lacked depends on the simulation alone (every other rank waits
-        for the simulator or is paused, and none of them moves before it does)."""
+    def resume_if_held(self, waiting_outside=()) -> bool:
+        """Every running rank is paused (waits outside the simulator), or is one of
+        `waiting_outside` (ranks that wait outside it for what the simulation holds back:
+        the engine's stopping verdicts), and nothing more can be processed: the simulation
+        waits for the paused ones, so the one with the lowest bound goes on (Resume, which
+        the next advance() answers). It is the lowest, and one at a time, so that which
+        ranks a resumed rank's wait still lacked depends on the simulation alone (every
+        other rank waits for the simulator or is paused, and none of them moves before it
+        does). Whether a rank was resumed."""
         if not self.paused or any(
                 not (self.blocked[r] or self.finished[r] or r in self.outside or
-                     r in self.paused) for r in range(self.topology.size)):
-            return
-        self.resume_lowest_paused()
-
-    def resume_lowest_paused(self):
-        """Resume the paused rank with the lowest bound (answered by the next advance()).
-        Also the engine's, where the running ranks that are not paused wait outside the
-        simulator for something that waits for the simulation (a stopping verdict)."""
+                     r in self.paused or r in waiting_outside)
+                for r in range(self.topology.size)):
+            return False
         rank = min(self.paused, key=lambda r: (self.bound[r], r))
         self.replies.append((rank, Resume(self.paused.pop(rank))))
+        return True
 
     def _safe(self, t: float, cls: int, rank: int) -> bool:
         """No running rank can still send a message that sorts before (t, cls, rank)."""
