@@ -95,22 +95,26 @@ def test_nodes_the_simulation_waits_for_compute_without_the_others(monkeypatch):
     close_records(stacked_run, run())
 
 
-def test_which_nodes_compute_together_does_not_depend_on_when_a_worker_reads(monkeypatch):
-    """Two forked workers whose hubs sleep at random (0-4 ms) before half of their reads, as
-    a busy machine would make them: the same groups, so the same losses (with dropout, whose
-    draws depend on the group), as without the sleeps."""
+def read_late(monkeypatch, seed: int):
+    """Make the workers' hubs sleep at random (0-4 ms) before half of their reads, as a busy
+    machine would make them."""
     from exoframe.engine.node import packing
-    receive = packing.Hub._receive
+    receive, draws = packing.Hub._receive, random.Random(seed)
 
+    def late_receive(hub, block):
+        if not block and draws.random() < 0.5:
+            time.sleep(draws.random() * 0.004)
+        return receive(hub, block)
+    monkeypatch.setattr(packing.Hub, "_receive", late_receive)
+
+
+def test_which_nodes_compute_together_does_not_depend_on_when_a_worker_reads(monkeypatch):
+    """Two forked workers whose hubs read late at random: the same groups, so the same
+    losses (with dropout, whose draws depend on the group), as without the sleeps."""
     def run(sleeps: int):
         if sleeps:
-            draws = random.Random(sleeps)
-
-            def late_receive(hub, block):
-                if not block and draws.random() < 0.5:
-                    time.sleep(draws.random() * 0.004)
-                return receive(hub, block)
-            monkeypatch.setattr(packing.Hub, "_receive", late_receive)
+            monkeypatch.undo()
+            read_late(monkeypatch, sleeps)
         torch.manual_seed(0)
         return testing.run("diloco", {"H": 2}, nodes=6, steps=12,
                            model=Preceded(torch.nn.Dropout(0.3)), nodes_per_process=4,
@@ -126,9 +130,6 @@ def test_stacked_runs_stop_at_a_target_loss_or_a_time_budget(monkeypatch):
     waited there), then lets the verdicts go. A target loss is reached at the step and
     simulated time of the stacked run validated every step, the same with hubs that read
     late; a time budget stops after the unstacked run's step, on its clock."""
-    from exoframe.engine.node import packing
-    receive, draws = packing.Hub._receive, random.Random(0)
-
     def run(**fit):
         return testing.run("diloco", {"H": 2}, nodes=6, steps=20, nodes_per_process=4,
                            lr=0.01, **{**HELD, **fit})  # (validation losses that fall)
@@ -138,11 +139,7 @@ def test_stacked_runs_stop_at_a_target_loss_or_a_time_budget(monkeypatch):
     assert 2 < reached["step"] < 18
     on_time = run(stack_replicas=True, target_loss=target)
 
-    def late_receive(hub, block):
-        if not block and draws.random() < 0.5:
-            time.sleep(draws.random() * 0.004)
-        return receive(hub, block)
-    monkeypatch.setattr(packing.Hub, "_receive", late_receive)
+    read_late(monkeypatch, 0)
     for result in (on_time, run(stack_replicas=True, target_loss=target)):
         assert result.summary["steps_to_target"] == reached["step"]
         assert result.summary["time_to_target"] == reached["sim_time"]

@@ -135,9 +135,13 @@ class Simulator:
         """A running rank's clock moves only by computing: it computed from its last
         reported time to t. No network event after that time has been processed yet (it was
         not safe), so the network can still slow its exchanges over that stretch."""
-        if self.network.busy_rate is not None and not (
-                self.blocked[rank] or self.finished[rank] or rank in self.outside):
+        if self.network.busy_rate is not None and self.running(rank):
             self.network.computing(rank, self.bound[rank], t)
+
+    def running(self, rank: int) -> bool:
+        """The rank may still send something that must be ordered: it neither waits for the
+        simulator, nor has finished, nor is outside (a paused rank runs)."""
+        return not (self.blocked[rank] or self.finished[rank] or rank in self.outside)
 
     def rank_done(self, rank: int):
         self.finished[rank] = True
@@ -180,10 +184,8 @@ class Simulator:
         ranks a resumed rank's wait still lacked depends on the simulation alone (every
         other rank waits for the simulator or is paused, and none of them moves before it
         does). Whether a rank was resumed."""
-        if not self.paused or any(
-                not (self.blocked[r] or self.finished[r] or r in self.outside or
-                     r in self.paused or r in waiting_outside)
-                for r in range(self.topology.size)):
+        if not self.paused or any(self.running(r) and r not in self.paused and
+                                  r not in waiting_outside for r in range(self.topology.size)):
             return False
         rank = min(self.paused, key=lambda r: (self.bound[r], r))
         self.replies.append((rank, Resume(self.paused.pop(rank))))
@@ -200,6 +202,7 @@ class Simulator:
         """The two running ranks with the lowest bounds, as (bound, rank); cached until a
         rank's bound or state changes."""
         if self._earliest is None:
+            # (running(r), inlined: this list is remade after every input, over every rank)
             running = [(b, r) for r, b in enumerate(self.bound)
                        if not (self.blocked[r] or self.finished[r] or r in self.outside)]
             self._earliest = heapq.nsmallest(2, running)
