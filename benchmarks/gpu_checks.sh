@@ -18,9 +18,6 @@ mkdir -p "$out/profile"
 rm -f "$out"/*.log
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python=${PYTHON:-python3}
-# The presets are installed inside the package as exoframe.netmodels (pyproject.toml); run
-# from a checkout, the package finds them through this link.
-[ -e exoframe/netmodels ] || ln -s ../netmodels exoframe/netmodels
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   $python -c "import torch, simpy, greenlet; print('torch', torch.__version__, 'simpy',
