@@ -1,5 +1,5 @@
 """The simulated clock against a real network stack: each case builds an emulated network
-(benchmarks/netns.py: a namespace per rank, links shaped with tc tbf) from a network
+(exoframe/emulation/netns.py: a namespace per rank, links shaped with tc tbf) from a network
 description, runs N ranks in it under torchrun with `--net real`, then runs the same config
 through the simulator on the very same description, with `--compute fixed:` set to the
 compute per step the real run measured, so that only the network differs.
@@ -31,13 +31,10 @@ the losses and byte counts of the real and simulated runs are equal; load: the m
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
-import secrets
 import shlex
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,9 +47,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from exoframe.errors import ExoframeError  # noqa: E402
 from exoframe.sim.clocks.compute import MACHINE_OVERLAP  # noqa: E402
 from exoframe.sim.network.tcp import parse_protocol  # noqa: E402
-from netns import (DATA_IF, Counts, Emulation, EmulationError,  # noqa: E402
-                   EmulationOptions, add_emulation_options, check_can_emulate,
-                   emulation_options, leftovers, sh)
+from exoframe.emulation.netns import (Counts, EmulationError,  # noqa: E402
+                                      EmulationOptions, add_emulation_options,
+                                      check_can_emulate, emulation_options, leftovers, sh)
+from exoframe.emulation.runner import side_by_side  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 GBIT_NIC = "1gbit"
@@ -67,6 +65,14 @@ class Case:
     steps: int | None = None  # None: the strategy's (STRATEGIES)
     # The ranks' TCP congestion control: the model's constants were measured with BBR.
     congestion: str = "bbr"
+    hidden: int | None = None  # the MLP's width; None: from seconds_per_exchange
+    nodes: int | None = None  # None: --nodes
+    group: str | None = None  # a set of its own (--cases GROUP); None: fit or held-out
+
+
+def wan(latency: str) -> dict:
+    return {"description": f"star, 100mbit per link, {latency} one way",
+            "bandwidth": "100mbit", "latency": latency}
 
 
 def star(rate: str) -> dict:
@@ -121,6 +127,13 @@ def cases(nodes: int) -> dict[str, Case]:
         Case("sites-2flows-cubic-big", two_sites(True, nodes), 2.0, held_out=True, steps=6,
              congestion="cubic"),
         Case("star-20mbit-8", star("20mbit"), 0.5, held_out=True, steps=8),
+        # a 50 ms round trip through the delay line (exoframe/emulation/delayline.c)
+        Case("rtt50-1024", wan("25ms"), 0, held_out=True, steps=8, hidden=1024, nodes=2,
+             group="wan"),
+        Case("rtt50-2048", wan("25ms"), 0, held_out=True, steps=4, hidden=2048, nodes=2,
+             group="wan"),
+        Case("rtt50-256", wan("25ms"), 0, held_out=True, steps=10, hidden=256, nodes=2,
+             group="wan"),
     )}
 
 
@@ -171,73 +184,6 @@ def run_args(strategy: str, hidden: int, steps: int, seed: int, extra: list[str]
             "--eval-every", str(steps), "--threads", "1", "--no-progress", *extra]
 
 
-def summary_of(out: str) -> tuple[dict, list[dict]]:
-    found = glob.glob(f"{out}/*/summary.json")
-    if len(found) != 1:
-        raise CaseError(f"no run folder in {out}: the run did not start (see its log).")
-    folder = Path(found[0]).parent
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    return json.loads((folder / "summary.json").read_text()), rows
-
-
-def real_run(emulation: Emulation, args: list[str], out: str, nodes: int,
-             timeout: float) -> tuple[dict, list[dict]]:
-    """The ranks under torchrun, one agent per rank namespace, rendezvous on the control
-    network, gloo on the shaped data network."""
-    endpoint = f"{emulation.control_addr(0)}:29400"
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": DATA_IF, "PYTHONPATH": str(REPO),
-           "OMP_NUM_THREADS": "1", "EXOFRAME_TOKEN": secrets.token_hex(16)}
-    log = Path(out) / "agents.log"
-    agents = []
-    with open(log, "w") as sink:
-        for rank in range(nodes):
-            conf = ["--rdzv-conf", "is_host=1"] if rank == 0 else []
-            agents.append(subprocess.Popen(
-                ["ip", "netns", "exec", emulation.rank_ns(rank), sys.executable, "-m",
-                 "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", "1",
-                 "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, *conf,
-                 "--rdzv-id", f"emu{os.getpid()}", "--local-addr", emulation.control_addr(rank),
-                 "-m", "exoframe", "run", "--net", "real", "--out", out, *args],
-                env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True))
-        deadline = time.monotonic() + timeout
-        try:
-            for agent in agents:
-                agent.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            raise CaseError(f"the ranks did not finish in {timeout:.0f} s (log: {log})") from None
-        finally:
-            for agent in agents:
-                if agent.poll() is None:
-                    os.killpg(agent.pid, signal.SIGKILL)
-                    agent.wait()
-    if any(agent.returncode for agent in agents):
-        raise CaseError(f"a rank failed: {first_error(log)}")
-    return summary_of(out)
-
-
-def first_error(log: Path) -> str:
-    """The line of a log that says what went wrong: exoframe's one-line error, or the
-    last line of the first traceback."""
-    lines = [line.strip() for line in log.read_text().splitlines() if line.strip()]
-    for line in lines:
-        if line.lower().startswith(("error:", "exoframe: ")):
-            return line
-    return lines[-1] if lines else "no output"
-
-
-def twin_run(net_file: str, args: list[str], out: str, compute: float,
-             nodes: int, overlap: str | None = None) -> tuple[dict, list[dict]]:
-    model = f"fixed:{compute:.6f}s" + (f",overlap={overlap}" if overlap else "")
-    done = subprocess.run([sys.executable, "-m", "exoframe", "run", "--nodes", str(nodes),
-                           "--net", net_file, "--compute", model,
-                           "--out", out, *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    if done.returncode:
-        lines = done.stderr.strip().splitlines()
-        raise CaseError(f"the simulated run failed: {lines[-1] if lines else done.returncode}")
-    return summary_of(out)
-
-
 def per_sync(said: dict, key: str) -> float:
     """The ranks' mean of `key` per exchange."""
     exchanges = sum(kind["calls"] for kind in said["traffic_by_kind_rank0"].values())
@@ -246,46 +192,38 @@ def per_sync(said: dict, key: str) -> float:
 
 def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir: str,
              tag: str, extra: list[str] = (), overlap: str | None = None,
-             emulation_as: EmulationOptions = EmulationOptions()) -> dict:
+             emulation_as: EmulationOptions = EmulationOptions(),
+             algorithm: str | None = None) -> dict:
     """overlap: the twin's compute model's overlap= (what this machine's exchanges move while
     its ranks compute), or None; emulation_as: the emulation's sysctls and queues
-    (netns.py)."""
+    (netns.py); algorithm: the twin's (None: the network file's default)."""
     steps = case.steps or STRATEGIES[strategy][0]
-    network = {**case.network, "protocol": protocol}
-    hidden = hidden_for(case.network, nodes, case.seconds_per_exchange)
+    nodes = case.nodes or nodes
+    if protocol == "tcp":  # the twin's congestion control: the emulation's
+        protocol = {"congestion": case.congestion}
+    network = {**case.network, "protocol": protocol,
+               **({"algorithm": algorithm} if algorithm else {})}
+    hidden = case.hidden or hidden_for(case.network, nodes, case.seconds_per_exchange)
     args = run_args(strategy, hidden, steps, seed, list(extra))
     folder = Path(tempfile.mkdtemp(prefix=f"{case.name}-{strategy}-", dir=workdir))
     net_file = folder / "network.yaml"
     net_file.write_text(yaml.safe_dump(network, sort_keys=False))
-    from exoframe.sim.network.netconfig import load_file
-
-    topology = load_file(net_file, "case").topology(nodes)
-    (folder / "real").mkdir()
-    with Emulation(tag, topology.uplink, topology.downlink, topology.site_of,
-                   {pair: spec.bandwidth for pair, spec in topology.inter.items()},
-                   case.congestion, emulation_as) as emulation:
-        before = emulation.counts()
-        real, real_rows = real_run(emulation, args, str(folder / "real"), nodes,
-                                   timeout=300)
-        counted = emulation.counts() - before
-    # The twin computes, per step, for as long as the real ranks took to arrive at their
-    # exchanges (compute, and waiting for the last to arrive): the network alone differs.
-    compute = sum(rank["compute_seconds"] + rank["wait_seconds"]
-                  for rank in real["per_rank"]) / nodes / steps
-    twin, twin_rows = twin_run(str(net_file), args, str(folder / "sim"), compute, nodes,
-                               overlap)
+    try:
+        done = side_by_side(net_file, nodes, args, folder, tag, case.congestion,
+                            emulation_as, seed, overlap, timeout=300)
+    except EmulationError as e:
+        raise CaseError(str(e)) from None
+    real, twin, counted = done.real, done.twin, done.counts
     payload = sum(real["bytes_sent_per_rank"])
     uplinks = Counts.on_uplinks(counted.sent)
     return {
         "case": f"{case.name} {strategy}", "hidden": hidden, "held_out": case.held_out,
-        # each rank's clock starts when it does: the mean, not the latest starter's
-        "real": sum(rank["simulated_seconds"] for rank in real["per_rank"]) / nodes,
-        "simulated": twin["simulated_seconds"],
+        "real": done.real_seconds, "simulated": done.simulated_seconds,
         "transfer_per_sync": per_sync(real, "transfer_seconds"),
         "wait_per_sync": per_sync(real, "wait_seconds"),
         "sim_comm_per_sync": per_sync(twin, "comm_seconds"),
-        "comm_share": 1 - compute * steps / twin["simulated_seconds"],
-        "compute_per_step": compute,
+        "comm_share": 1 - done.compute_per_step * steps / done.simulated_seconds,
+        "compute_per_step": done.compute_per_step,
         # what crossed the ranks' shaped uplinks, per byte the run sent
         "tc_per_payload": uplinks,
         "payload": payload,
@@ -293,7 +231,7 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
         "small_share": Counts.on_uplinks(counted.small) / max(1, uplinks),
         # what the model leaves out: packets the shaped queues dropped, and TCP's repairs
         "dropped": sum(counted.dropped.values()), **counted.tcp,
-        "same_losses": [r["loss"] for r in real_rows] == [r["loss"] for r in twin_rows],
+        "same_losses": [r["loss"] for r in done.real_rows] == [r["loss"] for r in done.twin_rows],
         "same_bytes": real["bytes_sent_per_rank"] == twin["bytes_sent_per_rank"],
         # the twin's tcp model (None: protocol none), for benchmarks/fit_tcp_model.py
         "tcp": twin_tcp(protocol),
@@ -383,6 +321,9 @@ def parse_options(names):
     parser.add_argument("--protocol", default="tcp",
                         help="the twin's protocol: section, in YAML: tcp (default), none "
                              "(the exact alpha-beta model), or e.g. '{shared_efficiency: 0.8}'")
+    parser.add_argument("--algorithm",
+                        help="the twin's collective algorithm (the network file's algorithm:"
+                             "), e.g. ring; left out: the file's default")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--extra", default="",
                         help="more `exoframe run` arguments for every run, e.g. '--threads 2'")
@@ -402,8 +343,11 @@ def stop_on_signal(signum, _frame):
 def main() -> int:
     options = parse_options(list(cases(4)))
     known = cases(options.nodes)
-    groups = {"fit": [n for n, c in known.items() if not c.held_out],
-              "held-out": [n for n, c in known.items() if c.held_out]}
+    groups = {"fit": [n for n, c in known.items() if not c.held_out and not c.group],
+              "held-out": [n for n, c in known.items() if c.held_out and not c.group]}
+    for name, case in known.items():
+        if case.group:
+            groups.setdefault(case.group, []).append(name)
     chosen = [name for part in options.cases.split(",") if part.strip()
               for name in groups.get(part.strip(), [part.strip()])]
     strategies = [s.strip() for s in options.strategies.split(",") if s.strip()]
@@ -451,7 +395,7 @@ def main() -> int:
                     started = time.monotonic()
                     runs = [run_case(known[name], strategy, options.nodes, options.seed,
                                      protocol, workdir, tag, shlex.split(options.extra),
-                                     options.overlap, emulation_as)
+                                     options.overlap, emulation_as, options.algorithm)
                             for _ in range(options.repeat)]
                     results.append(median_run(runs))
                     print_table(results[-1:], errors=False)

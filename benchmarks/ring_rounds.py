@@ -1,5 +1,5 @@
 """Raw TCP ring rounds on the emulated network, without exoframe or gloo: 4 namespaces in a
-tbf-shaped star (benchmarks/netns.py), each rank sending the same bytes to the next one at
+tbf-shaped star (exoframe/emulation/netns.py), each rank sending the same bytes to the next one at
 once, as one round of a ring all-reduce does. Each round's time (its last flow done) over
 the tcp model's (sim/network/tcp.py: frames and the ACKs of the flow coming in share each
 uplink) says whether the congestion control itself gets the model's rate there.
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from netns import (Emulation, EmulationError, EmulationOptions,  # noqa: E402
+from exoframe.emulation.netns import (Emulation, EmulationError, EmulationOptions,  # noqa: E402
                    add_emulation_options, check_can_emulate, emulation_options)
 
 from exoframe.sim.network.tcp import TcpModel  # noqa: E402

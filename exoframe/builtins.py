@@ -58,3 +58,5 @@ def exoframe_register_algorithms(register):
     register("tree", BUILTIN["tree"], description="binomial tree broadcast; reduce + broadcast")
     register("direct", BUILTIN["direct"], description="all pairs at once (butterfly all-reduce)")
     register("ps", BUILTIN["ps"], description="parameter server: push to one rank, pull back")
+    register("gloo", BUILTIN["gloo"], description="all-reduce as gloo's ring runs it: "
+             "segments, two in flight, the receiver says when it is ready (TCP's default)")

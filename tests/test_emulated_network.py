@@ -14,7 +14,7 @@ from conftest import REPO, processes_with_marker
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import emulated_network  # noqa: E402
-from netns import (Emulation, EmulationError, EmulationOptions,  # noqa: E402
+from exoframe.emulation.netns import (Emulation, EmulationError, EmulationOptions,  # noqa: E402
                    check_can_emulate, leftovers)
 
 

@@ -149,8 +149,14 @@ def test_a_diloco_node_fails_and_rejoins_with_the_state_timed_by_the_network(dil
     latency = parse_duration(net.latency, "latency", "test")
     jitter = parse_duration(net.jitter, "jitter", "test")
     # The preset models TCP: a 1448-byte segment travels in a 1514-byte frame (no flow
-    # comes back, so no ACKs share its links; its window allows far more than 100 Mbit/s).
-    transfer = failure["recovery_bytes"] * 1514 / 1448 / bandwidth  # a closed form
+    # comes back, so no ACKs share its links; its window allows far more than 100 Mbit/s),
+    # on a connection the ring never used: slow start from 10 segments, doubling every
+    # round trip until the link holds it.
+    payload_rate, rtt = bandwidth * 1448 / 1514, 2 * latency
+    left, transfer, window = failure["recovery_bytes"], 0.0, 1448 * 10
+    while window / rtt < payload_rate and left > window:  # whole round trips of slow start
+        left, transfer, window = left - window, transfer + rtt, 2 * window
+    transfer += left / min(window / rtt, payload_rate)
     assert abs(failure["recovery_seconds"] - transfer - latency) <= jitter + 1e-9
 
     # Down from the step it noticed the failure to the sync it rejoined at; the steps it

@@ -34,7 +34,38 @@ def test_the_window_caps_a_long_fast_link_at_window_over_the_round_trip():
     rate = window / (2 * latency)
     assert rate < GBIT / (1514 / 1448)
     [done] = deliveries(net, [(0.0, 0, 1, size)])
-    assert close(done, size / rate + latency)  # 15.29 s: the last byte, then one latency
+    # slow start first: 10, 20, 40 segments in the first three round trips, then the window
+    ramp = 1448 * (10 + 20 + 40)
+    assert close(done, 3 * 2 * latency + (size - ramp) / rate + latency)  # 15.45 s
+
+
+@pytest.mark.parametrize("congestion,restarts", [("cubic", True), ("reno", True),
+                                                 ("bbr", False)])
+def test_slow_start_on_a_new_connection_and_again_after_an_idle_timeout(congestion, restarts):
+    """100 Mbit/s, 25 ms one way: a new connection's window starts at 10 segments and
+    doubles every round trip; a second message soon after keeps the window reached; one
+    after an idle longer than the retransmission timeout (RTT + 200 ms) starts again from
+    the window halved for each timeout, at least 10 segments (cubic, reno; BBR is exempt)."""
+    net = topology(bandwidth="100mbit", latency="25ms", protocol={"congestion": congestion})
+    tcp, rtt, B = net.protocol, 0.05, 100e6 / 8 / (1514 / 1448)  # payload bytes/s
+    segment = 1448
+    # the first message: 10, 20, 40, ... segments per round trip while below B x RTT
+    rates = tcp.ramp(10 * segment, rtt, B)
+    assert rates == [10 * segment * 2 ** k / rtt for k in range(len(rates))]
+    size = 2e6
+    sent = sum(r * rtt for r in rates)
+    first = len(rates) * rtt + (size - sent) / B + 0.025
+    [alone] = deliveries(net, [(0.0, 0, 1, size)])
+    assert close(alone, first)
+    # a second message right after the first (idle 0): no ramp
+    at_once = deliveries(net, [(0.0, 0, 1, size), (first, 0, 1, size)])
+    assert close(at_once[1], first + size / B + 0.025)
+    # after 1 s idle (3 timeouts of 0.25 s): from max(10 segments, window / 8), or not
+    later = deliveries(net, [(0.0, 0, 1, size), (first + 1.0, 0, 1, size)])
+    if restarts:
+        assert later[1] > first + 1.0 + size / B + 0.025 + rtt / 2
+    else:
+        assert close(later[1], first + 1.0 + size / B + 0.025)
 
 
 def test_one_flow_pays_the_frame_headers_and_a_ring_pays_the_acks_coming_back():
@@ -77,12 +108,12 @@ def test_a_network_file_without_protocol_gets_the_presets_tcp_model(tmp_path):
     from exoframe.sim.network.netconfig import load_network
 
     path = tmp_path / "mine.yaml"
-    path.write_text("bandwidth: 100mbit\nlatency: 10ms\n")
+    path.write_text("bandwidth: 100mbit\n")  # (no round trip: no slow start)
     net = load_network(str(path), Registry("networks")).topology(2)
     assert net.protocol == TcpModel()
     both = deliveries(net, [(0.0, 0, 1, 5e6), (0.0, 1, 0, 5e6)])
     per_byte = 1514 / 1448 + 66 / (2.5 * 1448)
-    assert all(close(t, 5e6 * per_byte / (100e6 / 8) + 0.010) for t in both)
+    assert all(close(t, 5e6 * per_byte / (100e6 / 8)) for t in both)
     # `protocol:` with nothing after it is not a way to say none: one line says what is.
     path.write_text("bandwidth: 100mbit\nprotocol:\n")
     with pytest.raises(ExoframeError, match=r"^\S*mine.yaml: protocol: expected none, tcp "

@@ -103,4 +103,4 @@ def _describe(e: Exception) -> str:
             "the traceback, and report it if the input looks right.")
 
 
-from . import listings, report, run, sweep  # noqa: E402,F401 - each adds its commands to `cli`
+from . import emulate, listings, report, run, sweep  # noqa: E402,F401 - each adds its commands

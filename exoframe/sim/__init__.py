@@ -6,7 +6,7 @@ exoframe/builtins.py.
 The names below load on first use: reading units or a network file needs no simpy."""
 import importlib
 
-_HOMES = {"Plan": ".network.collectives", "SimSetup": ".setup", "resolve_sim": ".setup",
+_HOMES = {"Plan": ".network.plan", "SimSetup": ".setup", "resolve_sim": ".setup",
           "Simulator": ".clocks.simulator", "SimulationError": ".clocks.simulator",
           "LinkSpec": ".network.topology", "Sites": ".network.topology",
           "Topology": ".network.topology"}

@@ -21,7 +21,7 @@ class Mailboxes:
                                   f"does not exist (ranks 0 to {sim.topology.size - 1})")
         sim.network.start_flow(rank, message.dst, message.nbytes, self._arrived,
                                (message.dst, (rank, message.msg_id, message.nbytes),
-                                sim.env.now))
+                                sim.env.now), (f"mail {message.msg_id!r}", 0, 1))
 
     def _arrived(self, arg):
         dst, letter, posted = arg

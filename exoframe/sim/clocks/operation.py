@@ -12,6 +12,7 @@ class Operation:
 
     def __init__(self, key, kind, nbytes, participants, root, plan, opened_by):
         self.key, self.kind, self.nbytes = key, kind, nbytes
+        self.order = repr(key)  # orders its messages among others at one instant (flows.py)
         self.participants, self.root, self.plan = participants, root, plan
         self.opened_by = opened_by  # (rank, kind, nbytes) of the first submission, for messages
         compiled = plan.compiled

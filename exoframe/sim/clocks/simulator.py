@@ -219,7 +219,7 @@ class Simulator:
         nbytes, participants, root = message.nbytes, message.participants, message.root
         op = self.operations.get(key)
         if op is None:
-            plan = self.plans.of(kind, len(participants), root, participants)
+            plan = self.plans.of(kind, len(participants), root, participants, nbytes)
             op = Operation(key, kind, nbytes, participants, root, plan, (rank, kind, nbytes))
             self.operations[key] = op
         else:
@@ -239,6 +239,8 @@ class Simulator:
         else:
             for f in op.plan.compiled.gated[index]:
                 self._release(op, f)
+            for f in op.plan.compiled.noticed_at_join.get(index, ()):
+                self._notice(op, f)
             if op.touching[index] == 0:
                 self._participant_done(op, index)
         if message.blocking:
@@ -251,13 +253,26 @@ class Simulator:
         if op.waiting[f] == 0:
             plan = op.plan
             self.network.start_flow(op.participants[plan.src[f]], op.participants[plan.dst[f]],
-                                    plan.fraction[f] * op.nbytes, self._delivered, (op, f))
+                                    plan.fraction[f] * op.nbytes, self._delivered, (op, f),
+                                    (op.order, f, 1))
+
+    def _notice(self, op: Operation, f: int):
+        """Flow f's receiver says it is ready: a message of no payload back to the sender,
+        which releases f when it arrives (one latency of the path back)."""
+        plan = op.plan
+        self.network.start_flow(op.participants[plan.dst[f]], op.participants[plan.src[f]], 0,
+                                self._noticed, (op, f), (op.order, f, 0))
+
+    def _noticed(self, arg):
+        self._release(*arg)
 
     def _delivered(self, arg):
         op, f = arg
         plan = op.plan
         for g in plan.compiled.successors[f]:
             self._release(op, g)
+        for g in plan.compiled.noticed_after.get(f, ()):
+            self._notice(op, g)
         for index in (plan.src[f], plan.dst[f]):
             op.touching[index] -= 1
             if op.touching[index] == 0:

@@ -31,78 +31,13 @@ import functools
 import gc
 import inspect
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from ...errors import ExoframeError
+from .gloo import gloo, gloo_segments_per_rank
+from .plan import Plan
 from .topology import Sites, Topology
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-
-
-@dataclass
-class Plan:
-    n: int
-    src: list[int] = field(default_factory=list)
-    dst: list[int] = field(default_factory=list)
-    fraction: list[float] = field(default_factory=list)
-    deps: list[list[int]] = field(default_factory=list)
-
-    def add(self, src: int, dst: int, fraction: float, deps=()) -> int:
-        self.src.append(src)
-        self.dst.append(dst)
-        self.fraction.append(fraction)
-        self.deps.append(list(deps))
-        return len(self.src) - 1
-
-    def __len__(self):
-        return len(self.src)
-
-    @functools.cached_property
-    def compiled(self) -> "CompiledPlan":
-        return CompiledPlan(self)
-
-
-class CompiledPlan:
-    """What running a plan needs, derived once per plan.
-
-    waiting[f]: how many things flow f waits for (its deps plus the joins of those of its
-    ends that no dependency already guarantees); gated[p]: flows that wait for participant
-    p to join; successors[f]; touching[p]: flows p sends or receives; bytes per participant.
-    """
-
-    def __init__(self, plan: Plan):
-        n, count = plan.n, len(plan)
-        srcs, dsts, fractions, all_deps = plan.src, plan.dst, plan.fraction, plan.deps
-        successors = self.successors = [[] for _ in range(count)]
-        gated = self.gated = [[] for _ in range(n)]
-        waiting = self.waiting = [0] * count
-        touching = self.touching = [0] * n
-        sent = self.sent = [0.0] * n  # fraction of S each participant sends
-        received = self.received = [0.0] * n
-        for f in range(count):  # (a ring among 1024 has 2M flows: kept lean)
-            src, dst, deps = srcs[f], dsts[f], all_deps[f]
-            if not (0 <= src < n and 0 <= dst < n) or src == dst:
-                raise ValueError(f"flow {f}: bad ends {src} -> {dst} for {n} participants")
-            src_covered = dst_covered = False
-            for d in deps:
-                if not 0 <= d < f:
-                    raise ValueError(f"flow {f} depends on flow {d}, which is not before it")
-                successors[d].append(f)
-                ends = (srcs[d], dsts[d])
-                src_covered = src_covered or src in ends
-                dst_covered = dst_covered or dst in ends
-            count_waiting = len(deps)
-            if not src_covered:
-                gated[src].append(f)
-                count_waiting += 1
-            if not dst_covered:
-                gated[dst].append(f)
-                count_waiting += 1
-            waiting[f] = count_waiting
-            touching[src] += 1
-            touching[dst] += 1
-            sent[src] += fractions[f]
-            received[dst] += fractions[f]
 
 
 def _ring_rounds(plan: Plan, rounds: int, fraction: float, previous=None):
@@ -213,7 +148,7 @@ def ps(kind: str, n: int, root: int = 0) -> Plan:
     return plan
 
 
-BUILTIN = {"ring": ring, "tree": tree, "direct": direct, "ps": ps}
+BUILTIN = {"ring": ring, "tree": tree, "direct": direct, "ps": ps, "gloo": gloo}
 
 
 def point_to_point() -> Plan:
@@ -226,16 +161,23 @@ _P2P = point_to_point()
 
 
 @functools.lru_cache(maxsize=None)
-def takes_topology(function) -> bool:
-    """Whether plan function `function` accepts the `topology` keyword: a parameter of that
-    name that can be passed by keyword, or **kwargs."""
+def takes(function, keyword: str) -> bool:
+    """Whether plan function `function` accepts `keyword` (topology, nbytes): a parameter
+    of that name that can be passed by keyword (not **kwargs: a plan of many sizes is built
+    once per size)."""
     try:
         parameters = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):  # no signature to read (some builtins): the 3 arguments
         return False
-    return any(p.kind is p.VAR_KEYWORD
-               or (p.name == "topology" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    return any((p.kind is p.VAR_KEYWORD and keyword == "topology")
+               or (p.name == keyword and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
                for p in parameters)
+
+
+def takes_topology(function) -> bool:
+    """Whether plan function `function` accepts the `topology` keyword: a parameter of that
+    name that can be passed by keyword, or **kwargs."""
+    return takes(function, "topology")
 
 
 @contextlib.contextmanager
@@ -253,28 +195,31 @@ def _without_cycle_collection():
 
 
 @functools.lru_cache(maxsize=4096)  # a gossip over pairs has many groups
-def _cached_plan(function, kind: str, n: int, root: int, topology: Sites | None) -> Plan:
-    """topology None: `function` takes three arguments."""
+def _cached_plan(function, kind: str, n: int, root: int, topology: Sites | None,
+                 nbytes: float | None = None) -> Plan:
+    """topology None, nbytes None: `function` does not take them."""
+    keywords = {} if topology is None else {"topology": topology}
+    if nbytes is not None:
+        keywords["nbytes"] = nbytes
     with _without_cycle_collection():
-        if topology is None:
-            plan = function(kind, n, root)
-        else:
-            plan = function(kind, n, root, topology=topology)
+        plan = function(kind, n, root, **keywords)
         plan.compiled  # noqa: B018 - compile once, here
     return plan
 
 
-def plan_for(function, kind: str, n: int, root: int = 0, topology: Sites | None = None) -> Plan:
+def plan_for(function, kind: str, n: int, root: int = 0, topology: Sites | None = None,
+             nbytes: float = 0.0) -> Plan:
     """The (cached, compiled) plan of `kind` under algorithm `function`; send/recv: one flow.
     topology: the participants' Sites, for a function that takes it (None: one site holding
-    participants 0..n-1)."""
+    participants 0..n-1); nbytes: the payload, for a function that takes it."""
     if kind in ("send", "recv"):
         return _P2P
     if not takes_topology(function):
         topology = None
     elif topology is None:
         topology = Sites.single(n)
-    return _cached_plan(function, kind, n, root, topology)
+    return _cached_plan(function, kind, n, root, topology,
+                        float(nbytes) if takes(function, "nbytes") else None)
 
 
 @functools.lru_cache(maxsize=256)  # (each rank asks it at every operation)
@@ -297,14 +242,20 @@ def _tree_sends(v: int, n: int, reduce: bool) -> int:
     return count
 
 
-def closed_form(function, kind: str, n: int, root: int, i: int) -> tuple[float, float] | None:
+def closed_form(function, kind: str, n: int, root: int, i: int,
+                nbytes: float = 0.0) -> tuple[float, float] | None:
     """(sent, received): the fractions of the payload participant i moves under a built-in
     algorithm, equal to its plan's (a ring among 1024 is 2M flows; this is a few sums);
-    None where there is no closed form here (the plan counts them)."""
+    None where there is no closed form here (the plan counts them). nbytes: the payload
+    (gloo's segments depend on it)."""
     if kind in ("send", "recv"):
         return (1.0, 0.0) if i == 0 else (0.0, 1.0)
     if n == 1:
         return (0.0, 0.0) if function in BUILTIN.values() else None
+    if function is gloo and kind == "all_reduce":
+        per_rank = gloo_segments_per_rank(n, nbytes)
+        share = _repeated(1 / (n * per_rank), 2 * (n - 1) * per_rank)
+        return share, share
     if function is ring or function is direct:
         if kind in ("all_gather", "reduce_scatter"):
             share = _repeated(1 / n, n - 1)
@@ -353,15 +304,18 @@ class Plans:
         self._views: dict[tuple, Sites] = {}  # participants -> their Sites
 
     def of(self, kind: str, n: int, root: int = 0,
-           participants: Iterable[int] | None = None) -> Plan:
-        """participants: the group's global ranks (None: 0..n-1)."""
+           participants: Iterable[int] | None = None, nbytes: float = 0.0) -> Plan:
+        """participants: the group's global ranks (None: 0..n-1); nbytes: the payload (for
+        an algorithm whose plan depends on it)."""
         if kind in ("send", "recv"):
             return _P2P
         view = None
         if kind in self.aware:
             view = self.sites(range(n) if participants is None else participants)
+        function = self.functions.get(kind)
         try:
-            return _cached_plan(self.functions.get(kind), kind, n, root, view)
+            return _cached_plan(function, kind, n, root, view,
+                                float(nbytes) if takes(function, "nbytes") else None)
         except ValueError as e:  # checked at resolve time on two ranks only
             group = "" if view is None else f" (ranks {list(view.ranks)})"
             raise ExoframeError(f"collective algorithm '{self.names.get(kind)}' cannot plan "
@@ -375,9 +329,9 @@ class Plans:
         fractions = None
         if kind not in self.aware:
             fractions = closed_form(self.functions.get(kind), kind, len(participants), root,
-                                    index)
+                                    index, nbytes)
         if fractions is None:
-            compiled = self.of(kind, len(participants), root, participants).compiled
+            compiled = self.of(kind, len(participants), root, participants, nbytes).compiled
             fractions = compiled.sent[index], compiled.received[index]
         return round(fractions[0] * nbytes), round(fractions[1] * nbytes)
 

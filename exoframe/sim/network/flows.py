@@ -2,7 +2,9 @@
 
 Each rank has an uplink and a downlink; ranks in different sites also cross the directed
 inter-site link between their sites. A flow is carried by all the links of its path at once,
-at one rate, and is delivered one latency (plus jitter) after its last byte was sent.
+at one rate, and is delivered one latency (plus jitter) after its last byte was sent. Under
+a protocol (TCP), the flows from one rank to another share one connection, a byte stream:
+each sends after the one before it on that connection has sent its last byte.
 
 Rates are the max-min fair allocation (progressive filling, as SimGrid and the textbooks
 define it): every flow's rate grows at the same pace; a link saturates when its flows' rates
@@ -25,57 +27,22 @@ max-min requires.
 """
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import math
 import random
 
+from .connections import TcpConnections
 from .events import Environment
+from .links import Flow, Link
 from .topology import Topology
-
-
-class Flow:
-    __slots__ = ("id", "links", "remaining", "rate", "since", "finish", "version", "latency",
-                 "on_delivered", "arg", "data")
-
-    def __init__(self, id, links, nbytes, latency, on_delivered, arg):
-        self.id = id  # creation order: breaks ties deterministically
-        self.links = links
-        self.remaining = nbytes  # bytes still to send as of `since`
-        self.rate = 0.0  # bytes/s
-        self.since = 0.0
-        self.finish = math.inf  # when its last byte is sent, at its current rate
-        self.version = 0  # bumps whenever `finish` changes or the flow is done
-        self.latency = latency
-        self.on_delivered = on_delivered
-        self.arg = arg
-        self.data = 0  # under a protocol: its first `data` links carry its data (the rest ACKs)
-
-
-class Link:
-    __slots__ = ("id", "capacity", "flows", "weights", "data_flows", "shared_efficiency")
-
-    def __init__(self, id: int, capacity: float, shared_efficiency: float = 1.0):
-        self.id = id
-        self.capacity = capacity  # bytes/s
-        self.flows = {}  # flow id -> Flow, in creation order (dicts iterate deterministically)
-        # Under a protocol (tcp.py): flow id -> bytes on this link per payload byte, for the
-        # flows that do not take exactly 1 (no entry: 1); how many flows send data over it.
-        self.weights = {}
-        self.data_flows = 0
-        self.shared_efficiency = shared_efficiency
-
-    def usable(self) -> float:
-        """The capacity its flows share: less when several TCP flows send through it."""
-        if self.data_flows >= 2 and self.shared_efficiency != 1.0:
-            return self.capacity * self.shared_efficiency
-        return self.capacity
 
 
 IDLE_HOST = 1e30  # bytes/s of a host link while its rank is not computing: no limit
 
 
-class FlowNetwork:
+class FlowNetwork(TcpConnections):
     """Owns every link. `start_flow` at the simulator's current time; `on_delivered(arg)` is
     called at delivery. Event order is deterministic: (time, insertion sequence)."""
 
@@ -84,9 +51,17 @@ class FlowNetwork:
         self.env = env
         self.topology = topology
         self.rng = random.Random(seed)
+        self.seed = seed
+        self._connection_rngs: dict[tuple[int, int], random.Random] = {}
         self.protocol = topology.protocol  # tcp.TcpModel, or None: the exact alpha-beta model
         efficiency = self.protocol.shared_efficiency if self.protocol else 1.0
         self._link_ids = ids = itertools.count()
+        # A TCP connection (src, dst) sending -> its flows waiting to send after it
+        self._streams: dict[tuple[int, int], collections.deque] = {}
+        # A TCP connection -> (the window it reached, when it last sent): slow start
+        self._reached: dict[tuple[int, int], tuple[float, float]] = {}
+        self._arriving: list[Flow] = []  # messages on TCP connections, this instant
+        self._packets: dict[tuple[int, int], float] = {}  # a TCP connection's, so far
         self.uplinks = [_link_or_none(next(ids), b, efficiency) for b in topology.uplink]
         self.downlinks = [_link_or_none(next(ids), b, efficiency) for b in topology.downlink]
         self.site_links = {pair: _link_or_none(next(ids), spec.bandwidth, efficiency)
@@ -117,11 +92,14 @@ class FlowNetwork:
         self._arm_at(self.next_time())
 
     # -- public ------------------------------------------------------------------------------
-    def start_flow(self, src: int, dst: int, nbytes: float, on_delivered, arg=None):
-        links, latency, jitter = self._paths.get((src, dst)) or self._path(src, dst)
+    def start_flow(self, src: int, dst: int, nbytes: float, on_delivered, arg=None,
+                   order: tuple | None = None):
+        """order: where the message goes among those its TCP connection gets at the same
+        instant (a key that does not depend on the order they were started in)."""
+        links, latency, jitter, loss = self._paths.get((src, dst)) or self._path(src, dst)
         base_latency = latency
         if jitter:
-            latency = max(0.0, latency + self.rng.uniform(-jitter, jitter))
+            latency = max(0.0, latency + self._jitter_draws(src, dst).uniform(-jitter, jitter))
         self.flows_started += 1
         a, b = self.topology.site_of[src], self.topology.site_of[dst]
         if a != b:
@@ -129,20 +107,48 @@ class FlowNetwork:
         flow = Flow(next(self._flow_ids), links, nbytes, latency, on_delivered, arg)
         now = self.env.now
         if nbytes > 0 and links and self.protocol is not None:
-            self._as_tcp(flow, src, dst, base_latency)
+            self._as_tcp(flow, src, dst, base_latency, loss)
         if nbytes > 0 and self.host_out is not None:  # payload bytes: after the TCP weights
             flow.links = (*flow.links, self.host_out[src], self.host_in[dst])
-        if nbytes > 0 and flow.links:
-            flow.since = now
-            self._floor = 0.0
-            for link in flow.links:
-                link.flows[flow.id] = flow
-                self._changed[link.id] = link
-            # Rates are computed once every start at this instant is in: wake up now.
+        if links and self.protocol is not None:
+            # A TCP connection is one byte stream: a message (a notice of no payload too)
+            # goes on the wire after every byte written before it; those written at one
+            # instant in their `order` (_admit, once every start of the instant is in).
+            flow.connection = (src, dst)
+            if order is not None:
+                flow.order = order
+            self._arriving.append(flow)
             self._arm_at(now)
+            return
+        if nbytes > 0 and flow.links:
+            self._attach(flow, now)
         else:
             self._deliver_after_latency(flow, now)
             self._arm()
+
+    def _jitter_draws(self, src: int, dst: int) -> random.Random:
+        """Where a message's jitter is drawn from: under TCP, a stream of the connection's
+        own, so that a draw does not depend on what other connections sent meanwhile (a
+        run's last step takes the time it takes in a longer run); else the network's."""
+        if self.protocol is None:
+            return self.rng
+        rng = self._connection_rngs.get((src, dst))
+        if rng is None:
+            rng = self._connection_rngs[(src, dst)] = random.Random(f"{self.seed}/{src}/{dst}")
+        return rng
+
+    def _attach(self, flow: Flow, now: float):
+        """The flow starts sending on its links."""
+        if flow.window is not None:
+            self._slow_start(flow, now)
+        flow.since = now
+        self._floor = 0.0
+        for i, link in enumerate(flow.links):
+            link.flows[flow.id] = flow
+            link.data_flows += i < flow.data
+            self._changed[link.id] = link
+        # Rates are computed once every start at this instant is in: wake up now.
+        self._arm_at(now)
 
     def computing(self, rank: int, start: float, end: float):
         """Rank `rank` computes from `start` to `end` (not earlier than now): its host links
@@ -159,7 +165,7 @@ class FlowNetwork:
         """Time of the next pending network event (math.inf if none). Flows that started or
         finished make it now: the new rates are computed once, when the simulator steps to
         the wake-up armed at this instant, after every message of the instant is in."""
-        if self._changed:
+        if self._changed or self._arriving:
             return self.env.now
         agenda = self._agenda
         while agenda:
@@ -178,23 +184,6 @@ class FlowNetwork:
         return not self.busy() and any(link and link.flows and link.capacity == 0
                                        for link in links)
 
-    def _as_tcp(self, flow: Flow, src: int, dst: int, latency: float):
-        """The flow as a TCP connection (tcp.py): its data links carry data_factor bytes per
-        payload byte, the reverse path its ACKs, and a link of its own caps it at
-        window / RTT."""
-        tcp = self.protocol
-        reverse = [link for link in self._path(dst, src)[0] if link not in flow.links]
-        cap = tcp.rate_cap(latency)
-        window = [Link(next(self._link_ids), cap)] if cap < math.inf else []
-        for link in flow.links:
-            link.weights[flow.id] = tcp.data_factor
-            link.data_flows += 1
-        for link in reverse:
-            link.weights[flow.id] = tcp.ack_factor
-        flow.data = len(flow.links)
-        flow.links = (*flow.links, *reverse, *window)
-
-    # -- bandwidth traces ------------------------------------------------------------------
     def _at_time(self, t: float, callback, arg):
         """callback(arg) at time t, among the deliveries (a flow of no bytes, no links)."""
         heapq.heappush(self._agenda, (t, next(self._seq),
@@ -220,7 +209,8 @@ class FlowNetwork:
                 spec = top.inter[(a, b)]
                 links.append(self.site_links[(a, b)])
             links.append(self.downlinks[dst])
-            path = (tuple(link for link in links if link is not None), spec.latency, spec.jitter)
+            path = (tuple(link for link in links if link is not None), spec.latency, spec.jitter,
+                    spec.loss)
             self._paths[(src, dst)] = path
         return path
 
@@ -295,6 +285,10 @@ class FlowNetwork:
                 link.data_flows -= i < flow.data
             self._changed[link.id] = link
         self._deliver_after_latency(flow, now)
+        if flow.window is not None:  # the window the connection reached, and since when idle
+            self._reached[flow.connection] = (self._window_after(flow), now)
+        if flow.connection is not None:
+            self._next_on(flow.connection, now)
 
     def _deliver_after_latency(self, flow: Flow, now: float):
         # Delivered through the agenda even without latency: calling back directly would
@@ -324,6 +318,8 @@ class FlowNetwork:
                 flow.on_delivered(flow.arg)
             elif version == flow.version:  # its last byte is sent
                 self._transmitted(flow, now)
+        if self._arriving:
+            self._admit(now)
         self._arm()  # computes the new rates first, if any flow started or finished
 
 

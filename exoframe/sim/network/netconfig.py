@@ -16,8 +16,9 @@ from ...inputs import build_dataclass, load_yaml
 from .collectives import BUILTIN
 from .site_ranks import assign_ranks, check_listed_ranks
 from .tcp import parse_protocol
-from .topology import DEFAULT_ALGORITHMS, LinkSpec, Topology
-from .units import format_bandwidth, format_duration, parse_bandwidth, parse_duration
+from .topology import DEFAULT_ALGORITHMS, TCP_ALGORITHMS, LinkSpec, Topology
+from .units import (format_bandwidth, format_duration, parse_bandwidth, parse_duration,
+                    parse_loss)
 
 BUILTIN_ALGORITHMS = tuple(BUILTIN)
 
@@ -35,6 +36,7 @@ class SiteConfig:
     download: Unit = None
     latency: Unit = None  # between two ranks of this site
     jitter: Unit = None
+    loss: Unit = None  # packets lost at random between two ranks of this site
     bandwidth_trace: list | str | None = None  # each node's NIC over time (as a link's)
 
 
@@ -46,6 +48,7 @@ class LinkConfig:
     bandwidth: Unit = None  # required
     latency: Unit = None  # None: 0
     jitter: Unit = None
+    loss: Unit = None  # packets lost at random on the link; None: 0
     # The bandwidth over time: [[time, bandwidth], ...] or a CSV file of time,bandwidth
     # lines (relative to this file's folder); each bandwidth holds from its time on, and
     # 'down' (or 0) stops the link until the next entry.
@@ -62,6 +65,7 @@ class NetKeys:
     download: Unit = None
     latency: Unit = None  # one way; None: 0
     jitter: Unit = None  # each message's latency is uniform in latency ± jitter
+    loss: Unit = None  # the fraction of packets lost at random (0.001 or '0.1%'); None: 0
     # Each node's NIC bandwidth over time, both directions: [[time, bandwidth], ...] or a
     # CSV file, as a link's (below); `bandwidth`/`upload`/`download` hold before the first.
     bandwidth_trace: list | str | None = None
@@ -182,7 +186,8 @@ class NetConfig(NetKeys):
                     for direction in ("upload", "download"))
         latency = self._duration(*self._pick(site, "latency"))
         jitter = self._jitter(latency, *self._pick(site, "jitter"))
-        return up, down, LinkSpec(latency=latency, jitter=jitter)
+        loss = self._loss(*self._pick(site, "loss"))
+        return up, down, LinkSpec(latency=latency, jitter=jitter, loss=loss)
 
     def _nic_trace(self, site: str | None) -> tuple:
         """The bandwidth trace of a site's nodes' NICs (None: top level), () if none."""
@@ -201,6 +206,9 @@ class NetConfig(NetKeys):
 
     def _duration(self, value: Unit, path: str) -> float:
         return parse_duration(0 if value is None else value, path, self.where)
+
+    def _loss(self, value: Unit, path: str) -> float:
+        return parse_loss(0 if value is None else value, path, self.where)
 
     def _jitter(self, latency: float, value: Unit, path: str) -> float:
         jitter = self._duration(value, path)
@@ -249,6 +257,7 @@ class NetConfig(NetKeys):
             specs[key] = LinkSpec(bandwidth=self._bandwidth(link.bandwidth, f"{path}.bandwidth"),
                                   latency=latency,
                                   jitter=self._jitter(latency, link.jitter, f"{path}.jitter"),
+                                  loss=self._loss(link.loss, f"{path}.loss"),
                                   trace=self._trace(link.bandwidth_trace,
                                                     f"{path}.bandwidth_trace"))
         return specs
@@ -297,9 +306,11 @@ class NetConfig(NetKeys):
         return [[_number_or_text(cell) for cell in row] for row in rows], f"{path} ({name})"
 
     def _algorithms(self, algorithms: Collection[str] | None) -> dict[str, str]:
-        """The collective -> algorithm mapping for Topology (over DEFAULT_ALGORITHMS)."""
+        """The collective -> algorithm mapping for Topology, over the defaults: TCP_ALGORITHMS
+        under a TCP protocol (gloo's all-reduce), DEFAULT_ALGORITHMS under `protocol: none`."""
+        defaults = DEFAULT_ALGORITHMS if self.protocol == "none" else TCP_ALGORITHMS
         if self.algorithm is None:
-            return dict(DEFAULT_ALGORITHMS)
+            return dict(defaults)
         if isinstance(self.algorithm, str):
             chosen = {kind: (self.algorithm, "algorithm") for kind in DEFAULT_ALGORITHMS}
         else:
@@ -321,7 +332,7 @@ class NetConfig(NetKeys):
                     raise self._error(path, f"unknown collective algorithm '{name}'."
                                             f"{did_you_mean(name, known)} "
                                             f"Known: {', '.join(known)}.")
-        return {**DEFAULT_ALGORITHMS, **{kind: name for kind, (name, _) in chosen.items()}}
+        return {**defaults, **{kind: name for kind, (name, _) in chosen.items()}}
 
 
 def _nic_text(up: float, down: float) -> str:
@@ -331,10 +342,11 @@ def _nic_text(up: float, down: float) -> str:
 
 
 def _delay_text(spec: LinkSpec) -> str:
-    if spec.latency == 0 and spec.jitter == 0:
+    if spec.latency == 0 and spec.jitter == 0 and not spec.loss:
         return "no latency"
     jitter = f" ± {format_duration(spec.jitter)}" if spec.jitter else ""
-    return f"{format_duration(spec.latency)}{jitter}"
+    loss = f", {spec.loss:.3g} loss" if spec.loss else ""
+    return f"{format_duration(spec.latency)}{jitter}{loss}"
 
 
 def _number_or_text(cell: str):

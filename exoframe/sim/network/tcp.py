@@ -13,6 +13,15 @@ to move payload bytes as a TCP connection does, beyond the exact alpha-beta mode
   simulated clock to a real network?", for the measurements).
 - The window: a flow sends at most `window` bytes per round trip (2 × the path's one-way
   latency), so its rate is at most window / RTT.
+- Random loss (a network's `loss:`): from a connection's first expected loss on (after
+  1 / loss packets), a loss-based congestion control (cubic, reno) holds its flows to the
+  rate its response function allows (loss_cap); every lost packet is sent again.
+- Slow start: a connection's window starts at `initial_window` segments and doubles every
+  round trip until the flow is held by the window above or by the links. A connection keeps
+  the window it reached for its next message, except after an idle time longer than its
+  retransmission timeout (RTT + min_rto) under a loss-based congestion control (cubic,
+  reno): with `slow_start_after_idle` (Linux's default), the window is halved for every
+  timeout it idled, down to the initial window. BBR sets its own pace and is exempt.
 
 The defaults are Linux's (MTU 1500, timestamps on) and the measurements on tc-shaped veth
 links in README. Bandwidths are as tc counts them (Ethernet header, no preamble or
@@ -20,11 +29,13 @@ FCS): for a physical Ethernet link add 24 bytes to link_header.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from ...errors import ExoframeError
 
 _SIZES = {"b": 1, "kb": 1e3, "mb": 1e6, "kib": 2 ** 10, "mib": 2 ** 20}
+CONGESTION_CONTROLS = ("cubic", "bbr", "reno")
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,10 @@ class TcpModel:
     segments_per_ack: float = 2.5  # delayed ACKs, merged further by GRO (fitted: README)
     window: float = 4 * 2 ** 20  # bytes in flight per flow (Linux's tcp_wmem maximum)
     shared_efficiency: float = 0.92  # share of a link two or more flows get (fitted: README)
+    initial_window: int = 10  # segments a new connection sends in its first round trip
+    congestion: str = "cubic"  # congestion control: cubic (Linux's default), bbr or reno
+    slow_start_after_idle: bool = True  # net.ipv4.tcp_slow_start_after_idle
+    min_rto: float = 0.2  # s: the retransmission timeout is the round trip + this (Linux)
 
     @property
     def mss(self) -> int:
@@ -53,6 +68,40 @@ class TcpModel:
     def rate_cap(self, one_way_latency: float) -> float:
         """A flow's payload rate at most (bytes/s): window / round trip."""
         return self.window / (2 * one_way_latency) if one_way_latency > 0 else float("inf")
+
+    def loss_cap(self, rtt: float, loss: float) -> float:
+        """A flow's payload rate at most (bytes/s) where packets are lost at random with
+        rate `loss`: Reno's is Mathis et al.'s MSS / RTT x sqrt(3 / (2p)); CUBIC's the larger
+        of its cubic window, (C (3 + b) / (4 (1 - b)))^(1/4) (RTT / p)^(3/4) segments with
+        C = 0.4, b = 0.7 (RFC 9438), and Reno's; BBR does not slow down for random loss."""
+        if loss <= 0 or rtt <= 0 or self.congestion == "bbr":
+            return math.inf
+        reno = math.sqrt(3 / (2 * loss))
+        window = reno if self.congestion == "reno" else max(
+            reno, (0.4 * 3.7 / (4 * 0.3)) ** 0.25 * (rtt / loss) ** 0.75)
+        return window * self.mss / rtt
+
+    def start_window(self, previous: float | None, idle: float, rtt: float) -> float:
+        """The window (payload bytes) a message starts with on a connection that reached
+        `previous` (None: a new connection) and then idled `idle` seconds."""
+        initial = self.initial_window * self.mss
+        if previous is None:
+            return initial
+        if self.slow_start_after_idle and self.congestion != "bbr":
+            timeouts = int(idle // (rtt + self.min_rto))
+            if timeouts:
+                return max(initial, previous / 2 ** min(timeouts, 64))
+        return previous
+
+    def ramp(self, start: float, rtt: float, ceiling: float) -> list[float]:
+        """The payload rates (bytes/s) a flow may reach in successive round trips of slow
+        start from window `start`, the last at least `ceiling` (where it stops: the links
+        or the window hold it from then on); [] where it starts there already."""
+        rates, rate = [], start / rtt
+        while rate < ceiling:
+            rates.append(rate)
+            rate *= 2
+        return rates
 
     def describe(self) -> str:
         return (f"TCP, MTU {self.mtu}: {self.data_factor:.4f} bytes per payload byte "
@@ -75,6 +124,18 @@ def parse_protocol(value, where: str) -> TcpModel | None:
         if key not in known:
             raise ExoframeError(f"{where}: protocol.{key}: unknown key; keys: "
                                 f"{', '.join(sorted(known))}.")
+        if key == "congestion":
+            if raw not in CONGESTION_CONTROLS:
+                raise ExoframeError(f"{where}: protocol.congestion: expected one of "
+                                    f"{', '.join(CONGESTION_CONTROLS)}, got {raw!r}.")
+            values[key] = raw
+            continue
+        if key == "slow_start_after_idle":
+            if not isinstance(raw, bool):
+                raise ExoframeError(f"{where}: protocol.slow_start_after_idle: expected true "
+                                    f"or false, got {raw!r}.")
+            values[key] = raw
+            continue
         number = _size(raw) if key == "window" else raw
         if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0:
             raise ExoframeError(f"{where}: protocol.{key}: expected a positive number, "

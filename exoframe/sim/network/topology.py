@@ -14,6 +14,7 @@ class LinkSpec:
     bandwidth: float = math.inf  # bytes/s, one direction
     latency: float = 0.0  # s, one way
     jitter: float = 0.0  # s; each message's latency is drawn uniformly in latency ± jitter
+    loss: float = 0.0  # the fraction of packets lost at random on the way (TCP: tcp.py)
     # (time s, bandwidth bytes/s): from each time on, the link's bandwidth (a trace);
     # `bandwidth` holds before the first.
     trace: tuple[tuple[float, float], ...] = ()
@@ -21,6 +22,9 @@ class LinkSpec:
 
 DEFAULT_ALGORITHMS = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring",
                       "broadcast": "tree"}
+# Over TCP (a network file's `protocol:`), exoframe's real exchanges run on gloo, whose ring
+# all-reduce is receiver-driven and keeps two segments in flight (collectives.gloo).
+TCP_ALGORITHMS = {**DEFAULT_ALGORITHMS, "all_reduce": "gloo"}
 
 
 @dataclass

@@ -163,3 +163,20 @@ def format_duration(seconds: float) -> str:
         return "0"
     return _scaled(seconds, [(1e-9, "ns"), (1e-6, "µs"), (1e-3, "ms"), (1.0, "s"),
                              (YEAR, "years")])
+
+
+def parse_loss(value, field: str, where: str) -> float:
+    """A packet loss rate as written: a fraction (0.001) or a percentage ('0.1%'), in [0, 1)."""
+    text = value.strip() if isinstance(value, str) else value
+    scale = 1.0
+    if isinstance(text, str) and text.endswith("%"):
+        text, scale = text[:-1].strip(), 0.01
+    try:
+        rate = float(text) * scale
+    except (TypeError, ValueError):
+        raise _error(where, field, f"expected a loss rate like 0.001 or '0.1%', got "
+                                   f"{value!r}.") from None
+    if isinstance(value, bool) or not 0 <= rate < 1:
+        raise _error(where, field, f"a loss rate is in [0, 1) (a fraction of packets), got "
+                                   f"{value!r}.")
+    return rate

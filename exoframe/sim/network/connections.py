@@ -1,0 +1,87 @@
+"""TCP connections in the flow model (a network's `protocol:`, tcp.py): each message from
+one rank to another goes on their connection, a byte stream, after what was written before
+it; its frames and ACKs weigh on the links; its window, from slow start on, caps it."""
+from __future__ import annotations
+
+import collections
+
+from .links import Flow, Link
+
+
+class TcpConnections:
+    """The part of FlowNetwork that keeps TCP connections (its `protocol` is set)."""
+
+    def _admit(self, now: float):
+        """The messages TCP connections got at this instant, in their order: each goes on
+        the wire, or waits for the bytes written before it on its connection."""
+        arriving, self._arriving = self._arriving, []
+        for flow in sorted(arriving, key=lambda flow: (flow.connection, flow.order)):
+            waiting = self._streams.get(flow.connection)
+            if waiting is not None:
+                waiting.append(flow)
+            elif flow.remaining > 0:
+                self._streams[flow.connection] = collections.deque()
+                self._attach(flow, now)
+            else:
+                self._deliver_after_latency(flow, now)
+
+    def _as_tcp(self, flow: Flow, src: int, dst: int, latency: float, loss: float):
+        """The flow as a TCP connection (tcp.py): its data links carry data_factor bytes per
+        payload byte, the reverse path its ACKs, and a link of its own caps it at
+        window / RTT (growing in slow start: _slow_start)."""
+        tcp = self.protocol
+        reverse = [link for link in self._path(dst, src)[0] if link not in flow.links]
+        window = []
+        if latency > 0:
+            cap = tcp.rate_cap(latency)
+            # random loss holds a connection back from its first loss on: the expected
+            # number of packets before it is 1 / loss
+            sent = self._packets.get((src, dst), 0.0)
+            self._packets[(src, dst)] = sent + flow.remaining / tcp.mss
+            if loss > 0 and sent * loss >= 1:
+                cap = min(cap, tcp.loss_cap(2 * latency, loss))
+            flow.window, flow.rtt = Link(next(self._link_ids), cap), 2 * latency
+            window.append(flow.window)
+        for link in flow.links:  # (a lost packet is sent again)
+            link.weights[flow.id] = tcp.data_factor / (1 - loss)
+        for link in reverse:
+            link.weights[flow.id] = tcp.ack_factor
+        flow.data = len(flow.links)
+        flow.links = (*flow.links, *reverse, *window)
+
+    def _slow_start(self, flow: Flow, now: float):
+        """The flow's window from the one its connection reached and how long it idled
+        since (tcp.py), doubling every round trip until the window or its links hold it."""
+        tcp, link = self.protocol, flow.window
+        reached = self._reached.get(flow.connection)
+        start = flow.start_window = tcp.start_window(
+            None if reached is None else reached[0],
+            now - (0.0 if reached is None else reached[1]), flow.rtt)
+        slowest = min(l.capacity / l.weights.get(flow.id, 1.0) for l in flow.links[:flow.data])
+        final = link.capacity
+        for k, rate in enumerate(tcp.ramp(start, flow.rtt, min(final, slowest))):
+            if k == 0:
+                link.capacity = rate
+            else:
+                self._at_time(now + k * flow.rtt, self._set_capacity, (link, rate))
+        if link.capacity != final:
+            steps = len(tcp.ramp(start, flow.rtt, min(final, slowest)))
+            self._at_time(now + steps * flow.rtt, self._set_capacity, (link, final))
+
+    def _window_after(self, flow: Flow) -> float:
+        """The window a connection has once a message is through: slow start grows it by
+        every byte acknowledged, or it was held by the rate it reached (window / RTT)."""
+        grown = max(flow.start_window + flow.size, flow.window.capacity * flow.rtt)
+        return min(self.protocol.window, grown)
+
+    # -- bandwidth traces ------------------------------------------------------------------
+    def _next_on(self, connection: tuple[int, int], now: float):
+        """The connection's last flow has sent its last byte: what waits next goes on the
+        wire (messages of no payload at once, delivered one latency later)."""
+        waiting = self._streams[connection]
+        while waiting and waiting[0].remaining == 0:
+            self._deliver_after_latency(waiting.popleft(), now)
+        if waiting:
+            self._attach(waiting.popleft(), now)
+        else:
+            del self._streams[connection]

@@ -1,0 +1,50 @@
+"""What the flow model is made of: a flow (a message's bytes on its path) and a link (a
+capacity its flows share)."""
+from __future__ import annotations
+
+import math
+
+
+class Flow:
+    __slots__ = ("id", "links", "remaining", "rate", "since", "finish", "version", "latency",
+                 "on_delivered", "arg", "data", "connection", "window", "rtt", "size",
+                 "start_window", "order")
+
+    def __init__(self, id, links, nbytes, latency, on_delivered, arg):
+        self.id = id  # creation order: breaks ties deterministically
+        self.links = links
+        self.remaining = nbytes  # bytes still to send as of `since`
+        self.rate = 0.0  # bytes/s
+        self.since = 0.0
+        self.finish = math.inf  # when its last byte is sent, at its current rate
+        self.version = 0  # bumps whenever `finish` changes or the flow is done
+        self.latency = latency
+        self.on_delivered = on_delivered
+        self.arg = arg
+        self.data = 0  # under a protocol: its first `data` links carry its data (the rest ACKs)
+        self.connection = None  # under a protocol: (src, dst), the TCP connection it is sent on
+        self.window = None  # under a protocol, over a round trip: the link its window makes
+        self.rtt = 0.0
+        self.size = nbytes
+        self.start_window = 0.0  # the window (bytes) it started with (slow start)
+        self.order = ("", id, 0)  # among messages a connection gets at one instant: its place
+
+
+class Link:
+    __slots__ = ("id", "capacity", "flows", "weights", "data_flows", "shared_efficiency")
+
+    def __init__(self, id: int, capacity: float, shared_efficiency: float = 1.0):
+        self.id = id
+        self.capacity = capacity  # bytes/s
+        self.flows = {}  # flow id -> Flow, in creation order (dicts iterate deterministically)
+        # Under a protocol (tcp.py): flow id -> bytes on this link per payload byte, for the
+        # flows that do not take exactly 1 (no entry: 1); how many flows send data over it.
+        self.weights = {}
+        self.data_flows = 0
+        self.shared_efficiency = shared_efficiency
+
+    def usable(self) -> float:
+        """The capacity its flows share: less when several TCP flows send through it."""
+        if self.data_flows >= 2 and self.shared_efficiency != 1.0:
+            return self.capacity * self.shared_efficiency
+        return self.capacity

@@ -1,0 +1,83 @@
+"""`exoframe emulate` end to end on three network files (a star, two sites, asymmetric
+links), each with a stated latency and loss: the job runs on namespaces, tc and the delay
+line under torchrun, and in the simulator, and the command prints both clocks and leaves
+nothing behind. Needs root (skipped cleanly without); what does not need it (bad input,
+missing root) is one line either way."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from test_delay_line import why_not
+
+from exoframe.emulation.netns import EmulationError, check_can_emulate
+
+JOB = ["--workload", "mlp", "-w", "hidden=128", "--steps", "3", "--no-progress"]
+NETWORKS = {
+    "star": {"description": "star, 50 Mbit/s, 5 ms, 0.1 % loss", "bandwidth": "50mbit",
+             "latency": "5ms", "loss": "0.1%"},
+    "sites": {"description": "two sites", "bandwidth": "200mbit", "latency": "1ms",
+              "sites": {"a": {}, "b": {}},
+              "links": [{"between": ["a", "b"], "bandwidth": "50mbit", "latency": "10ms",
+                         "loss": 0.001}]},
+    "asymmetric": {"description": "home broadband", "upload": "20mbit",
+                   "download": "100mbit", "latency": "8ms", "jitter": "1ms", "loss": 0.0005},
+}
+
+
+def emulate(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "exoframe", "emulate", *args],
+                          capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def namespaces() -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in listed.splitlines() if line.startswith("exo-e")]
+
+
+@pytest.mark.skipif(why_not() is not None, reason=f"no emulated network: {why_not()}")
+@pytest.mark.parametrize("name", list(NETWORKS))
+def test_emulate_runs_a_file_on_its_emulation_and_its_twin(tmp_path, name):
+    net = tmp_path / f"{name}.yaml"
+    net.write_text(yaml.safe_dump(NETWORKS[name]))
+    before = namespaces()
+    done = emulate("--net", str(net), "--nodes", "2", "--keep", str(tmp_path / "kept"), "--",
+                   *JOB, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    real = float(re.search(r"emulated \(real\)\s+([\d.]+) s", done.stdout).group(1))
+    simulated = float(re.search(r"simulated \(twin\)\s+([\d.]+) s", done.stdout).group(1))
+    ratio = float(re.search(r"real / simulated\s+([\d.]+)", done.stdout).group(1))
+    assert real > 0 and simulated > 0 and ratio == pytest.approx(real / simulated, rel=0.01)
+    assert "same losses and bytes yes" in done.stdout
+    # the twin read the same file, with the congestion control the ranks used
+    twin = yaml.safe_load((tmp_path / "kept" / "network.yaml").read_text())
+    assert twin["protocol"]["congestion"] == "cubic"
+    assert namespaces() == before
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--net", "nosuch.yaml", "--", *JOB], "network file 'nosuch.yaml' not found"),
+    (["--net", "wan-100mbps", "--", "--nodes", "4"], "--nodes: give it to `exoframe emulate`"),
+])
+def test_bad_input_is_one_line(args, says):
+    done = emulate(*args)
+    assert done.returncode != 0 and says in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_bad_loss_is_one_line_naming_the_field(tmp_path):
+    net = tmp_path / "net.yaml"
+    net.write_text("bandwidth: 10mbit\nloss: 5%%\n")
+    done = emulate("--net", str(net), "--", *JOB)
+    assert done.returncode != 0 and "loss" in done.stderr and str(net) in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_without_root_it_says_so_in_one_line(monkeypatch):
+    """The check the command makes before anything (as a user who is not root)."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(EmulationError, match="needs root"):
+        check_can_emulate()
+
