@@ -108,6 +108,53 @@ def uneven_sites(nodes: int) -> dict:
             "links": [{"between": ["a", "b"], "bandwidth": "80mbit"}]}
 
 
+def wan_star(rate: str, latency: str, loss: str | None = None, **more) -> dict:
+    net = {"description": f"star, {rate}, {latency} one way" + (f", {loss} loss" if loss else ""),
+           "bandwidth": rate, "latency": latency, **more}
+    return {**net, "loss": loss} if loss else net
+
+
+def wan_sites(latency: str, loss: str | None = None) -> dict:
+    """Two sites of 1 Gbit/s NICs 1 ms apart inside, 50 Mbit/s and `latency` between."""
+    link = {"between": ["a", "b"], "bandwidth": "50mbit", "latency": latency,
+            **({"loss": loss} if loss else {})}
+    return {"description": f"two sites, 50 Mbit/s and {latency} between", "bandwidth": "1gbit",
+            "latency": "1ms", "sites": {"a": {}, "b": {}}, "links": [link]}
+
+
+def wan_held_out() -> list[Case]:
+    """Round trips of 0, 10, 50 and 150 ms, loss of 0, 0.1 % and 1 %, cubic and bbr, stars,
+    two sites and asymmetric links: none of the model's constants was fitted on them."""
+    def case(name, network, seconds, congestion="bbr", nodes=2):
+        return Case(name, network, seconds, held_out=True, congestion=congestion,
+                    nodes=nodes, group="wan-held-out")
+    return [
+        case("w-200m-rtt0", wan_star("200mbit", "0ms"), 0.5),
+        case("w-50m-rtt10", wan_star("50mbit", "5ms"), 1.0),
+        case("w-50m-rtt10-cubic", wan_star("50mbit", "5ms"), 1.0, "cubic"),
+        case("w-100m-rtt50-cubic", wan_star("100mbit", "25ms"), 1.0, "cubic"),
+        case("w-20m-rtt150", wan_star("20mbit", "75ms"), 1.5),
+        case("w-20m-rtt150-cubic", wan_star("20mbit", "75ms"), 1.5, "cubic"),
+        case("w-100m-rtt50-loss0.1", wan_star("100mbit", "25ms", "0.1%"), 1.0),
+        case("w-100m-rtt50-loss0.1-cubic", wan_star("100mbit", "25ms", "0.1%"), 1.0, "cubic"),
+        case("w-50m-rtt50-loss1", wan_star("50mbit", "25ms", "1%"), 1.0),
+        case("w-20m-rtt10-loss1-cubic", wan_star("20mbit", "5ms", "1%"), 1.0, "cubic"),
+        case("w-asym-rtt30-cubic", {**asymmetric("20mbit", "100mbit"), "latency": "15ms"}, 1.0,
+             "cubic"),
+        case("w-sites-rtt50", wan_sites("25ms"), 1.0, nodes=4),
+        case("w-sites-rtt50-loss0.1-cubic", wan_sites("25ms", "0.1%"), 1.0, "cubic", nodes=4),
+    ]
+
+
+def preset(name: str) -> dict:
+    """A network preset's keys (its protocol is the benchmark's --protocol)."""
+    from exoframe.sim.network.presets import PRESET_DIR
+
+    keys = yaml.safe_load((PRESET_DIR / f"{name}.yaml").read_text())
+    keys.pop("protocol", None)
+    return keys
+
+
 def cases(nodes: int) -> dict[str, Case]:
     """The cases the TCP model's measured constants (sim/network/tcp.py: segments_per_ack,
     shared_efficiency) were fitted on, and held-out cases that only check it: other payload
@@ -134,6 +181,11 @@ def cases(nodes: int) -> dict[str, Case]:
              group="wan"),
         Case("rtt50-256", wan("25ms"), 0, held_out=True, steps=10, hidden=256, nodes=2,
              group="wan"),
+        *wan_held_out(),
+        # the presets users mean, each emulated as its file says (latency, jitter, loss)
+        *(Case(name, preset(name), seconds, held_out=True, nodes=2, group="presets")
+          for name, seconds in (("wan-100mbps", 1.0), ("wan-10mbps", 2.0),
+                                ("wan-1gbps", 0.3), ("home-broadband", 1.0))),
     )}
 
 

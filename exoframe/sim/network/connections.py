@@ -50,29 +50,28 @@ class TcpConnections:
         flow.links = (*flow.links, *reverse, *window)
 
     def _slow_start(self, flow: Flow, now: float):
-        """The flow's window from the one its connection reached and how long it idled
-        since (tcp.py), doubling every round trip until the window or its links hold it."""
+        """The flow's pace from what its connection reached (tcp.py), growing every round
+        trip until the window or its links hold it."""
         tcp, link = self.protocol, flow.window
-        reached = self._reached.get(flow.connection)
-        start = flow.start_window = tcp.start_window(
-            None if reached is None else reached[0],
-            now - (0.0 if reached is None else reached[1]), flow.rtt)
+        start = flow.start_rate = tcp.start_rate(self._reached.get(flow.connection), now,
+                                                 flow.rtt)
+        flow.began = now
         slowest = min(l.capacity / l.weights.get(flow.id, 1.0) for l in flow.links[:flow.data])
         final = link.capacity
-        for k, rate in enumerate(tcp.ramp(start, flow.rtt, min(final, slowest))):
+        rates = tcp.ramp(start, flow.rtt, min(final, slowest))
+        for k, rate in enumerate(rates):
             if k == 0:
                 link.capacity = rate
             else:
                 self._at_time(now + k * flow.rtt, self._set_capacity, (link, rate))
-        if link.capacity != final:
-            steps = len(tcp.ramp(start, flow.rtt, min(final, slowest)))
-            self._at_time(now + steps * flow.rtt, self._set_capacity, (link, final))
+        if rates:
+            self._at_time(now + len(rates) * flow.rtt, self._set_capacity, (link, final))
 
-    def _window_after(self, flow: Flow) -> float:
-        """The window a connection has once a message is through: slow start grows it by
-        every byte acknowledged, or it was held by the rate it reached (window / RTT)."""
-        grown = max(flow.start_window + flow.size, flow.window.capacity * flow.rtt)
-        return min(self.protocol.window, grown)
+    def _sent(self, flow: Flow, now: float):
+        """The flow's last byte is sent: what its connection carries to the next message."""
+        self._reached[flow.connection] = self.protocol.after(
+            self._reached.get(flow.connection), flow.began, now, flow.size, flow.start_rate,
+            flow.window.capacity, flow.rtt)
 
     # -- bandwidth traces ------------------------------------------------------------------
     def _next_on(self, connection: tuple[int, int], now: float):

@@ -58,8 +58,8 @@ class FlowNetwork(TcpConnections):
         self._link_ids = ids = itertools.count()
         # A TCP connection (src, dst) sending -> its flows waiting to send after it
         self._streams: dict[tuple[int, int], collections.deque] = {}
-        # A TCP connection -> (the window it reached, when it last sent): slow start
-        self._reached: dict[tuple[int, int], tuple[float, float]] = {}
+        # A TCP connection -> what it carries to its next message (tcp.Connection)
+        self._reached: dict = {}
         self._arriving: list[Flow] = []  # messages on TCP connections, this instant
         self._packets: dict[tuple[int, int], float] = {}  # a TCP connection's, so far
         self.uplinks = [_link_or_none(next(ids), b, efficiency) for b in topology.uplink]
@@ -285,8 +285,8 @@ class FlowNetwork(TcpConnections):
                 link.data_flows -= i < flow.data
             self._changed[link.id] = link
         self._deliver_after_latency(flow, now)
-        if flow.window is not None:  # the window the connection reached, and since when idle
-            self._reached[flow.connection] = (self._window_after(flow), now)
+        if flow.window is not None:
+            self._sent(flow, now)
         if flow.connection is not None:
             self._next_on(flow.connection, now)
 

@@ -8,7 +8,7 @@ import math
 class Flow:
     __slots__ = ("id", "links", "remaining", "rate", "since", "finish", "version", "latency",
                  "on_delivered", "arg", "data", "connection", "window", "rtt", "size",
-                 "start_window", "order")
+                 "start_rate", "began", "order")
 
     def __init__(self, id, links, nbytes, latency, on_delivered, arg):
         self.id = id  # creation order: breaks ties deterministically
@@ -26,7 +26,8 @@ class Flow:
         self.window = None  # under a protocol, over a round trip: the link its window makes
         self.rtt = 0.0
         self.size = nbytes
-        self.start_window = 0.0  # the window (bytes) it started with (slow start)
+        self.start_rate = 0.0  # bytes/s: the pace it started at (slow start, BBR)
+        self.began = 0.0  # s: when it started sending
         self.order = ("", id, 0)  # among messages a connection gets at one instant: its place
 
 

@@ -21,7 +21,10 @@ to move payload bytes as a TCP connection does, beyond the exact alpha-beta mode
   the window it reached for its next message, except after an idle time longer than its
   retransmission timeout (RTT + min_rto) under a loss-based congestion control (cubic,
   reno): with `slow_start_after_idle` (Linux's default), the window is halved for every
-  timeout it idled, down to the initial window. BBR sets its own pace and is exempt.
+  timeout it idled, down to the initial window. BBR is exempt: it paces at 2.885 times
+  the bandwidth it measured (the largest delivery rate of a burst of messages, over its
+  duration and a round trip), which small messages with pauses between them keep low,
+  and grows it 2.885 times a round trip while a message lasts.
 
 The defaults are Linux's (MTU 1500, timestamps on) and the measurements on tc-shaped veth
 links in README. Bandwidths are as tc counts them (Ethernet header, no preamble or
@@ -36,6 +39,17 @@ from ...errors import ExoframeError
 
 _SIZES = {"b": 1, "kb": 1e3, "mb": 1e6, "kib": 2 ** 10, "mib": 2 ** 20}
 CONGESTION_CONTROLS = ("cubic", "bbr", "reno")
+BBR_GAIN = 2 / math.log(2)  # BBR's start-up pacing gain (2.885)
+
+
+@dataclass(frozen=True)
+class Connection:
+    """What a TCP connection carries from one message to the next (TcpModel.after)."""
+    window: float  # bytes: the congestion window it reached
+    last_sent: float  # s: when its last message sent its last byte
+    bandwidth: float  # bytes/s: BBR's estimate, the largest delivery rate it measured
+    burst_start: float  # s: since when it has been sending without a pause
+    burst: float  # bytes sent since then
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,34 @@ class TcpModel:
             reno, (0.4 * 3.7 / (4 * 0.3)) ** 0.25 * (rtt / loss) ** 0.75)
         return window * self.mss / rtt
 
+    def start_rate(self, state: "Connection | None", now: float, rtt: float) -> float:
+        """The payload rate (bytes/s) a message starts at on a connection in `state` (None:
+        new): a loss-based congestion control's window over the round trip; BBR paces at
+        BBR_GAIN times the bandwidth it has measured (its start-up pace, which it keeps
+        while the application sends less than the path could carry), one window of
+        initial_window segments per round trip at first."""
+        initial = self.initial_window * self.mss / rtt
+        if state is None:
+            return initial
+        if self.congestion == "bbr":
+            return max(initial, BBR_GAIN * state.bandwidth)
+        return self.start_window(state.window, now - state.last_sent, rtt) / rtt
+
+    def after(self, state: "Connection | None", began: float, now: float, size: float,
+              start_rate: float, reached_rate: float, rtt: float) -> "Connection":
+        """The connection once a message of `size` bytes that began at `began` at
+        `start_rate` and reached `reached_rate` has sent its last byte at `now`. Slow start
+        grew the window by every byte acknowledged (or the rate reached held it); BBR's
+        bandwidth sample is what the connection delivered since it last was idle, over that
+        time and one round trip (the first sent byte's acknowledgement)."""
+        window = min(self.window, max(start_rate * rtt + size, reached_rate * rtt))
+        burst_start, burst = began, size
+        if state is not None and began <= state.last_sent:  # sent right behind the last
+            burst_start, burst = state.burst_start, state.burst + size
+        sample = burst / (now - burst_start + rtt)
+        bandwidth = max(sample, state.bandwidth if state is not None else 0.0)
+        return Connection(window, now, bandwidth, burst_start, burst)
+
     def start_window(self, previous: float | None, idle: float, rtt: float) -> float:
         """The window (payload bytes) a message starts with on a connection that reached
         `previous` (None: a new connection) and then idled `idle` seconds."""
@@ -94,13 +136,15 @@ class TcpModel:
         return previous
 
     def ramp(self, start: float, rtt: float, ceiling: float) -> list[float]:
-        """The payload rates (bytes/s) a flow may reach in successive round trips of slow
-        start from window `start`, the last at least `ceiling` (where it stops: the links
-        or the window hold it from then on); [] where it starts there already."""
-        rates, rate = [], start / rtt
+        """The payload rates (bytes/s) a flow may reach in successive round trips from
+        `start` (bytes/s), below `ceiling` (where it stops: the links or the window hold it
+        from then on); [] where it starts there already. Slow start doubles the window
+        every round trip; BBR's start-up multiplies its pace by BBR_GAIN."""
+        growth = BBR_GAIN if self.congestion == "bbr" else 2.0
+        rates, rate = [], start
         while rate < ceiling:
             rates.append(rate)
-            rate *= 2
+            rate *= growth
         return rates
 
     def describe(self) -> str:
