@@ -7,6 +7,12 @@ compute per step the real run measured, so that only the network differs.
     sudo python benchmarks/emulated_network.py                      # the cases fitted on
     sudo python benchmarks/emulated_network.py --cases held-out     # the cases only checked
     sudo python benchmarks/emulated_network.py --cases star-100mbit --strategies diloco
+    sudo python benchmarks/emulated_network.py --cases wan          # a 50 ms round trip
+    sudo python benchmarks/emulated_network.py --cases presets      # wan-*, home-broadband
+    sudo python benchmarks/emulated_network.py --cases wan-held-out --strategies \
+        ddp,diloco,streaming-diloco                                 # round trips and loss
+
+Links with a latency or a loss get the delay line (exoframe/emulation/delayline.c).
 
 The TCP model's measured constants are fitted on the first set (--json, then
 benchmarks/fit_tcp_model.py; each row records the twin's tcp model); the held-out set

@@ -38,7 +38,7 @@ RUN = ["--workload", "hanging:workload", "--nodes", "2", "--steps", "12",
     ("streaming-diloco", ["-p", "H=4", "-p", "fragments=2", "-p", "tau=1",
                           "--compute", "fixed:100ms,overlap=2mbit"], 5),
     # Node 1 fails at step 4 (down at the checkpoint and when killed) and rejoins at step 9.
-    ("diloco", ["-p", "H=3", "--faults", "1@0.25s:0.5s"], 4),
+    ("diloco", ["-p", "H=3", "--faults", "1@0.25s:0.7s"], 4),
     # Node 1 rejoins at step 3: at the checkpoint, rank 0 has not yet waited for its send of
     # the state (it does at its next sync); the checkpoint keeps that send.
     ("diloco", ["-p", "H=3", "--faults", "1@0.05s:0.15s"], 4),

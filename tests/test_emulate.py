@@ -57,6 +57,19 @@ def test_emulate_runs_a_file_on_its_emulation_and_its_twin(tmp_path, name):
     assert namespaces() == before
 
 
+@pytest.mark.skipif(why_not() is not None, reason=f"no emulated network: {why_not()}")
+def test_readmes_emulate_lines_run_shrunk(tmp_path):
+    from test_readme import readme_commands, with_option
+
+    lines = [c.argv for c in readme_commands() if c.argv[:3] == ["sudo", "exoframe", "emulate"]]
+    assert lines, "README shows no `sudo exoframe emulate` line"
+    for argv in lines:
+        args = with_option(argv[3:], "--steps", "2")
+        done = emulate(*args, cwd=tmp_path)
+        assert done.returncode == 0, f"{' '.join(argv)}\n{done.stderr[-2000:]}"
+        assert "real / simulated" in done.stdout
+
+
 @pytest.mark.parametrize("args,says", [
     (["--net", "nosuch.yaml", "--", *JOB], "network file 'nosuch.yaml' not found"),
     (["--net", "wan-100mbps", "--", "--nodes", "4"], "--nodes: give it to `exoframe emulate`"),

@@ -259,6 +259,10 @@ def not_rerun_here(argv):
         return "runs this suite; .ci/run holds it verbatim (checked)"
     if argv[:2] == ["python", "benchmarks/emulated_network.py"]:
         return "needs root; tests/test_emulated_network.py runs its smallest case"
+    if argv[:3] == ["sudo", "exoframe", "emulate"]:
+        return "needs root; tests/test_emulate.py runs README's emulate lines, shrunk"
+    if argv[:3] == ["python", "-m", "exoframe.emulation.physics"]:
+        return "needs root; tests/test_delay_line.py makes the same checks"
     return None
 
 

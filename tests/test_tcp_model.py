@@ -247,3 +247,20 @@ def test_bbr_paces_a_connection_of_small_messages_at_what_it_measured():
     assert later.burst == 19e3 and later.bandwidth == behind.bandwidth  # (the larger kept)
     assert tcp.start_rate(later, 1.0, rtt) == pytest.approx(2 / math.log(2) * 38e3 / 0.070)
     assert tcp.start_rate(None, 0.0, rtt) == 10 * 1448 / rtt  # a new connection
+
+
+def test_a_lossy_path_delays_a_messages_end_by_its_expected_tail_repair():
+    """0.1 % loss, 100 Mbit/s, 25 ms one way, BBR (which does not slow down for loss): a
+    message ends later by the chance that its last window (bandwidth x RTT, 432 segments
+    here) lost a packet, times the round trip the repair takes; the lost bytes go again."""
+    net = topology(bandwidth="100mbit", latency="25ms", loss="0.1%",
+                   protocol={"congestion": "bbr", "initial_window": 10 ** 6})
+    tcp, rtt, B = net.protocol, 0.05, 100e6 / 8
+    payload = B / tcp.data_factor
+    window = payload * rtt / tcp.mss
+    repair = (1 - 0.999 ** window) * rtt
+    [done] = deliveries(net, [(0.0, 0, 1, 4e6)])
+    assert close(done, 4e6 / (payload * 0.999) + 0.025 + repair)
+    # a message smaller than the window: only its own packets can be lost at its tail
+    [small] = deliveries(net, [(0.0, 0, 1, 20 * 1448)])
+    assert close(small, 20 * 1448 / (payload * 0.999) + 0.025 + (1 - 0.999 ** 20) * rtt)

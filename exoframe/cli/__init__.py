@@ -103,4 +103,4 @@ def _describe(e: Exception) -> str:
             "the traceback, and report it if the input looks right.")
 
 
-from . import emulate, listings, report, run, sweep  # noqa: E402,F401 - each adds its commands
+from . import emulate, listings, report, run, sweep, timeline  # noqa: E402,F401 - each adds one

@@ -14,6 +14,11 @@ def config_file_option(help_text: str):
                         help=help_text)
 
 
+def figure_formats_option(help_text: str = "Figure formats, comma-separated: png, pdf, svg."):
+    return click.option("--format", "formats", default="png", show_default=True,
+                        metavar="FORMATS", help=help_text)
+
+
 def debug_option(help_text: str = "Show full tracebacks."):
     return click.option("--debug", is_flag=True, help=help_text)
 

@@ -9,7 +9,7 @@ import click
 from ..fields import long_flag
 from .config_flags import FIELDS, field_option
 from .group import cli
-from .options import check_out_folder
+from .options import check_out_folder, figure_formats_option
 from .sweep import plots_option
 
 
@@ -22,8 +22,7 @@ from .sweep import plots_option
 @click.option("--baseline", metavar="STRATEGY", help="The strategy speed-ups are over "
               "(its time over each setup's, on the same setting). [the first run's strategy]")
 @plots_option
-@click.option("--format", "formats", default="png", show_default=True, metavar="FORMATS",
-              help="Figure formats, comma-separated: png, pdf, svg.")
+@figure_formats_option()
 @click.option("--dpi", type=int, default=120, show_default=True,
               help="Resolution of raster figures (png).")
 @click.option("--paper", is_flag=True, help="A paper's style: figures without titles, each "

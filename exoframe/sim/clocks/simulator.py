@@ -50,13 +50,16 @@ MESSAGE, NETWORK, QUESTION = 0, 1, 2
 
 class Simulator:
     def __init__(self, topology: Topology, algorithms: dict, seed: int = 0,
-                 overlap_rate: float | None = None):
+                 overlap_rate: float | None = None, log: list | None = None):
         """algorithms: name -> plan function (see collectives.py); overlap_rate: the compute
-        model's `overlap=` (bytes/s a rank's exchanges move while it computes), or None."""
+        model's `overlap=` (bytes/s a rank's exchanges move while it computes), or None;
+        log: a list to append what happened to, for a timeline (report/timeline.py):
+        ("join", rank, key, kind, bytes, t), ("done", rank, key, t), and the network's."""
         self.topology = topology
         self.plans = Plans(topology.algorithms, algorithms, topology)
         self.env = Environment()
         self.network = FlowNetwork(self.env, topology, seed, overlap_rate)
+        self.log = self.network.log = log
         # Unlimited links, no latency: an operation completes when its last participant
         # joins, with no flows to simulate.
         self.ideal = topology.is_ideal()
@@ -227,6 +230,8 @@ class Simulator:
         index = participants.index(rank)
         self.handles[(rank, op_id)] = (op, index)
         now = self.env.now
+        if self.log is not None:
+            self.log.append(("join", rank, op.order, kind, nbytes, now))
         op.joined_at[index] = now
         op.joined += 1
         op.latest_join = max(op.latest_join, now)
@@ -280,6 +285,8 @@ class Simulator:
 
     def _participant_done(self, op: Operation, index: int):
         op.done_at[index] = self.env.now
+        if self.log is not None:
+            self.log.append(("done", op.participants[index], op.order, self.env.now))
         op.last_join_when_done[index] = op.latest_join
         waiter = self.waiters.pop((op, index), None)
         if waiter is not None:

@@ -38,8 +38,12 @@ class TcpConnections:
             # number of packets before it is 1 / loss
             sent = self._packets.get((src, dst), 0.0)
             self._packets[(src, dst)] = sent + flow.remaining / tcp.mss
-            if loss > 0 and sent * loss >= 1:
-                cap = min(cap, tcp.loss_cap(2 * latency, loss))
+            if loss > 0:
+                slowest = min(l.capacity / tcp.data_factor for l in flow.links)
+                flow.latency += tcp.recovery_delay(flow.remaining, 2 * latency, loss,
+                                                   slowest * 2 * latency)
+                if sent * loss >= 1:
+                    cap = min(cap, tcp.loss_cap(2 * latency, loss))
             flow.window, flow.rtt = Link(next(self._link_ids), cap), 2 * latency
             window.append(flow.window)
         for link in flow.links:  # (a lost packet is sent again)

@@ -55,6 +55,7 @@ class FlowNetwork(TcpConnections):
         self._connection_rngs: dict[tuple[int, int], random.Random] = {}
         self.protocol = topology.protocol  # tcp.TcpModel, or None: the exact alpha-beta model
         efficiency = self.protocol.shared_efficiency if self.protocol else 1.0
+        self.log: list | None = None  # what happened, for a timeline (Simulator's log)
         self._link_ids = ids = itertools.count()
         # A TCP connection (src, dst) sending -> its flows waiting to send after it
         self._streams: dict[tuple[int, int], collections.deque] = {}
@@ -105,6 +106,7 @@ class FlowNetwork(TcpConnections):
         if a != b:
             self.bytes_between_sites[(a, b)] = self.bytes_between_sites.get((a, b), 0) + nbytes
         flow = Flow(next(self._flow_ids), links, nbytes, latency, on_delivered, arg)
+        flow.ends = (src, dst)
         now = self.env.now
         if nbytes > 0 and links and self.protocol is not None:
             self._as_tcp(flow, src, dst, base_latency, loss)
@@ -138,7 +140,10 @@ class FlowNetwork(TcpConnections):
         return rng
 
     def _attach(self, flow: Flow, now: float):
-        """The flow starts sending on its links."""
+        """The flow starts sending on its links (logged, for a timeline: ("send", src, dst,
+        flow id, t, bytes), then ("sent", flow id, t) at its last byte)."""
+        if self.log is not None:
+            self.log.append(("send", *flow.ends, flow.id, now, flow.size))
         if flow.window is not None:
             self._slow_start(flow, now)
         flow.since = now
@@ -276,6 +281,8 @@ class FlowNetwork(TcpConnections):
                     heapq.heappush(agenda, (first, next(seq), flow, flow.version))
 
     def _transmitted(self, flow: Flow, now: float):
+        if self.log is not None:
+            self.log.append(("sent", flow.id, now))
         self._floor = min(self._floor, flow.rate)
         flow.version += 1  # any other entry of its finish is void
         for i, link in enumerate(flow.links):

@@ -8,7 +8,7 @@ import math
 class Flow:
     __slots__ = ("id", "links", "remaining", "rate", "since", "finish", "version", "latency",
                  "on_delivered", "arg", "data", "connection", "window", "rtt", "size",
-                 "start_rate", "began", "order")
+                 "start_rate", "began", "order", "ends")
 
     def __init__(self, id, links, nbytes, latency, on_delivered, arg):
         self.id = id  # creation order: breaks ties deterministically
@@ -28,6 +28,7 @@ class Flow:
         self.size = nbytes
         self.start_rate = 0.0  # bytes/s: the pace it started at (slow start, BBR)
         self.began = 0.0  # s: when it started sending
+        self.ends = (-1, -1)  # (src, dst) ranks
         self.order = ("", id, 0)  # among messages a connection gets at one instant: its place
 
 

@@ -13,9 +13,11 @@ to move payload bytes as a TCP connection does, beyond the exact alpha-beta mode
   simulated clock to a real network?", for the measurements).
 - The window: a flow sends at most `window` bytes per round trip (2 × the path's one-way
   latency), so its rate is at most window / RTT.
-- Random loss (a network's `loss:`): from a connection's first expected loss on (after
-  1 / loss packets), a loss-based congestion control (cubic, reno) holds its flows to the
-  rate its response function allows (loss_cap); every lost packet is sent again.
+- Random loss (a network's `loss:`): every lost packet is sent again; a message whose
+  last window lost one ends a round trip later, as expected over the draws
+  (recovery_delay); from a connection's first expected loss on (after 1 / loss packets),
+  a loss-based congestion control (cubic, reno) holds its flows to the rate its response
+  function allows (loss_cap).
 - Slow start: a connection's window starts at `initial_window` segments and doubles every
   round trip until the flow is held by the window above or by the links. A connection keeps
   the window it reached for its next message, except after an idle time longer than its
@@ -94,6 +96,15 @@ class TcpModel:
         window = reno if self.congestion == "reno" else max(
             reno, (0.4 * 3.7 / (4 * 0.3)) ** 0.25 * (rtt / loss) ** 0.75)
         return window * self.mss / rtt
+
+    def recovery_delay(self, size: float, rtt: float, loss: float, bdp: float) -> float:
+        """The expected time a message's end waits for a lost packet to be sent again: a
+        loss among its last window of packets (the path's bandwidth x RTT, or the whole
+        message) is repaired a round trip later (fast retransmit, or RACK's probe at the
+        tail); a loss before that is repaired while the rest is still sent."""
+        if loss <= 0 or rtt <= 0:
+            return 0.0
+        return (1 - (1 - loss) ** (min(size, bdp) / self.mss)) * rtt
 
     def start_rate(self, state: "Connection | None", now: float, rtt: float) -> float:
         """The payload rate (bytes/s) a message starts at on a connection in `state` (None:

@@ -155,13 +155,18 @@ class TraceClock(RankClock):
         self.compute_free = 0.0  # when the compute stream has done what was queued on it
         self.ready: list[float] = []  # end of each queued compute not yet waited for
         self.step_times: dict = {}
+        self.segments: list[tuple[float, float]] = []  # (start, end) of each compute
 
     def run_compute(self, seconds: float):
-        self.now = self.compute_free = max(self.now, self.compute_free) + seconds
+        start = max(self.now, self.compute_free)
+        self.now = self.compute_free = start + seconds
+        self.segments.append((start, self.now))
         self.compute_seconds += seconds
 
     def queue_compute(self, seconds: float):
-        self.compute_free = max(self.now, self.compute_free) + seconds
+        start = max(self.now, self.compute_free)
+        self.compute_free = start + seconds
+        self.segments.append((start, self.compute_free))
         self.compute_seconds += seconds
         self.ready.append(self.compute_free)
 
@@ -225,14 +230,15 @@ class StopReplay(Exception):
 
 
 def replay(traces: list[list], topology: Topology, algorithms: dict, seed: int = 0,
-           overlap_rate: float | None = None) -> ReplayResult:
+           overlap_rate: float | None = None, log: list | None = None) -> ReplayResult:
     """traces[r]: rank r's events as recorded by RankClock.trace (JSON-loaded is fine);
-    overlap_rate: the recorded compute model's `overlap=` (bytes/s), or None.
+    overlap_rate: the recorded compute model's `overlap=` (bytes/s), or None; log: the
+    simulator's log (Simulator), and each clock keeps its compute as `segments`.
 
     Each rank's events drive its own clock in a thread, which talks to the simulator over
     an in-process connection, as a live rank over its pipe; this thread runs the simulator
     through a Feed, as a live run's launcher does (engine/launch/monitor.py)."""
-    sim = Simulator(topology, algorithms, seed=seed, overlap_rate=overlap_rate)
+    sim = Simulator(topology, algorithms, seed=seed, overlap_rate=overlap_rate, log=log)
     feed = Feed(sim, record=False)
     arrivals = Arrivals()
     pairs = [in_process(arrivals, tag=r) for r in range(len(traces))]
