@@ -11,7 +11,9 @@ from pathlib import Path
 
 import click
 
+from ..emulation.netns import QUEUES, EmulationOptions
 from ..errors import ExoframeError
+from ..sim.network.tcp import CONGESTION_CONTROLS
 from .config_flags import field_option
 from .group import cli
 
@@ -24,12 +26,12 @@ OWN = ("--net", "--nodes", "--compute", "--out")
 @field_option("net", required=True, help="The network to emulate: a network YAML file or a "
               "preset name.")
 @field_option("nodes", help="Ranks, one network namespace each. [2]")
-@click.option("--congestion", type=click.Choice(["cubic", "bbr", "reno"]),
+@click.option("--congestion", type=click.Choice(CONGESTION_CONTROLS),
               help="The ranks' TCP congestion control (the twin models the same). "
                    "[the file's protocol.congestion, else cubic]")
-@click.option("--host-queue", type=click.Choice(["acks-first", "fifo"]), default="acks-first",
+@click.option("--host-queue", type=click.Choice(QUEUES), default=EmulationOptions.host_queue,
               show_default=True, help="The ranks' own egress queues.")
-@click.option("--port-queue", type=click.Choice(["acks-first", "fifo"]), default="fifo",
+@click.option("--port-queue", type=click.Choice(QUEUES), default=EmulationOptions.port_queue,
               show_default=True, help="The switch's ports' queues (downlinks, site links).")
 @click.option("--line-seed", type=int, default=0, show_default=True,
               help="The delay line's draws (jitter, loss).")
@@ -43,7 +45,7 @@ def emulate(net, nodes, congestion, host_queue, port_queue, line_seed, keep, run
     `exoframe emulate --net my-wan.yaml --nodes 4 -- --workload mlp --strategy diloco -p H=5
     --steps 20`. Needs root on Linux (network namespaces, tc); leaves nothing behind.
     """
-    from ..emulation.netns import EmulationError, EmulationOptions, check_can_emulate, leftovers
+    from ..emulation.netns import EmulationError, check_can_emulate, leftovers
     from ..emulation.runner import side_by_side
 
     nodes = 2 if nodes is None else nodes
@@ -93,6 +95,13 @@ def _network_file(net: str, congestion: str | None) -> tuple[str, str]:
     if not isinstance(keys, dict):
         raise ExoframeError(f"--net {net}: exoframe emulate needs a network file or a preset "
                             f"backed by one.")
+    traced = [where for where, scope in [("", keys), *(
+        (f"sites.{name}.", site or {}) for name, site in (keys.get("sites") or {}).items()), *(
+        (f"links[{i}].", link) for i, link in enumerate(keys.get("links") or []))]
+        if isinstance(scope, dict) and scope.get("bandwidth_trace") is not None]
+    if traced:
+        raise ExoframeError(f"{config.where}: {traced[0]}bandwidth_trace: the emulation keeps "
+                            f"each link's bandwidth fixed; emulate the file without it.")
     model = parse_protocol(config.protocol, config.where)
     chosen = congestion or (model.congestion if model else TcpModel().congestion)
     if model is not None:

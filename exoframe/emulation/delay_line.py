@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -16,8 +17,12 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("delayline.c")
 
 
-class DelayLineError(Exception):
-    """What went wrong, in one line."""
+class EmulationError(Exception):
+    """What went wrong with an emulated network, in one line."""
+
+
+class DelayLineError(EmulationError):
+    """What went wrong with the delay line, in one line."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,9 @@ def binary() -> Path:
     built = subprocess.run([compiler, "-O2", "-o", str(partial), str(SOURCE)],
                            capture_output=True, text=True)
     if built.returncode:
-        raise DelayLineError(f"compiling {SOURCE.name} failed: {built.stderr.strip()[-500:]}")
+        said = [line for line in built.stderr.splitlines() if "error" in line] or \
+            built.stderr.strip().splitlines() or ["no output"]
+        raise DelayLineError(f"compiling {SOURCE} with {compiler} failed: {said[0].strip()}")
     partial.replace(path)
     return path
 
@@ -87,7 +94,12 @@ class DelayLine:
         """Per direction ('a>b'): frames and bytes seen, frames lost on purpose, sends the
         outgoing queue refused, the most frames held at once."""
         self.process.send_signal(signal.SIGUSR1)
-        return json.loads(self.process.stdout.readline())
+        ready, _, _ = select.select([self.process.stdout], [], [], 10)
+        line = self.process.stdout.readline() if ready else ""
+        if not line:
+            raise DelayLineError(f"the delay line did not answer for its counts: "
+                                 f"{self.process.stderr.read().strip() or 'it stopped'}")
+        return json.loads(line)
 
     def stop(self) -> dict:
         if self.process.poll() is not None:
@@ -100,4 +112,7 @@ class DelayLine:
             self.process.wait()
             return {}
         lines = out.strip().splitlines()
-        return json.loads(lines[-1]) if lines else {}
+        try:
+            return json.loads(lines[-1]) if lines else {}
+        except ValueError:  # (its last words cut short: nothing to count)
+            return {}

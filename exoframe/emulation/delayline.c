@@ -41,6 +41,7 @@ struct frame {
 
 struct direction {
     char name[64];
+    uint64_t rng[4];          /* its own draws: one direction's losses do not move another's */
     int in, out;              /* sockets: frames arrive on `in`, leave through `out` */
     uint64_t delay, jitter;   /* ns */
     double loss;
@@ -52,24 +53,24 @@ struct direction {
 static struct direction dirs[MAX_DIRECTIONS];
 static int n_dirs;
 static volatile sig_atomic_t want_counts, want_exit;
-static uint64_t rng_state[4];
+static uint64_t seed_value;
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
-static uint64_t next_random(void) { /* xoshiro256** */
-    uint64_t *s = rng_state, result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+static uint64_t next_random(uint64_t *s) { /* xoshiro256** */
+    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
     s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
     return result;
 }
 
-static double uniform(void) { return (next_random() >> 11) * 0x1.0p-53; }
+static double uniform(uint64_t *s) { return (next_random(s) >> 11) * 0x1.0p-53; }
 
-static void seed(uint64_t value) { /* splitmix64 */
+static void seed(uint64_t *s, uint64_t value) { /* splitmix64 */
     for (int i = 0; i < 4; i++) {
         uint64_t z = (value += 0x9e3779b97f4a7c15ULL);
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
         z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        rng_state[i] = z ^ (z >> 31);
+        s[i] = z ^ (z >> 31);
     }
 }
 
@@ -132,6 +133,7 @@ static void add_pair(const char *given) {
         d->loss = number(part[6 + k], "loss");
         if (d->jitter > d->delay) die(d->name, "jitter exceeds the delay");
         if (d->loss > 1) die(d->name, "loss is a fraction, at most 1");
+        seed(d->rng, seed_value * 1000003ULL + (uint64_t)(n_dirs + k));
     }
     int a = open_socket(part[0]), b = open_socket(part[1]);
     dirs[n_dirs].in = dirs[n_dirs + 1].out = a;
@@ -160,19 +162,20 @@ static void on_signal(int signal) {
 /* Read what arrived on d's input (a batch at most), stamp each frame with its departure. */
 static void receive(struct direction *d, unsigned char *buffer) {
     for (int i = 0; i < BATCH; i++) {
-        ssize_t len = recv(d->in, buffer, FRAME_MAX, 0);
+        ssize_t len = recv(d->in, buffer, FRAME_MAX, MSG_TRUNC);
         if (len < 0) {
             if (errno != EAGAIN && errno != EINTR) die(d->name, strerror(errno));
             return;
         }
         d->frames++;
         d->bytes += (uint64_t)len;
-        if (d->loss > 0 && uniform() < d->loss) {
+        if (len > FRAME_MAX) die(d->name, "a frame larger than the buffer");
+        if (d->loss > 0 && uniform(d->rng) < d->loss) {
             d->lost++;
             continue;
         }
         uint64_t due = now_ns() + d->delay;
-        if (d->jitter) due = due - d->jitter + (uint64_t)(uniform() * 2.0 * (double)d->jitter);
+        if (d->jitter) due = due - d->jitter + (uint64_t)(uniform(d->rng) * 2.0 * (double)d->jitter);
         if (due < d->last_due) due = d->last_due; /* never reorder */
         d->last_due = due;
         struct frame *f = malloc(sizeof *f + (size_t)len);
@@ -204,7 +207,6 @@ static uint64_t release(struct direction *d, uint64_t now) {
 }
 
 int main(int argc, char **argv) {
-    uint64_t seed_value = 0;
     int first = 1;
     if (argc > 2 && !strcmp(argv[1], "--seed")) {
         seed_value = strtoull(argv[2], NULL, 10);
@@ -212,7 +214,6 @@ int main(int argc, char **argv) {
     }
     if (first >= argc) die("usage", "delayline [--seed N] IF_A,IF_B,DELAY_AB,DELAY_BA,"
                                     "JITTER_AB,JITTER_BA,LOSS_AB,LOSS_BA ...");
-    seed(seed_value);
     for (int i = first; i < argc; i++) add_pair(argv[i]);
     prctl(PR_SET_TIMERSLACK, 1UL);
     struct sched_param priority = {.sched_priority = 10};
@@ -222,6 +223,14 @@ int main(int argc, char **argv) {
     sigaction(SIGUSR1, &action, NULL);
     sigaction(SIGTERM, &action, NULL);
     sigaction(SIGINT, &action, NULL);
+    /* The signals are taken only inside ppoll: one that comes between a check of the flags
+       and the wait is not lost (the wait returns at once with EINTR). */
+    sigset_t blocked, during_wait;
+    sigemptyset(&blocked);
+    sigaddset(&blocked, SIGUSR1);
+    sigaddset(&blocked, SIGTERM);
+    sigaddset(&blocked, SIGINT);
+    sigprocmask(SIG_BLOCK, &blocked, &during_wait);
     unsigned char *buffer = malloc(FRAME_MAX);
     struct pollfd polls[MAX_DIRECTIONS];
     for (int i = 0; i < n_dirs; i++) polls[i] = (struct pollfd){.fd = dirs[i].in, .events = POLLIN};
@@ -240,10 +249,13 @@ int main(int argc, char **argv) {
             wait.tv_nsec = (long)(left % 1000000000ULL);
             timeout = &wait;
         }
-        int ready = ppoll(polls, (nfds_t)n_dirs, timeout, NULL);
+        int ready = ppoll(polls, (nfds_t)n_dirs, timeout, &during_wait);
         if (ready < 0 && errno != EINTR) die("ppoll", strerror(errno));
-        for (int i = 0; ready > 0 && i < n_dirs; i++)
+        for (int i = 0; ready > 0 && i < n_dirs; i++) {
+            if (polls[i].revents & (POLLERR | POLLHUP | POLLNVAL))
+                die(dirs[i].name, "its interface failed (gone or down)");
             if (polls[i].revents & POLLIN) receive(&dirs[i], buffer);
+        }
         if (want_counts) {
             want_counts = 0;
             print_counts();

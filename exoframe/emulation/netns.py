@@ -37,7 +37,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field, fields
 
-from .delay_line import DelayLine, Direction, Pair
+from .delay_line import DelayLine, Direction, EmulationError, Pair
 
 DATA_NET, CONTROL_NET = "10.213.1", "10.213.2"
 QUEUES = ("acks-first", "fifo")  # a shaped link's queue: ACK-sized packets first, or one FIFO
@@ -56,10 +56,6 @@ def _number(pattern: str, said: str) -> int:
     """The number `pattern` finds in what tc said (0 where it says none)."""
     match = re.search(pattern, said)
     return int(match.group(1)) if match else 0
-
-
-class EmulationError(Exception):
-    """What went wrong, in one line."""
 
 
 def sh(*command: str, check: bool = True) -> str:
@@ -354,9 +350,14 @@ class Emulation:
     def close(self):
         """Remove every namespace this emulation made (their links and qdiscs go with
         them); a process still inside one is killed first."""
-        if self.delay_line is not None:
-            self.delay_counts = self.delay_line.stop()
+        try:
+            if self.delay_line is not None:
+                self.delay_counts = self.delay_line.stop()
+        finally:
             self.delay_line = None
+            self._remove()
+
+    def _remove(self):
         for ns in reversed(self.created):
             pids = sh("ip", "netns", "pids", ns, check=False).split()
             for pid in pids:

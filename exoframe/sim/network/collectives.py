@@ -218,8 +218,16 @@ def plan_for(function, kind: str, n: int, root: int = 0, topology: Sites | None 
         topology = None
     elif topology is None:
         topology = Sites.single(n)
-    return _cached_plan(function, kind, n, root, topology,
-                        float(nbytes) if takes(function, "nbytes") else None)
+    return _cached_plan(function, kind, n, root, topology, _plan_bytes(function, n, nbytes))
+
+
+def _plan_bytes(function, n: int, nbytes: float) -> float | None:
+    """What a plan function that takes `nbytes` is given: the payload, or one that stands
+    for every payload of the same plan (its `plan_bytes`); None where it does not take it."""
+    if not takes(function, "nbytes"):
+        return None
+    canonical = getattr(function, "plan_bytes", None)
+    return float(nbytes) if canonical is None else canonical(n, nbytes)
 
 
 @functools.lru_cache(maxsize=256)  # (each rank asks it at every operation)
@@ -314,8 +322,7 @@ class Plans:
             view = self.sites(range(n) if participants is None else participants)
         function = self.functions.get(kind)
         try:
-            return _cached_plan(function, kind, n, root, view,
-                                float(nbytes) if takes(function, "nbytes") else None)
+            return _cached_plan(function, kind, n, root, view, _plan_bytes(function, n, nbytes))
         except ValueError as e:  # checked at resolve time on two ranks only
             group = "" if view is None else f" (ranks {list(view.ranks)})"
             raise ExoframeError(f"collective algorithm '{self.names.get(kind)}' cannot plan "

@@ -16,6 +16,7 @@ class TcpConnections:
         the wire, or waits for the bytes written before it on its connection."""
         arriving, self._arriving = self._arriving, []
         for flow in sorted(arriving, key=lambda flow: (flow.connection, flow.order)):
+            self._as_message(flow)
             waiting = self._streams.get(flow.connection)
             if waiting is not None:
                 waiting.append(flow)
@@ -24,6 +25,19 @@ class TcpConnections:
                 self._attach(flow, now)
             else:
                 self._deliver_after_latency(flow, now)
+
+    def _as_message(self, flow: Flow):
+        """What a message on its connection draws and weighs, in the connection's order:
+        its jitter, its frames, ACKs and window (_as_tcp), the host links it crosses."""
+        src, dst = flow.connection
+        _, latency, jitter, loss = self._paths[flow.connection]
+        if jitter:
+            draw = self._jitter_draws(flow.connection).uniform(-jitter, jitter)
+            flow.latency = max(0.0, latency + draw)
+        if flow.remaining > 0:
+            self._as_tcp(flow, src, dst, latency, loss)
+            if self.host_out is not None:  # payload bytes: after the TCP weights
+                flow.links = (*flow.links, self.host_out[src], self.host_in[dst])
 
     def _as_tcp(self, flow: Flow, src: int, dst: int, latency: float, loss: float):
         """The flow as a TCP connection (tcp.py): its data links carry data_factor bytes per
@@ -63,13 +77,19 @@ class TcpConnections:
         slowest = min(l.capacity / l.weights.get(flow.id, 1.0) for l in flow.links[:flow.data])
         final = link.capacity
         rates = tcp.ramp(start, flow.rtt, min(final, slowest))
-        for k, rate in enumerate(rates):
-            if k == 0:
-                link.capacity = rate
-            else:
-                self._at_time(now + k * flow.rtt, self._set_capacity, (link, rate))
         if rates:
-            self._at_time(now + len(rates) * flow.rtt, self._set_capacity, (link, final))
+            link.capacity = rates[0]
+            self._at_time(now + flow.rtt, self._ramp_step, (flow, [*rates[1:], final]))
+
+    def _ramp_step(self, arg):
+        """A round trip of the flow's ramp has passed: its window's next rate, while it is
+        still sending (nothing is left behind once it is through)."""
+        flow, rates = arg
+        if flow.id not in flow.window.flows:
+            return
+        self._set_capacity((flow.window, rates[0]))
+        if len(rates) > 1:
+            self._at_time(self.env.now + flow.rtt, self._ramp_step, (flow, rates[1:]))
 
     def _sent(self, flow: Flow, now: float):
         """The flow's last byte is sent: what its connection carries to the next message."""

@@ -62,6 +62,7 @@ class FlowNetwork(TcpConnections):
         # A TCP connection -> what it carries to its next message (tcp.Connection)
         self._reached: dict = {}
         self._arriving: list[Flow] = []  # messages on TCP connections, this instant
+        self._delivered_until: dict[tuple[int, int], float] = {}  # a connection's last
         self._packets: dict[tuple[int, int], float] = {}  # a TCP connection's, so far
         self.uplinks = [_link_or_none(next(ids), b, efficiency) for b in topology.uplink]
         self.downlinks = [_link_or_none(next(ids), b, efficiency) for b in topology.downlink]
@@ -97,10 +98,7 @@ class FlowNetwork(TcpConnections):
                    order: tuple | None = None):
         """order: where the message goes among those its TCP connection gets at the same
         instant (a key that does not depend on the order they were started in)."""
-        links, latency, jitter, loss = self._paths.get((src, dst)) or self._path(src, dst)
-        base_latency = latency
-        if jitter:
-            latency = max(0.0, latency + self._jitter_draws(src, dst).uniform(-jitter, jitter))
+        links, latency, jitter, _ = self._paths.get((src, dst)) or self._path(src, dst)
         self.flows_started += 1
         a, b = self.topology.site_of[src], self.topology.site_of[dst]
         if a != b:
@@ -108,10 +106,6 @@ class FlowNetwork(TcpConnections):
         flow = Flow(next(self._flow_ids), links, nbytes, latency, on_delivered, arg)
         flow.ends = (src, dst)
         now = self.env.now
-        if nbytes > 0 and links and self.protocol is not None:
-            self._as_tcp(flow, src, dst, base_latency, loss)
-        if nbytes > 0 and self.host_out is not None:  # payload bytes: after the TCP weights
-            flow.links = (*flow.links, self.host_out[src], self.host_in[dst])
         if links and self.protocol is not None:
             # A TCP connection is one byte stream: a message (a notice of no payload too)
             # goes on the wire after every byte written before it; those written at one
@@ -122,21 +116,24 @@ class FlowNetwork(TcpConnections):
             self._arriving.append(flow)
             self._arm_at(now)
             return
+        if jitter:
+            flow.latency = max(0.0, latency + self.rng.uniform(-jitter, jitter))
+        if nbytes > 0 and self.host_out is not None:
+            flow.links = (*flow.links, self.host_out[src], self.host_in[dst])
         if nbytes > 0 and flow.links:
             self._attach(flow, now)
         else:
             self._deliver_after_latency(flow, now)
             self._arm()
 
-    def _jitter_draws(self, src: int, dst: int) -> random.Random:
-        """Where a message's jitter is drawn from: under TCP, a stream of the connection's
-        own, so that a draw does not depend on what other connections sent meanwhile (a
-        run's last step takes the time it takes in a longer run); else the network's."""
-        if self.protocol is None:
-            return self.rng
-        rng = self._connection_rngs.get((src, dst))
+    def _jitter_draws(self, connection: tuple[int, int]) -> random.Random:
+        """A TCP connection's own stream of jitter draws, so that a draw does not depend
+        on what other connections sent meanwhile (a run's last step takes the time it takes
+        in a longer run)."""
+        rng = self._connection_rngs.get(connection)
         if rng is None:
-            rng = self._connection_rngs[(src, dst)] = random.Random(f"{self.seed}/{src}/{dst}")
+            src, dst = connection
+            rng = self._connection_rngs[connection] = random.Random(f"{self.seed}/{src}/{dst}")
         return rng
 
     def _attach(self, flow: Flow, now: float):
@@ -299,8 +296,13 @@ class FlowNetwork(TcpConnections):
 
     def _deliver_after_latency(self, flow: Flow, now: float):
         # Delivered through the agenda even without latency: calling back directly would
-        # recurse once per hop of a long chain of flows.
-        heapq.heappush(self._agenda, (now + flow.latency, next(self._seq), flow, None))
+        # recurse once per hop of a long chain of flows. A TCP connection delivers in order:
+        # never before what was sent on it earlier (whatever jitter or repair it drew).
+        at = now + flow.latency
+        if flow.connection is not None:
+            at = max(at, self._delivered_until.get(flow.connection, at))
+            self._delivered_until[flow.connection] = at
+        heapq.heappush(self._agenda, (at, next(self._seq), flow, None))
 
     # -- the simpy side: one wake-up per distinct event time -------------------------------
     def _arm(self):

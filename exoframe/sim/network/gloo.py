@@ -48,3 +48,12 @@ def gloo(kind: str, n: int, root: int = 0, nbytes: float = 0.0) -> Plan:
             notice = into[left][j - 2] if j >= 2 else AT_JOIN  # left's window moves on
             into[left].append(plan.add(r, left, fraction, dict.fromkeys(deps), notice))
     return plan
+
+
+def plan_bytes(n: int, nbytes: float) -> float:
+    """The payload whose plan gloo's is for `nbytes` among n: one per segment count, so
+    that plans of many sizes are built once (Plans reads this)."""
+    return float(gloo_segments_per_rank(n, nbytes) * n * GLOO_SEGMENT)
+
+
+gloo.plan_bytes = plan_bytes

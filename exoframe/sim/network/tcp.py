@@ -26,7 +26,7 @@ to move payload bytes as a TCP connection does, beyond the exact alpha-beta mode
   timeout it idled, down to the initial window. BBR is exempt: it paces at 2.885 times
   the bandwidth it measured (the largest delivery rate of a burst of messages, over its
   duration and a round trip), which small messages with pauses between them keep low,
-  and grows it 2.885 times a round trip while a message lasts.
+  and doubles that rate every round trip while a message lasts.
 
 The defaults are Linux's (MTU 1500, timestamps on) and the measurements on tc-shaped veth
 links in README. Bandwidths are as tc counts them (Ethernet header, no preamble or
@@ -151,11 +151,10 @@ class TcpModel:
         `start` (bytes/s), below `ceiling` (where it stops: the links or the window hold it
         from then on); [] where it starts there already. Slow start doubles the window
         every round trip; BBR's start-up multiplies its pace by BBR_GAIN."""
-        growth = BBR_GAIN if self.congestion == "bbr" else 2.0
         rates, rate = [], start
         while rate < ceiling:
             rates.append(rate)
-            rate *= growth
+            rate *= 2
         return rates
 
     def describe(self) -> str:
