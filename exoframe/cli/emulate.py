@@ -85,13 +85,13 @@ def _network_file(net: str, congestion: str | None) -> tuple[str, str]:
     uses written into its protocol, and that congestion control."""
     import yaml
 
+    from ..inputs import load_yaml
     from ..plugins import PluginManager
     from ..sim.network.netconfig import load_network
     from ..sim.network.tcp import TcpModel, parse_protocol
 
     config = load_network(net, PluginManager(kinds={"networks"}).networks)
-    keys = yaml.safe_load(Path(config.where).read_text()) if Path(config.where).is_file() \
-        else None
+    keys = load_yaml(Path(config.where)) if Path(config.where).is_file() else None
     if not isinstance(keys, dict):
         raise ExoframeError(f"--net {net}: exoframe emulate needs a network file or a preset "
                             f"backed by one.")

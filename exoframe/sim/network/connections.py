@@ -45,6 +45,11 @@ class TcpConnections:
         window / RTT (growing in slow start: _slow_start)."""
         tcp = self.protocol
         reverse = [link for link in self._path(dst, src)[0] if link not in flow.links]
+        for link in flow.links:  # (a lost packet is sent again)
+            link.weights[flow.id] = tcp.data_factor / (1 - loss)
+        for link in reverse:
+            link.weights[flow.id] = tcp.ack_factor
+        flow.data = len(flow.links)
         window = []
         if latency > 0:
             cap = tcp.rate_cap(latency)
@@ -53,19 +58,19 @@ class TcpConnections:
             sent = self._packets.get((src, dst), 0.0)
             self._packets[(src, dst)] = sent + flow.remaining / tcp.mss
             if loss > 0:
-                slowest = min(l.capacity / tcp.data_factor for l in flow.links)
+                sent_per_rtt = self._payload_rate(flow) / (1 - loss) * 2 * latency  # (lost too)
                 flow.latency += tcp.recovery_delay(flow.remaining, 2 * latency, loss,
-                                                   slowest * 2 * latency)
+                                                   sent_per_rtt)
                 if sent * loss >= 1:
                     cap = min(cap, tcp.loss_cap(2 * latency, loss))
             flow.window, flow.rtt = Link(next(self._link_ids), cap), 2 * latency
             window.append(flow.window)
-        for link in flow.links:  # (a lost packet is sent again)
-            link.weights[flow.id] = tcp.data_factor / (1 - loss)
-        for link in reverse:
-            link.weights[flow.id] = tcp.ack_factor
-        flow.data = len(flow.links)
         flow.links = (*flow.links, *reverse, *window)
+
+    def _payload_rate(self, flow: Flow) -> float:
+        """The most payload bytes/s the flow's data links could carry it at."""
+        return min(link.capacity / link.weights.get(flow.id, 1.0)
+                   for link in flow.links[:flow.data])
 
     def _slow_start(self, flow: Flow, now: float):
         """The flow's pace from what its connection reached (tcp.py), growing every round
@@ -74,9 +79,8 @@ class TcpConnections:
         start = flow.start_rate = tcp.start_rate(self._reached.get(flow.connection), now,
                                                  flow.rtt)
         flow.began = now
-        slowest = min(l.capacity / l.weights.get(flow.id, 1.0) for l in flow.links[:flow.data])
         final = link.capacity
-        rates = tcp.ramp(start, flow.rtt, min(final, slowest))
+        rates = tcp.ramp(start, flow.rtt, min(final, self._payload_rate(flow)))
         if rates:
             link.capacity = rates[0]
             self._at_time(now + flow.rtt, self._ramp_step, (flow, [*rates[1:], final]))
@@ -97,7 +101,6 @@ class TcpConnections:
             self._reached.get(flow.connection), flow.began, now, flow.size, flow.start_rate,
             flow.window.capacity, flow.rtt)
 
-    # -- bandwidth traces ------------------------------------------------------------------
     def _next_on(self, connection: tuple[int, int], now: float):
         """The connection's last flow has sent its last byte: what waits next goes on the
         wire (messages of no payload at once, delivered one latency later)."""
