@@ -53,8 +53,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from exoframe.errors import ExoframeError  # noqa: E402
 from exoframe.sim.clocks.compute import MACHINE_OVERLAP  # noqa: E402
 from exoframe.sim.network.tcp import parse_protocol  # noqa: E402
-from exoframe.emulation.netns import (Counts, EmulationError,  # noqa: E402
-                                      EmulationOptions, add_emulation_options,
+from exoframe.emulation.netns import (OPTION_QUEUES, Counts,  # noqa: E402
+                                      EmulationError, EmulationOptions, add_emulation_options,
                                       check_can_emulate, emulation_options, leftovers, sh)
 from exoframe.emulation.runner import side_by_side  # noqa: E402
 
@@ -120,17 +120,18 @@ def wan_star(rate: str, latency: str, loss: str | None = None, **more) -> dict:
     return {**net, "loss": loss} if loss else net
 
 
-def wan_sites(latency: str, loss: str | None = None) -> dict:
+def wan_sites(latency: str, loss: str | None = None, **more) -> dict:
     """Two sites of 1 Gbit/s NICs 1 ms apart inside, 50 Mbit/s and `latency` between."""
     link = {"between": ["a", "b"], "bandwidth": "50mbit", "latency": latency,
             **({"loss": loss} if loss else {})}
     return {"description": f"two sites, 50 Mbit/s and {latency} between", "bandwidth": "1gbit",
-            "latency": "1ms", "sites": {"a": {}, "b": {}}, "links": [link]}
+            "latency": "1ms", "sites": {"a": {}, "b": {}}, "links": [link], **more}
 
 
 def wan_held_out() -> list[Case]:
-    """Round trips of 0, 10, 50 and 150 ms, loss of 0, 0.1 % and 1 %, cubic and bbr, stars,
-    two sites and asymmetric links: none of the model's constants was fitted on them."""
+    """Round trips of 0, 10, 50 and 150 ms, loss of 0, 0.1 % and 1 %, cubic and bbr, fair
+    and FIFO uplinks, stars, two sites and asymmetric links: none of the model's constants
+    was fitted on them."""
     def case(name, network, seconds, congestion="bbr", nodes=2):
         return Case(name, network, seconds, held_out=True, congestion=congestion,
                     nodes=nodes, group="wan-held-out")
@@ -149,6 +150,13 @@ def wan_held_out() -> list[Case]:
              "cubic"),
         case("w-sites-rtt50", wan_sites("25ms"), 1.0, nodes=4),
         case("w-sites-rtt50-loss0.1-cubic", wan_sites("25ms", "0.1%"), 1.0, "cubic", nodes=4),
+        # FIFO uplinks (a modem's queue): ACKs and gloo's notices wait behind data
+        case("w-20m-rtt10-fifo", wan_star("20mbit", "5ms", queue="fifo 50ms"), 1.0),
+        case("w-20m-rtt10-fifo-cubic", wan_star("20mbit", "5ms", queue="fifo 50ms"), 1.0,
+             "cubic"),
+        case("w-100m-rtt50-fifo", wan_star("100mbit", "25ms", queue="fifo"), 1.0),
+        case("w-sites-rtt50-fifo-cubic", wan_sites("25ms", queue="fifo"), 1.0, "cubic",
+             nodes=4),
     ]
 
 
@@ -251,16 +259,22 @@ def per_sync(said: dict, key: str) -> float:
 def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir: str,
              tag: str, extra: list[str] = (), overlap: str | None = None,
              emulation_as: EmulationOptions = EmulationOptions(),
-             algorithm: str | None = None) -> dict:
+             algorithm: str | None = None, queue: str | None = None) -> dict:
     """overlap: the twin's compute model's overlap= (what this machine's exchanges move while
     its ranks compute), or None; emulation_as: the emulation's sysctls and queues
-    (netns.py); algorithm: the twin's (None: the network file's default)."""
+    (netns.py); algorithm: the twin's (None: the network file's default); queue: every
+    rank's uplink queue, as a network file writes it (None: the case's)."""
     steps = case.steps or STRATEGIES[strategy][0]
     nodes = case.nodes or nodes
     if protocol == "tcp":  # the twin's congestion control: the emulation's
         protocol = {"congestion": case.congestion}
     network = {**case.network, "protocol": protocol,
-               **({"algorithm": algorithm} if algorithm else {})}
+               **({"algorithm": algorithm} if algorithm else {}),
+               **({"queue": queue} if queue else {})}
+    if queue and "sites" in network:
+        network["sites"] = {name: {key: value for key, value in (site or {}).items()
+                                   if key != "queue"}
+                            for name, site in network["sites"].items()}
     hidden = case.hidden or hidden_for(case.network, nodes, case.seconds_per_exchange)
     args = run_args(strategy, hidden, steps, seed, list(extra))
     folder = Path(tempfile.mkdtemp(prefix=f"{case.name}-{strategy}-", dir=workdir))
@@ -434,6 +448,7 @@ def main() -> int:
     except EmulationError as e:
         print(e, file=sys.stderr)
         return 2
+    queue = OPTION_QUEUES[options.host_queue].describe() if options.host_queue else None
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, stop_on_signal)
     tag = f"b{os.getpid()}"
@@ -443,8 +458,8 @@ def main() -> int:
         congestion = sh("sysctl", "-n", "net.ipv4.tcp_congestion_control").strip()
         print(f"{options.nodes} ranks; TCP congestion control: each case's (bbr unless its "
               f"name says cubic; this machine's default: {congestion}); "
-              f"host queues: {emulation_as.host_queue}; switch ports: "
-              f"{emulation_as.port_queue}; {os.cpu_count()} CPUs", flush=True)
+              f"uplink queues: {queue or 'as each network says (fair if it does not)'}; "
+              f"switch ports: {emulation_as.port_queue}; {os.cpu_count()} CPUs", flush=True)
         with tempfile.TemporaryDirectory(prefix="exoframe-emulated-") as scratch:
             workdir = options.keep or scratch
             Path(workdir).mkdir(parents=True, exist_ok=True)
@@ -453,7 +468,8 @@ def main() -> int:
                     started = time.monotonic()
                     runs = [run_case(known[name], strategy, options.nodes, options.seed,
                                      protocol, workdir, tag, shlex.split(options.extra),
-                                     options.overlap, emulation_as, options.algorithm)
+                                     options.overlap, emulation_as, options.algorithm,
+                                     queue)
                             for _ in range(options.repeat)]
                     results.append(median_run(runs))
                     print_table(results[-1:], errors=False)

@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from exoframe.emulation.netns import (Emulation, EmulationError, EmulationOptions,  # noqa: E402
-                   add_emulation_options, check_can_emulate, emulation_options)
+from exoframe.emulation.netns import (OPTION_QUEUES, Emulation, EmulationError,  # noqa: E402
+                                      EmulationOptions, add_emulation_options,
+                                      check_can_emulate, emulation_options)
 
 from exoframe.sim.network.tcp import TcpModel  # noqa: E402
 
@@ -66,15 +67,16 @@ print(" ".join(f"{t:.5f}" for t in times))
 '''
 
 
-def rounds_at(mbit: float, congestion: str, rounds: int,
-              emulation_as: EmulationOptions) -> tuple[list, float]:
+def rounds_at(mbit: float, congestion: str, rounds: int, emulation_as: EmulationOptions,
+              host_queue: str) -> tuple[list, float]:
     """Each round's time (the slowest rank's) and the model's, at `mbit` Mbit/s per link."""
     rate = mbit * 1e6 / 8
     tcp = TcpModel()
     per_payload_byte = (tcp.data_factor + tcp.ack_factor) / rate  # an uplink's two loads
     nbytes = int(1.0 / per_payload_byte)  # about 1 s a round under the model
     with Emulation(f"ring{int(mbit)}", [rate] * RANKS, [rate] * RANKS, [0] * RANKS, {},
-                   congestion, emulation_as) as emulation:
+                   congestion, emulation_as,
+                   uplink_queue=[OPTION_QUEUES[host_queue]] * RANKS) as emulation:
         start = time.time() + 2.0
         ranks = [subprocess.Popen(
             ["ip", "netns", "exec", emulation.rank_ns(r), sys.executable, "-c", RANK,
@@ -97,8 +99,10 @@ def main() -> int:
         emulation_as = emulation_options(options)
         check_can_emulate()
         for mbit in (float(r) for r in options.rates.split(",")):
-            times, model = rounds_at(mbit, options.congestion, options.rounds, emulation_as)
-            print(f"{mbit:g} Mbit/s, {options.congestion}, {emulation_as.host_queue} host "
+            host_queue = options.host_queue or "acks-first"
+            times, model = rounds_at(mbit, options.congestion, options.rounds, emulation_as,
+                                     host_queue)
+            print(f"{mbit:g} Mbit/s, {options.congestion}, {host_queue} host "
                   f"queue, {emulation_as.port_queue} switch ports: "
                   f"round / model "
                   + ", ".join(f"{t / model:.3f}" for t in times), flush=True)

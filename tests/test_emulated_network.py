@@ -16,6 +16,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import emulated_network  # noqa: E402
 from exoframe.emulation.netns import (Emulation, EmulationError, EmulationOptions,  # noqa: E402
                    check_can_emulate, leftovers)
+from exoframe.sim.network.topology import Queue  # noqa: E402
 
 
 def can_emulate() -> str | None:
@@ -65,14 +66,14 @@ while incoming.recv(1 << 20):
 
 @needs_emulation
 def test_the_counters_see_what_the_queues_drop_and_tcp_resends():
-    """What the model leaves out, counted: a burst of datagrams into a FIFO uplink of 67
-    frames (1 Mbit/s, so it hardly drains meanwhile) loses all but those; a CUBIC flow from
+    """What the model leaves out, counted: a burst of datagrams into a FIFO uplink of 64
+    full frames (1 Mbit/s, so it hardly drains meanwhile) loses all but those; a CUBIC flow from
     a 1 Gbit/s uplink into an 8 Mbit/s downlink (a FIFO port of 64 frames) overflows it, and
     TCP resends. --port-queue acks-first queues the switch's ports as hosts'."""
     ranks = [f"u{os.getpid()}", f"v{os.getpid()}"]
-    swapped = EmulationOptions(host_queue="fifo", port_queue="acks-first")
-    with Emulation(ranks[0], [125e3, 125e3], [125e3, 125e3], [0, 0], {}, None,
-                   swapped) as emulation:
+    swapped = EmulationOptions(port_queue="acks-first")
+    with Emulation(ranks[0], [125e3, 125e3], [125e3, 125e3], [0, 0], {}, None, swapped,
+                   uplink_queue=[Queue("fifo", packets=64)] * 2) as emulation:
         before = emulation.counts()
         # ACK-sized packets first on the switch's ports only
         assert set(before.small) == {f"{emulation.switch}/p0", f"{emulation.switch}/p1"}

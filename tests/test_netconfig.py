@@ -270,6 +270,11 @@ def test_missing_file():
     ("sites: {us: {}, eu: {}}\nlinks: [{between: [us, eu], bandwidth: 1gbit, "
      "bandwidth_trace: nowhere.csv}]", "links[0].bandwidth_trace",
      "cannot read the trace file nowhere.csv"),
+    ("queue: lifo", "queue", "expected fair, fifo, 'fifo 50ms' or 'fifo 100 packets'"),
+    ("queue: fifo 0ms", "queue", "a FIFO's depth is more than 0"),
+    ("queue: fifo 1.5 packets", "queue", "a whole number of packets, at least 1"),
+    ("queue: fifo 50", "queue", "has no unit"),
+    ("sites: {us: {queue: fair 2}}", "sites.us.queue", "expected fair, fifo"),
     ("algorithm: rng", "algorithm", "unknown collective algorithm 'rng'. Did you mean 'ring'?"),
     ("algorithm: {allreduce: ring}", "algorithm.allreduce",
      "unknown collective 'allreduce'. Did you mean 'all_reduce'?"),
@@ -286,6 +291,42 @@ def test_bad_values_fail_at_load_naming_file_and_field(write, text, field, probl
     assert problem in message
 
 
+def test_each_uplink_has_the_queue_its_scope_states(write):
+    from exoframe.sim.network.topology import Queue
+
+    net = load_network(write("queue: fifo 50ms\nsites:\n  us: {queue: fair}\n  eu: {}\n"
+                             "  ap: {queue: fifo 100 packets}\n"
+                             "links: [{between: [us, eu], bandwidth: 1gbit},\n"
+                             "        {between: [us, ap], bandwidth: 1gbit},\n"
+                             "        {between: [eu, ap], bandwidth: 1gbit}]\n"),
+                       Registry("networks"))
+    topology = net.topology(3)
+    assert [topology.queue_of(r) for r in range(3)] == [
+        Queue("fair"), Queue("fifo", seconds=0.05), Queue("fifo", packets=100)]
+    # a FIFO's depth in bytes: its time at the link's rate, or its frames
+    assert topology.queue_of(1).capacity(12.5e6, 1514) == pytest.approx(625e3)
+    assert topology.queue_of(2).capacity(12.5e6, 1514) == 151400
+    assert load_network(write("queue: fifo\n"), Registry("networks")).topology(1).queue_of(0) \
+        == Queue("fifo", packets=1000)  # Linux's txqueuelen
+    assert load_network(write("bandwidth: 1gbit\n"), Registry("networks")).topology(2) \
+        .queue_of(1) == Queue("fair")
+    assert "fifo 100 packets" not in net.summary()
+    assert load_network(write("bandwidth: 20mbit\nqueue: fifo 50ms\n"),
+                        Registry("networks")).summary() == \
+        "20 Mbit/s, no latency, fifo 50ms uplink queue"
+
+
+def test_what_a_file_leaves_out_is_named_as_the_default_it_gets(write):
+    registry = Registry("networks")
+    assert load_network(write("bandwidth: 1gbit\n"), registry).defaults_taken() == \
+        ["queue: fair", "loss: 0"]
+    assert load_network(write("bandwidth: 1gbit\nsites: {a: {loss: 1%}}\n"),
+                        registry).defaults_taken() == ["queue: fair"]
+    assert load_network(write("queue: fifo\nloss: 0\n"), registry).defaults_taken() == []
+    # the alpha-beta model reads neither
+    assert load_network(write("protocol: none\n"), registry).defaults_taken() == []
+
+
 def test_bad_values_fail_at_load_not_later(write):
     # Unit errors surface from load_network itself, before any topology() call.
     message = error_of(load_network, write("latency: 25mss\n"), Registry("networks"))
@@ -294,6 +335,7 @@ def test_bad_values_fail_at_load_not_later(write):
 
 @pytest.mark.parametrize("text, problem", [
     ("sites: 3", "field 'sites' must be dict, got 3"),
+    ("queue: 3", "field 'queue' must be str or None, got 3"),
     ("latency: [1]", "field 'latency' must be str or float or None, got [1]"),
     ("links: {between: [a, b]}", "field 'links' must be list"),
     ("bandwdith: 1gbit", "unknown field 'bandwdith'. Did you mean 'bandwidth'?"),

@@ -143,6 +143,9 @@ def test_presets_of_real_networks_model_tcp_and_ideal_does_not():
     networks = get_plugin_manager().networks
     for name in ("wan-100mbps", "lan-1gbps", "geo-2dc", "home-broadband"):
         assert load_network(name, networks).topology(2).protocol is not None, name
+    for entry in networks:  # each TCP preset states its queue and loss
+        net = load_network(entry.name, networks)
+        assert net.defaults_taken() == [], entry.name
     for name in ("ideal", "nvlink", "dc-100gbps"):
         assert load_network(name, networks).topology(2).protocol is None, name
     assert math.isinf(load_network("ideal", networks).topology(2).uplink[0])
@@ -263,3 +266,30 @@ def test_a_lossy_path_delays_a_messages_end_by_its_expected_tail_repair():
     # a message smaller than the window: only its own packets can be lost at its tail
     [small] = deliveries(net, [(0.0, 0, 1, 20 * 1448)])
     assert close(small, 20 * 1448 / (payload * 0.999) + 0.025 + (1 - 0.999 ** 20) * rtt)
+
+
+@pytest.mark.parametrize("congestion", ["cubic", "reno"])
+def test_random_loss_holds_a_loss_based_flow_to_padhyes_response_function(congestion):
+    """1 % loss, 20 Mbit/s, 5 ms one way: a loss-based congestion control, from its
+    connection's first expected loss on (100 packets), moves Padhye et al.'s
+    1 / (RTT sqrt(2p/3) + T0 min(1, 3 sqrt(3p/8)) p (1 + 32 p^2)) packets a second, with
+    T0 = RTT + 200 ms, written out here (CUBIC's cubic window, 1.05 segments at this
+    round trip, is below Reno's): 9.6 Mbit/s of payload, under half the link; BBR is not
+    held back."""
+    p, rtt = 0.01, 0.01
+    rate = 1448 / (rtt * math.sqrt(2 * p / 3) + (rtt + 0.2) * 3 * math.sqrt(3 * p / 8) * p
+                   * (1 + 32 * p * p))
+    assert rate * 8 == pytest.approx(9.63e6, rel=1e-3)
+    keys = dict(bandwidth="20mbit", latency="5ms", loss="1%")
+    net = topology(**keys, protocol={"congestion": congestion, "initial_window": 10 ** 6})
+    tcp = net.protocol
+    assert tcp.loss_cap(rtt, p) == pytest.approx(rate)
+    first = 200 * 1448  # past the first expected loss: the next message is held
+    second = 2e6
+    done = deliveries(net, [(0.0, 0, 1, first), (10.0, 0, 1, second)])
+    repair = (1 - (1 - p) ** (rate * rtt / (1 - p) / 1448)) * rtt  # its last window's loss
+    assert close(done[1], 10.0 + second / rate + 0.005 + repair)
+    bbr = topology(**keys, protocol={"congestion": "bbr", "initial_window": 10 ** 6})
+    assert bbr.protocol.loss_cap(rtt, p) == math.inf
+    [alone] = deliveries(bbr, [(0.0, 0, 1, second)])
+    assert alone < 10.0 + second / rate / 2

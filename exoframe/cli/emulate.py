@@ -29,8 +29,6 @@ OWN = ("--net", "--nodes", "--compute", "--out")
 @click.option("--congestion", type=click.Choice(CONGESTION_CONTROLS),
               help="The ranks' TCP congestion control (the twin models the same). "
                    "[the file's protocol.congestion, else cubic]")
-@click.option("--host-queue", type=click.Choice(QUEUES), default=EmulationOptions.host_queue,
-              show_default=True, help="The ranks' own egress queues.")
 @click.option("--port-queue", type=click.Choice(QUEUES), default=EmulationOptions.port_queue,
               show_default=True, help="The switch's ports' queues (downlinks, site links).")
 @click.option("--line-seed", type=int, default=0, show_default=True,
@@ -38,8 +36,11 @@ OWN = ("--net", "--nodes", "--compute", "--out")
 @click.option("--keep", type=click.Path(file_okay=False),
               help="Keep both runs' folders here. [a temporary folder, removed]")
 @click.argument("run_options", nargs=-1, type=click.UNPROCESSED)
-def emulate(net, nodes, congestion, host_queue, port_queue, line_seed, keep, run_options):
+def emulate(net, nodes, congestion, port_queue, line_seed, keep, run_options):
     """Run a job on an emulated NET and in the simulator, and compare their clocks.
+
+    The emulation has the bandwidths, latencies, jitters, losses and uplink queues the
+    network file states (what it leaves out takes the model's defaults).
 
     Give exoframe run's options after `--`, e.g.
     `exoframe emulate --net my-wan.yaml --nodes 4 -- --workload mlp --strategy diloco -p H=5
@@ -65,7 +66,7 @@ def emulate(net, nodes, congestion, host_queue, port_queue, line_seed, keep, run
     tag = f"e{os.getpid()}"
     try:
         done = side_by_side(twin_file, nodes, list(run_options), folder / "runs", tag, chosen,
-                            EmulationOptions(host_queue=host_queue, port_queue=port_queue),
+                            EmulationOptions(port_queue=port_queue),
                             line_seed)
     except EmulationError as e:
         raise ExoframeError(f"exoframe emulate: {e}") from None
@@ -75,7 +76,7 @@ def emulate(net, nodes, congestion, host_queue, port_queue, line_seed, keep, run
             shutil.rmtree(folder, ignore_errors=True)
     if left:
         raise ExoframeError(f"exoframe emulate: left behind: {', '.join(left)}")
-    click.echo(_table(done, chosen, host_queue, port_queue))
+    click.echo(_table(done, chosen, port_queue))
     if keep:
         click.echo(f"  runs in {folder / 'runs'}")
 
@@ -111,13 +112,13 @@ def _network_file(net: str, congestion: str | None) -> tuple[str, str]:
     return yaml.safe_dump(keys, sort_keys=False), chosen
 
 
-def _table(done, congestion: str, host_queue: str, port_queue: str) -> str:
+def _table(done, congestion: str, port_queue: str) -> str:
     real, simulated = done.real_seconds, done.simulated_seconds
     counts = done.counts
     lost = sum(counts.lost.values())
     return "\n".join([
-        f"  emulated (real)       {real:.3f} s   ({congestion}, host queues {host_queue}, "
-        f"switch ports {port_queue})",
+        f"  emulated (real)       {real:.3f} s   ({congestion}, uplink queues "
+        f"{', '.join(sorted(set(done.uplink_queues)))}, switch ports {port_queue})",
         f"  simulated (twin)      {simulated:.3f} s   (compute {done.compute_per_step:.4f} s "
         f"per step, as the real ranks took)",
         f"  real / simulated      {real / simulated:.3f}",

@@ -14,16 +14,17 @@ veth peer m<r> is; a link between sites becomes w<a>_<b> -- v<a>_<b> =line= v<b>
 w<b>_<a>. The shapers stay where they were, so the queues are where they were.
 
 A rank's uplink is shaped on its d0, its downlink on p<r>, the link from site a to site b
-on w<a>_<b>. A rank's uplink is its host's own egress queue, so by default it queues as a
-Linux host's does: pure ACKs go ahead of queued data (the default fq_codel serves sparse
-flows first; this kernel has neither fq_codel nor fq, so an htb under the tbf serves
-packets under SMALL_PACKET bytes first) and the queue holds txqueuelen's 1000 packets.
-With `host_queue="fifo"` it is one 50 ms FIFO, as the links in the switch namespace are by
-default (a switch's ports; `port_queue="acks-first"` queues them as hosts' instead): there,
-BBR, whose window is sized from the 35 us round trip of these delay-free links,
-stalls while its ACKs wait tens of ms behind the other direction's data (ring rounds took up
-to 1.4x the model at 20-100 Mbit/s; benchmarks/ring_rounds.py --host-queue fifo), and
-the flows a rank sends drop packets in its own queue.
+on w<a>_<b>. A rank's uplink is its host's own egress queue, queued as the network file's
+`queue:` says (topology.Queue). `fair`, a Linux host's: pure ACKs go ahead of queued data
+(the default fq_codel serves sparse flows first; this kernel has neither fq_codel nor fq,
+so an htb under the tbf serves packets under SMALL_PACKET bytes first) and the queue holds
+txqueuelen's 1000 packets. `fifo`: one FIFO of the depth the file gives, as a modem's; the
+links in the switch namespace are 50 ms FIFOs by default (a switch's ports;
+`port_queue="acks-first"` queues them as hosts' instead). Behind a FIFO, BBR, whose window
+is sized from the 35 us round trip of these delay-free links, stalls while its ACKs wait
+tens of ms behind the other direction's data (ring rounds took up to 1.4x the model at
+20-100 Mbit/s; benchmarks/ring_rounds.py --host-queue fifo), and the flows a rank sends
+drop packets in its own queue.
 
 The control network carries torchrun's rendezvous, exoframe's own messages and evaluation;
 gloo is bound to d0 (GLOO_SOCKET_IFNAME), so only training exchanges cross the shaped
@@ -37,10 +38,15 @@ import re
 import subprocess
 from dataclasses import dataclass, field, fields
 
+from ..sim.network.topology import Queue
 from .delay_line import DelayLine, Direction, EmulationError, Pair
 
 DATA_NET, CONTROL_NET = "10.213.1", "10.213.2"
-QUEUES = ("acks-first", "fifo")  # a shaped link's queue: ACK-sized packets first, or one FIFO
+QUEUES = ("acks-first", "fifo")  # a switch port's queue: ACK-sized packets first, or one FIFO
+PORT_QUEUE_SECONDS = 0.05  # a switch port's queue, at its rate (at least 64 frames)
+FRAME = 1514  # bytes of a full Ethernet frame, as tc counts it
+# each queue option as a network file would write it (a port's, or --host-queue)
+OPTION_QUEUES = {"acks-first": Queue("fair"), "fifo": Queue("fifo", seconds=PORT_QUEUE_SECONDS)}
 SMALL_PACKET = 128  # bytes: a pure ACK (52-84 bytes with options) is under it, data is not
 HOST_QUEUE_PACKETS = 1000  # a host's egress queue: Linux's default txqueuelen
 # tbf's bucket, the larger of the two: 2 ms keeps 1 Gbit/s whole on this busy machine (0.5 ms
@@ -69,14 +75,12 @@ def sh(*command: str, check: bool = True) -> str:
 class EmulationOptions:
     """What a benchmark's user may change in the emulation (add_emulation_options)."""
     sysctls: dict = field(default_factory=dict)  # set in every rank's namespace (its TCP stack)
-    host_queue: str = "acks-first"  # a rank's own egress queue
     port_queue: str = "fifo"  # the switch's ports: a rank's downlink, a link between sites
 
     def __post_init__(self):
-        for name in ("host_queue", "port_queue"):
-            if getattr(self, name) not in QUEUES:
-                raise EmulationError(f"{name.replace('_', ' ')} {getattr(self, name)!r}: "
-                                     f"expected one of {', '.join(QUEUES)}.")
+        if self.port_queue not in QUEUES:
+            raise EmulationError(f"port queue {self.port_queue!r}: expected one of "
+                                 f"{', '.join(QUEUES)}.")
 
 
 @dataclass
@@ -105,9 +109,11 @@ def add_emulation_options(parser):
     parser.add_argument("--rank-sysctl", action="append", default=[], metavar="KEY=VALUE",
                         help="a sysctl of every rank's namespace, repeatable (e.g. "
                              "net.ipv4.tcp_slow_start_after_idle=0)")
-    parser.add_argument("--host-queue", choices=QUEUES, default=EmulationOptions.host_queue,
-                        help="the ranks' own egress queue: pure ACKs ahead of data, as "
-                             "Linux's default qdisc serves them (default), or a FIFO")
+    parser.add_argument("--host-queue", choices=QUEUES,
+                        help="every rank's own egress queue, whatever the network says: "
+                             "pure ACKs ahead of data, as Linux's default qdisc serves them "
+                             "(a network's `queue: fair`), or a FIFO of 50 ms (`queue: fifo "
+                             "50ms`); left out: the network's")
     parser.add_argument("--port-queue", choices=QUEUES, default=EmulationOptions.port_queue,
                         help="the switch's ports' queues (a rank's downlink, a link between "
                              "sites): a FIFO of 50 ms (default), or ACKs ahead of data, "
@@ -120,7 +126,7 @@ def emulation_options(options) -> EmulationOptions:
         raise EmulationError("--rank-sysctl: give KEY=VALUE, e.g. "
                              "net.ipv4.tcp_slow_start_after_idle=0.")
     return EmulationOptions(dict(item.split("=", 1) for item in options.rank_sysctl),
-                            options.host_queue, options.port_queue)
+                            options.port_queue)
 
 
 def check_can_emulate():
@@ -144,9 +150,10 @@ class Emulation:
                  congestion_control: str | None = None,
                  options: EmulationOptions = EmulationOptions(),
                  access_delay: list | None = None, inter_delay: dict | None = None,
-                 seed: int = 0):
+                 seed: int = 0, uplink_queue: list | None = None):
         """access_delay[r]: (up, down) Directions of rank r's link; inter_delay[(a, b)]:
-        the Direction from site a to site b (delay_line.py). Left out: no delay."""
+        the Direction from site a to site b (delay_line.py). Left out: no delay.
+        uplink_queue[r]: the Queue in front of rank r's uplink; left out: fair."""
         self.tag = tag
         self.options = options
         self.uplink, self.downlink, self.site_of = list(uplink), list(downlink), list(site_of)
@@ -155,6 +162,7 @@ class Emulation:
         self.access_delay = access_delay or [(Direction(), Direction())] * len(self.site_of)
         self.inter_delay = inter_delay or {}
         self.seed = seed
+        self.uplink_queue = list(uplink_queue or [Queue()] * len(self.site_of))
         self.delay_pairs: list[Pair] = []
         self.delay_line: DelayLine | None = None
         self.delay_counts: dict = {}  # the delay line's last counts, once closed
@@ -224,8 +232,8 @@ class Emulation:
                 self._in(sw, "ip", "link", "set", f"l{rank}", "up")
                 self.delay_pairs.append(Pair(f"p{rank}", f"l{rank}", up, down))
             self._veth(ns, CONTROL_IF, f"q{rank}", "bc", f"{self.control_addr(rank)}/24")
-            self._shape(ns, DATA_IF, self.uplink[rank], self.options.host_queue, host=True)
-            self._shape(sw, f"p{rank}", self.downlink[rank], self.options.port_queue)
+            self._shape(ns, DATA_IF, self.uplink[rank], self.uplink_queue[rank], host=True)
+            self._shape(sw, f"p{rank}", self.downlink[rank], self.port_queue)
         for (a, b), rate in self.inter.items():
             if a < b:
                 there, back = (self.inter_delay.get(key, Direction()) for key in ((a, b), (b, a)))
@@ -240,7 +248,7 @@ class Emulation:
                     self.delay_pairs.append(Pair(f"v{a}_{b}", f"v{b}_{a}", there, back))
                 for x, y in ((a, b), (b, a)):
                     self._in(sw, "ip", "link", "set", f"w{x}_{y}", "master", f"bd{x}", "up")
-            self._shape(sw, f"w{a}_{b}", rate, self.options.port_queue)
+            self._shape(sw, f"w{a}_{b}", rate, self.port_queue)
         lossy = [pair for pair in self.delay_pairs if pair.a_to_b.loss or pair.b_to_a.loss]
         if lossy:  # a packet each: a lost GSO frame would lose tens of segments at once
             for rank in range(len(self.site_of)):
@@ -283,20 +291,27 @@ class Emulation:
         self._in(ns, "ip", "addr", "add", address, "dev", inner)
         self._in(ns, "ip", "link", "set", inner, "up")
 
-    def _shape(self, ns: str, dev: str, rate: float, queue: str, host: bool = False):
+    @property
+    def port_queue(self) -> Queue:
+        return OPTION_QUEUES[self.options.port_queue]
+
+    def _shape(self, ns: str, dev: str, rate: float, queue: Queue, host: bool = False):
         """tbf at `rate` bytes/s on dev's egress: a burst of BURST_SECONDS at that rate (at
-        least BURST_FRAMES frames) and a queue (QUEUES) of 50 ms. "acks-first": under the tbf,
-        an htb whose first class (packets under SMALL_PACKET bytes) is served before the
-        second (the rest), each holding HOST_QUEUE_PACKETS on a host (its txqueuelen) and
-        the 50 ms elsewhere (a port: only the order changes); the classes' rates are far
-        above the tbf's, so only their order acts."""
+        least BURST_FRAMES frames) and the queue. A FIFO holds its depth (at least
+        BURST_FRAMES frames). Fair: under the tbf, an htb whose first class (packets under
+        SMALL_PACKET bytes) is served before the second (the rest), each holding
+        HOST_QUEUE_PACKETS on a host (its txqueuelen) and PORT_QUEUE_SECONDS elsewhere (a
+        port: only the order changes); the classes' rates are far above the tbf's, so only
+        their order acts."""
         if math.isinf(rate):
             return
-        burst = max(BURST_FRAMES * 1514, int(rate * BURST_SECONDS))
-        limit = max(64 * 1514, int(rate * 0.05))
+        burst = max(BURST_FRAMES * FRAME, int(rate * BURST_SECONDS))
+        limit = max(64 * FRAME, int(rate * PORT_QUEUE_SECONDS))
+        if queue.discipline == "fifo":
+            limit = max(BURST_FRAMES * FRAME, int(queue.capacity(rate, FRAME)))
         self._in(ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate",
                  f"{int(rate * 8)}bit", "burst", str(burst), "limit", str(limit))
-        if queue == "acks-first":
+        if queue.discipline == "fair":
             tc = ("tc", "qdisc", "add", "dev", dev)
             klass = ("tc", "class", "add", "dev", dev)
             self._in(ns, *tc, "parent", "1:1", "handle", "2:", "htb", "default", "20")

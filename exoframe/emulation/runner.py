@@ -105,6 +105,7 @@ class SideBySide:
     twin_rows: list
     compute_per_step: float  # s, what the twin's compute model was given
     counts: Counts  # what the emulation's queues, TCP stacks and delay line counted
+    uplink_queues: list  # each rank's uplink queue, as a network file writes it
 
     @property
     def real_seconds(self) -> float:
@@ -130,7 +131,8 @@ def side_by_side(net_file: Path, nodes: int, args: list[str], out: Path, tag: st
     (out / "real").mkdir(parents=True)
     with Emulation(tag, topology.uplink, topology.downlink, topology.site_of,
                    {pair: spec.bandwidth for pair, spec in topology.inter.items()},
-                   congestion, options, access, inter, seed) as emulation:
+                   congestion, options, access, inter, seed,
+                   [topology.queue_of(rank) for rank in range(nodes)]) as emulation:
         before = emulation.counts()
         real, real_rows = real_run(emulation, args, str(out / "real"), nodes, timeout)
         counts = emulation.counts() - before
@@ -139,4 +141,5 @@ def side_by_side(net_file: Path, nodes: int, args: list[str], out: Path, tag: st
     compute = sum(rank["compute_seconds"] + rank["wait_seconds"]
                   for rank in real["per_rank"]) / nodes / max(1, real["steps"])
     twin, twin_rows = twin_run(str(net_file), args, str(out / "sim"), compute, nodes, overlap)
-    return SideBySide(real, twin, real_rows, twin_rows, compute, counts)
+    return SideBySide(real, twin, real_rows, twin_rows, compute, counts,
+                      [topology.queue_of(rank).describe() for rank in range(nodes)])

@@ -66,6 +66,8 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         # the training set's split over the nodes: each node's size and label histogram
         "partition": job.partition,
         "net": job.sim.net,
+        # what the network file left out, so the model took its default ('queue: fair')
+        "net_defaults": list(job.sim.defaults),
         "real_network": job.sim.real,  # --net real: the times are measured, not simulated
         "bottleneck_bandwidth": job.sim.topology.bottleneck(),
         "latency": job.sim.topology.longest_latency(),
@@ -203,7 +205,8 @@ def summary_table(summary: dict, extra: tuple = ()) -> str:
         ("best achievable loss", fmt(summary["best_achievable_loss"])),
         ("sent per node", format_bytes(summary["bytes_sent_per_node"])
          + (f" in {summary['syncs']} steps with an exchange" if "syncs" in summary else "")),
-        ("network", summary["net"]),
+        ("network", summary["net"] + (f" (not stated, so {', '.join(summary['net_defaults'])})"
+                                      if summary.get("net_defaults") else "")),
         ("measured wall-clock", f"{format_seconds(summary['simulated_seconds'])} "
                                 "(--net real: nothing simulated)")
         if summary.get("real_network") else

@@ -22,6 +22,8 @@ class SimSetup:
     compute: ComputeModel
     stragglers: Stragglers
     real: bool = False  # --net real: measured time, no simulated network
+    # what the network file left out that the model reads, as 'key: default' (its summary)
+    defaults: tuple[str, ...] = ()
 
 
 def resolve_sim(net: str, compute: str, stragglers: str, nodes: int, pm) -> SimSetup:
@@ -55,4 +57,5 @@ def resolve_sim(net: str, compute: str, stragglers: str, nodes: int, pm) -> SimS
     parsed = parse_stragglers(stragglers)
     parsed.check_ranks(nodes)
     return SimSetup(net=network.name, topology=topology, algorithms=algorithms,
-                    compute=parse_compute(compute), stragglers=parsed)
+                    compute=parse_compute(compute), stragglers=parsed,
+                    defaults=tuple(network.defaults_taken()))

@@ -58,11 +58,12 @@ class TcpConnections:
             sent = self._packets.get((src, dst), 0.0)
             self._packets[(src, dst)] = sent + flow.remaining / tcp.mss
             if loss > 0:
-                sent_per_rtt = self._payload_rate(flow) / (1 - loss) * 2 * latency  # (lost too)
-                flow.latency += tcp.recovery_delay(flow.remaining, 2 * latency, loss,
-                                                   sent_per_rtt)
                 if sent * loss >= 1:
                     cap = min(cap, tcp.loss_cap(2 * latency, loss))
+                # the packets of its last round trip (lost ones too)
+                sent_per_rtt = min(self._payload_rate(flow), cap) / (1 - loss) * 2 * latency
+                flow.latency += tcp.recovery_delay(flow.remaining, 2 * latency, loss,
+                                                   sent_per_rtt)
             flow.window, flow.rtt = Link(next(self._link_ids), cap), 2 * latency
             window.append(flow.window)
         flow.links = (*flow.links, *reverse, *window)

@@ -16,9 +16,9 @@ from ...inputs import build_dataclass, load_yaml
 from .collectives import BUILTIN
 from .site_ranks import assign_ranks, check_listed_ranks
 from .tcp import parse_protocol
-from .topology import DEFAULT_ALGORITHMS, TCP_ALGORITHMS, LinkSpec, Topology
+from .topology import DEFAULT_ALGORITHMS, TCP_ALGORITHMS, LinkSpec, Queue, Topology
 from .units import (format_bandwidth, format_duration, parse_bandwidth, parse_duration,
-                    parse_loss)
+                    parse_loss, parse_queue)
 
 BUILTIN_ALGORITHMS = tuple(BUILTIN)
 
@@ -37,6 +37,7 @@ class SiteConfig:
     latency: Unit = None  # between two ranks of this site
     jitter: Unit = None
     loss: Unit = None  # packets lost at random between two ranks of this site
+    queue: str | None = None  # the queue in front of each of this site's nodes' uplinks
     bandwidth_trace: list | str | None = None  # each node's NIC over time (as a link's)
 
 
@@ -66,6 +67,10 @@ class NetKeys:
     latency: Unit = None  # one way; None: 0
     jitter: Unit = None  # each message's latency is uniform in latency ± jitter
     loss: Unit = None  # the fraction of packets lost at random (0.001 or '0.1%'); None: 0
+    # The queue in front of each node's uplink: fair (pure ACKs and sparse flows first, as a
+    # Linux host's fq_codel), fifo (a modem's: ACKs wait behind data), 'fifo 50ms' or
+    # 'fifo 100 packets' (its depth; fifo alone: 1000 packets); None: fair
+    queue: str | None = None
     # Each node's NIC bandwidth over time, both directions: [[time, bandwidth], ...] or a
     # CSV file, as a link's (below); `bandwidth`/`upload`/`download` hold before the first.
     bandwidth_trace: list | str | None = None
@@ -106,9 +111,11 @@ class NetConfig(NetKeys):
         ranks (ranks out of range, a missing link) are left to topology()."""
         self._endpoint(None)
         self._nic_trace(None)
+        self._queue(None)
         for site in self.sites:
             self._endpoint(site)
             self._nic_trace(site)
+            self._queue(site)
         self._links()
         check_listed_ranks(self.sites, self._error)
         self._algorithms(algorithms)
@@ -127,7 +134,8 @@ class NetConfig(NetKeys):
             return Topology(uplink=[up] * n, downlink=[down] * n, site_of=[0] * n,
                             intra=[intra], algorithms=chosen,
                             nic_trace=[self._nic_trace(None)] * n,
-                            protocol=parse_protocol(self.protocol, self.where))
+                            protocol=parse_protocol(self.protocol, self.where),
+                            uplink_queue=[self._queue(None)] * n)
         names = list(self.sites)
         endpoints = [self._endpoint(site) for site in names]
         links = self._links()
@@ -145,13 +153,14 @@ class NetConfig(NetKeys):
                         downlink=[endpoints[s][1] for s in site_of], site_of=site_of,
                         sites=names, intra=[intra for _, _, intra in endpoints], inter=inter,
                         algorithms=chosen, nic_trace=[traces[s] for s in site_of],
-                        protocol=parse_protocol(self.protocol, self.where))
+                        protocol=parse_protocol(self.protocol, self.where),
+                        uplink_queue=[self._queue(names[s]) for s in site_of])
 
     def summary(self) -> str:
         """One line for listings, e.g. '100 Mbit/s, 25 ms ± 2 ms'."""
         if not self.sites:
             up, down, intra = self._endpoint(None)
-            return f"{_nic_text(up, down)}, {_delay_text(intra)}"
+            return f"{_nic_text(up, down)}, {_delay_text(intra)}{_queue_text(self._queue(None))}"
         names = list(self.sites)
         nics = {_nic_text(up, down) for up, down, _ in map(self._endpoint, names)}
         text = f"{len(names)} sites ({', '.join(names)}): "
@@ -188,6 +197,24 @@ class NetConfig(NetKeys):
         jitter = self._jitter(latency, *self._pick(site, "jitter"))
         loss = self._loss(*self._pick(site, "loss"))
         return up, down, LinkSpec(latency=latency, jitter=jitter, loss=loss)
+
+    def _queue(self, site: str | None) -> Queue:
+        """The queue in front of a site's nodes' uplinks (None: top level)."""
+        value, path = self._pick(site, "queue")
+        return Queue() if value is None else parse_queue(value, path, self.where)
+
+    def defaults_taken(self) -> list[str]:
+        """What the file leaves out that the TCP model reads, as 'key: default' (a run's
+        summary says it): the queue and the loss, where no scope states them."""
+        if parse_protocol(self.protocol, self.where) is None:
+            return []
+        scopes = [self, *self.sites.values()]
+        taken = []
+        for key, default in (("queue", Queue().describe()), ("loss", "0")):
+            if all(getattr(scope, key) is None for scope in scopes) and \
+                    not (key == "loss" and any(link.loss is not None for link in self.links)):
+                taken.append(f"{key}: {default}")
+        return taken
 
     def _nic_trace(self, site: str | None) -> tuple:
         """The bandwidth trace of a site's nodes' NICs (None: top level), () if none."""
@@ -347,6 +374,10 @@ def _delay_text(spec: LinkSpec) -> str:
     jitter = f" ± {format_duration(spec.jitter)}" if spec.jitter else ""
     loss = f", {spec.loss:.3g} loss" if spec.loss else ""
     return f"{format_duration(spec.latency)}{jitter}{loss}"
+
+
+def _queue_text(queue: Queue) -> str:
+    return "" if queue.discipline == "fair" else f", {queue.describe()} uplink queue"
 
 
 def _number_or_text(cell: str):

@@ -17,7 +17,7 @@ to move payload bytes as a TCP connection does, beyond the exact alpha-beta mode
   last window lost one ends a round trip later, as expected over the draws
   (recovery_delay); from a connection's first expected loss on (after 1 / loss packets),
   a loss-based congestion control (cubic, reno) holds its flows to the rate its response
-  function allows (loss_cap).
+  function allows (loss_cap: Padhye et al.'s, with its timeouts).
 - Slow start: a connection's window starts at `initial_window` segments and doubles every
   round trip until the flow is held by the window above or by the links. A connection keeps
   the window it reached for its next message, except after an idle time longer than its
@@ -87,15 +87,21 @@ class TcpModel:
 
     def loss_cap(self, rtt: float, loss: float) -> float:
         """A flow's payload rate at most (bytes/s) where packets are lost at random with
-        rate `loss`: Reno's is Mathis et al.'s MSS / RTT x sqrt(3 / (2p)); CUBIC's the larger
-        of its cubic window, (C (3 + b) / (4 (1 - b)))^(1/4) (RTT / p)^(3/4) segments with
-        C = 0.4, b = 0.7 (RFC 9438), and Reno's; BBR does not slow down for random loss."""
+        rate `loss`: Padhye et al.'s response function of a loss-based flow (SIGCOMM 1998),
+        timeouts included: one packet per RTT / W + T0 min(1, 3 sqrt(3p / 8)) p (1 + 32 p^2)
+        seconds, with W Reno's mean window sqrt(3 / (2p)) segments (Linux grows its window
+        by every segment acknowledged: b = 1) or, under CUBIC, the larger of that and its
+        cubic window (C (3 + b) / (4 (1 - b)))^(1/4) (RTT / p)^(3/4), C = 0.4, b = 0.7
+        (RFC 9438), and T0 the retransmission timeout, RTT + min_rto. BBR does not slow
+        down for random loss."""
         if loss <= 0 or rtt <= 0 or self.congestion == "bbr":
             return math.inf
-        reno = math.sqrt(3 / (2 * loss))
-        window = reno if self.congestion == "reno" else max(
-            reno, (0.4 * 3.7 / (4 * 0.3)) ** 0.25 * (rtt / loss) ** 0.75)
-        return window * self.mss / rtt
+        window = math.sqrt(3 / (2 * loss))
+        if self.congestion == "cubic":
+            window = max(window, (0.4 * 3.7 / (4 * 0.3)) ** 0.25 * (rtt / loss) ** 0.75)
+        timeouts = (rtt + self.min_rto) * min(1.0, 3 * math.sqrt(3 * loss / 8)) * loss * (
+            1 + 32 * loss ** 2)
+        return self.mss / (rtt / window + timeouts)
 
     def recovery_delay(self, size: float, rtt: float, loss: float, bdp: float) -> float:
         """The expected time a message's end waits for a lost packet to be sent again: a

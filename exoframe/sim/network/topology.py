@@ -20,6 +20,35 @@ class LinkSpec:
     trace: tuple[tuple[float, float], ...] = ()
 
 
+QUEUE_DISCIPLINES = ("fair", "fifo")
+FIFO_PACKETS = 1000  # a FIFO's depth when a file gives none: Linux's default txqueuelen
+
+
+@dataclass(frozen=True)
+class Queue:
+    """The queue in front of a rank's uplink (a network file's `queue:`). `fair`: pure ACKs
+    and sparse flows go ahead of queued data (a Linux host's fq_codel); `fifo`: one
+    first-in first-out queue (a modem's, pfifo_fast's), whose ACKs and small messages wait
+    behind the data queued before them, holding `seconds` at the link's rate or `packets`
+    frames (FIFO_PACKETS where neither is given)."""
+    discipline: str = "fair"
+    seconds: float | None = None
+    packets: int | None = None
+
+    def capacity(self, rate: float, frame: float) -> float:
+        """Bytes a FIFO holds in front of a link of `rate` bytes/s, frames of `frame` bytes."""
+        if self.seconds is not None:
+            return self.seconds * rate
+        return (self.packets or FIFO_PACKETS) * frame
+
+    def describe(self) -> str:
+        if self.discipline == "fair":
+            return "fair"
+        if self.seconds is not None:
+            return f"fifo {self.seconds * 1e3:g}ms"
+        return f"fifo {self.packets or FIFO_PACKETS} packets"
+
+
 DEFAULT_ALGORITHMS = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring",
                       "broadcast": "tree"}
 # Over TCP (a network file's `protocol:`), exoframe's real exchanges run on gloo, whose ring
@@ -45,10 +74,15 @@ class Topology:
     nic_trace: list = field(default_factory=list, repr=False)
     # How TCP uses the links (tcp.TcpModel); None: the exact alpha-beta model.
     protocol: object = None
+    # uplink_queue[r]: the queue in front of rank r's uplink (empty: every one fair)
+    uplink_queue: list = field(default_factory=list)
 
     @property
     def size(self) -> int:
         return len(self.uplink)
+
+    def queue_of(self, rank: int) -> Queue:
+        return self.uplink_queue[rank] if self.uplink_queue else Queue()
 
     @classmethod
     def uniform(cls, n: int, bandwidth: float = math.inf, latency: float = 0.0,

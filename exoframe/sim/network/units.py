@@ -8,6 +8,7 @@ import math
 import re
 
 from ...errors import ExoframeError, did_you_mean, shorten
+from .topology import FIFO_PACKETS, Queue
 
 # Bits per second per unit; case-insensitive, "/s" suffix optional ("mbit" or "Mbit/s").
 BIT_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
@@ -180,3 +181,30 @@ def parse_loss(value, field: str, where: str) -> float:
         raise _error(where, field, f"a loss rate is in [0, 1) (a fraction of packets), got "
                                    f"{value!r}.")
     return rate
+
+
+def parse_queue(value, field: str, where: str):
+    """A queue as written: 'fair', 'fifo', 'fifo 50ms' (its depth at the link's rate) or
+    'fifo 100 packets' (topology.Queue)."""
+    example = "fair, fifo, 'fifo 50ms' or 'fifo 100 packets'"
+    if not isinstance(value, str):
+        raise _error(where, field, f"expected {example}, got {shorten(value)}.")
+    discipline, _, depth = value.strip().partition(" ")
+    if discipline == "fair" and not depth.strip():
+        return Queue("fair")
+    if discipline != "fifo":
+        raise _error(where, field, f"expected {example}, got '{shorten(value)}'.")
+    depth = depth.strip()
+    if not depth:
+        return Queue("fifo", packets=FIFO_PACKETS)
+    number, _, unit = depth.partition(" ")
+    if unit.strip() in ("packets", "packet"):
+        if not number.isdigit() or int(number) < 1:
+            raise _error(where, field, f"a FIFO holds a whole number of packets, at least 1, "
+                                       f"like 'fifo 100 packets', got '{shorten(value)}'.")
+        return Queue("fifo", packets=int(number))
+    seconds = parse_duration(depth, field, where)
+    if not seconds > 0:
+        raise _error(where, field, f"a FIFO's depth is more than 0, like 'fifo 50ms', got "
+                                   f"'{shorten(value)}'.")
+    return Queue("fifo", seconds=seconds)
