@@ -231,6 +231,15 @@ def write_plugin(folder: Path, dist: str, module: str, source: str, version: str
     (info / "entry_points.txt").write_text(f"[exoframe]\n{module} = {module}\n")
 
 
+def pip_install_into(site: Path, package: Path) -> subprocess.CompletedProcess:
+    """`pip install PACKAGE` as a user runs it, into the folder `site` (put it on PYTHONPATH):
+    no dependencies, no index, no build isolation (setuptools is the dev extra's), so it
+    works offline and leaves the environment as it was."""
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(site), str(package)], capture_output=True, text=True)
+
+
 # A tiny MLP regressor whose forward(batch) returns the MSE loss: the testing kit's.
 Regressor = TinyRegression
 

@@ -11,7 +11,7 @@ import click
 import click.testing
 import pytest
 import yaml
-from conftest import REPO, write_crashy_plugin, write_plugin
+from conftest import REPO, pip_install_into, write_crashy_plugin, write_plugin
 
 import exoframe
 from exoframe.errors import ExoframeError
@@ -302,9 +302,7 @@ def test_new_plugin_skeleton_installs_passes_its_test_and_runs(cli):
     package = cli.cwd / "exoframe-every-h"
     assert cli("new-plugin", "every-h").returncode == 2  # never overwrites
     site = cli.cwd / "site"
-    install = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(site), str(package)], capture_output=True, text=True)
+    install = pip_install_into(site, package)
     assert install.returncode == 0, install.stderr
     env = cli.env({"PYTHONPATH": f"{site}:{cli.env()['PYTHONPATH']}"})
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

@@ -1,15 +1,25 @@
-"""Every command README.md shows runs, shrunk to a few steps, so the README cannot drift.
+"""Every command README.md and the documentation (docs/**/*.md) show runs, shrunk to a few
+steps, so neither can drift.
 
-README is parsed at test time: a command added, changed or removed there is what runs here.
-`exoframe` commands run through the CLI in one scratch folder, in README order (a later
-command may use an earlier one's output: `runs/<run>` is the newest folder in runs/), with
-their training shrunk (--steps 3, a tiny gpt, no plots). The files README supposes the user
-has (their own network file, workload module, the examples/ folder) are made first. Python
-blocks are executed with a tiny model and data; YAML blocks must load as a network or a
-run configuration.
+Each document is parsed at test time: a command added, changed or removed there is what runs
+here (examples/quickstart.ipynb's commands too, from its Markdown cells; its code cells run in
+tests/test_notebook.py). Each test is parametrised over the documents that show its kind of
+block, so that none passes with nothing to check. A document's `exoframe` commands run through the CLI in one scratch folder of its own,
+in the document's order (a later command may use an earlier one's output: `runs/<run>` is the
+newest folder in runs/, `sweeps/<sweep>/runs/<run>` the newest run of the newest sweep), with
+their training shrunk (--steps 3, a tiny gpt, no plots). The files a document supposes the
+user has (their own network file, workload module, the examples/ folder) are made first; a
+package it installs from a folder it made (`pip install ./exoframe-NAME`) is installed into
+the scratch folder. Python blocks are executed with a tiny model and data, and the test_*
+functions a block defines are called; a package a document writes out file by file (a block
+under "`path/to/file.py`: ...") is built, installed and its tests run; YAML blocks must
+load as a network or a run configuration (with the plugin hooks the document's Python
+defines). The reference pages (docs/reference/) are made from the code and checked by
+tests/test_docs.py.
 """
 import dataclasses
 import importlib.metadata
+import os
 import importlib.util
 import json
 import re
@@ -18,30 +28,63 @@ import shutil
 import socket
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import yaml
-from conftest import REPO, SMALL_GPT_FLAGS
+from conftest import REPO, SMALL_GPT_FLAGS, pip_install_into
 from torch.utils.data import TensorDataset
 
 import exoframe
 from exoframe.config import RunConfig, resolve_config
-from exoframe.plugins import get_plugin_manager
+from exoframe.plugins import PluginManager, get_plugin_manager
 from exoframe.sim import resolve_sim
 
 README = REPO / "README.md"
+# Every document whose commands and code run here: README, then the docs' pages (the
+# reference pages, made from the code, are tests/test_docs.py's).
+DOCUMENTS = [README] + sorted(p for p in (REPO / "docs").rglob("*.md")
+                              if "reference" not in p.relative_to(REPO / "docs").parts)
+NOTEBOOK = REPO / "examples" / "quickstart.ipynb"  # (its Markdown cells' commands)
 # The hf extra (transformers, datasets): README's commands that need it run where it is.
 HF_EXTRA = all(importlib.util.find_spec(name) for name in ("transformers", "datasets"))
 STEPS = "3"
 
 
-def code_blocks(language: str):
-    """The bodies of README's ```language blocks (indented ones in list items too)."""
+def document_text(document: Path) -> str:
+    """A document's Markdown: the file, or a notebook's Markdown cells."""
+    if document.suffix == ".ipynb":
+        cells = json.loads(document.read_text())["cells"]
+        return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return document.read_text()
+
+
+def code_blocks(language: str, document: Path = README):
+    """The bodies of a document's ```language blocks (indented ones in list items too)."""
     pattern = re.compile(rf"^([ \t]*)```{language}[ \t]*\n(.*?)^\1```", re.M | re.S)
     return [re.sub(rf"^{m.group(1)}", "", m.group(2), flags=re.M)
-            for m in pattern.finditer(README.read_text())]
+            for m in pattern.finditer(document_text(document))]
+
+
+def package_files(document: Path) -> dict:
+    """{path: text} of the files a document writes out whole: each block right after a
+    paragraph that starts with the file's path and a colon (`exoframe_x/strategy.py`: ...)."""
+    pattern = re.compile(r"^`([\w.-]+(?:/[\w.-]+)*\.\w+)`:[^\n]*\n(?:[^\n]+\n)*\n"
+                         r"```\w*[ \t]*\n(.*?)^```", re.M | re.S)
+    return {m.group(1): m.group(2) for m in pattern.finditer(document_text(document))}
+
+
+def is_package_test(block: str, document: Path) -> bool:
+    """A test module of a package the document writes (its tests run in that package)."""
+    return any(text == block and Path(path).name.startswith("test_")
+               for path, text in package_files(document).items())
+
+
+def ids(documents):
+    return [str(p.relative_to(REPO)) for p in documents]
 
 
 def shell_lines(block: str):
@@ -82,7 +125,7 @@ def make_user_files(cwd: Path):
     tokens = np.random.default_rng(0).integers(0, 64, 60_000, dtype=np.uint16)
     tokens[:50_000].tofile(data / "train.bin")
     tokens[50_000:].tofile(data / "val.bin")
-    text = (REPO / "README.md").read_text()
+    text = "\n\n".join(document_text(document) for document in DOCUMENTS)
     (data / "input.txt").write_text(text)
     (cwd / "my-model").mkdir()
     (cwd / "my-model" / "config.json").write_text(json.dumps(
@@ -117,14 +160,16 @@ def workload_of(argv, cwd: Path):
 
 
 def fill_placeholders(arg: str, cwd: Path):
-    """`runs/<run>`: the newest entry of cwd/runs."""
-    def newest(match):
-        parent = cwd / match.group(1)
-        entries = sorted(parent.iterdir(), key=lambda p: p.stat().st_mtime_ns) \
-            if parent.is_dir() else []
-        assert entries, f"{match.group(0)}: nothing in {match.group(1)} yet"
-        return f"{match.group(1)}{entries[-1].name}"
-    return re.sub(r"([\w./-]*/)<\w+>", newest, arg)
+    """`runs/<run>`: the newest entry of cwd/runs; `sweeps/<sweep>/runs/<run>`: the newest
+    run of the newest sweep (each placeholder in turn, left to right)."""
+    while (match := re.search(r"<\w+>", arg)):
+        parent = arg[:match.start()]
+        folder = cwd / parent
+        entries = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime_ns) \
+            if folder.is_dir() else []
+        assert entries, f"{arg}: nothing in {parent} yet"
+        arg = f"{parent}{entries[-1].name}{arg[match.end():]}"
+    return arg
 
 
 def shrink(argv, cwd: Path):
@@ -240,9 +285,19 @@ class Command:
     argv: list
 
 
-def readme_commands():
-    return [Command(line, argv) for block in code_blocks("bash")
+def document_commands(document: Path):
+    return [Command(line, argv) for block in code_blocks("bash", document)
             for line in shell_lines(block) for argv in simple_commands(line)]
+
+
+def readme_commands():
+    """The commands of README and every docs page (tests/test_emulate.py runs their
+    `sudo exoframe emulate` lines)."""
+    return [command for document in DOCUMENTS for command in document_commands(document)]
+
+
+# The documents that show commands: README, the docs' pages with a bash block, the notebook.
+COMMAND_DOCUMENTS = [d for d in DOCUMENTS + [NOTEBOOK] if document_commands(d)]
 
 
 # Example scripts README runs, and the flags that make them small.
@@ -255,8 +310,14 @@ def not_rerun_here(argv):
     """Why a non-exoframe command is not run here, or None when the test cannot place it."""
     if argv[0] == "pip" or argv[:2] == ["python", "-c"]:
         return "installs (or checks for) packages"
-    if argv[:3] == ["python", "-m", "pytest"]:
+    if argv[:3] == ["python", "-m", "pytest"] and argv[3:] == ["-q", "tests", "plugins"]:
         return "runs this suite; .ci/run holds it verbatim (checked)"
+    if argv[:3] == ["python", "-m", "pytest"] and argv[3:4] and \
+            argv[3].startswith("exoframe-"):
+        return "a plugin skeleton's tests: tests/test_plugins.py runs them"
+    if argv[:2] == ["mkdocs", "build"]:
+        return ("builds the site: tests/test_docs.py runs README's `mkdocs build` (skipped, "
+                "saying so, where the docs extra is not installed)")
     if argv[:2] == ["python", "benchmarks/emulated_network.py"]:
         return "needs root; tests/test_emulated_network.py runs its smallest case"
     if argv[:3] == ["sudo", "exoframe", "emulate"]:
@@ -292,16 +353,39 @@ def run_torchrun(argv, cli) -> str | None:
     return None
 
 
+def install_local_package(argv, cwd: Path) -> str | None:
+    """`pip install [-e] ./FOLDER` of a package the document made (exoframe new-plugin):
+    installed into cwd/site, as pip installs it; the site folder, or None for any other pip
+    command (the repository's plugins are installed already: CI installs them)."""
+    folders = [a for a in argv[2:] if not a.startswith("-")]
+    if argv[:2] != ["pip", "install"] or len(folders) != 1 or not (cwd / folders[0]).is_dir():
+        return None
+    site = cwd / "site"
+    done = pip_install_into(site, cwd / folders[0])
+    assert done.returncode == 0, done.stderr[-1500:]
+    return str(site)
+
+
 # Commands run two at a time (one per core): most of each is start-up. A command that
 # reads an earlier one's output (`runs/<run>`) waits for all before it, and runs alone.
 BATCH = 2
 
 
-def test_every_readme_command_runs_shrunk(cli):
-    commands = readme_commands()
-    assert any(c.argv == ["exoframe", "run"] for c in commands), "README's set-up run is gone"
+@pytest.mark.parametrize("document", COMMAND_DOCUMENTS, ids=ids(COMMAND_DOCUMENTS))
+def test_every_command_of_the_document_runs_shrunk(cli, document):
+    commands = document_commands(document)
+    if document == README:
+        assert any(c.argv == ["exoframe", "run"] for c in commands), "README's set-up run is gone"
     make_user_files(cli.cwd)
     failures, running = [], []
+    ran = []  # the lines of the commands run here (not those another test runs)
+    sites = []  # packages the document installed: later commands run in a fresh interpreter
+
+    def start(args):
+        if not sites:
+            return cli.start(*args)
+        path = os.pathsep.join([*sites, cli.env()["PYTHONPATH"]])
+        return cli.popen(*args, env={"PYTHONPATH": path})
 
     def finish_all():
         try:
@@ -321,6 +405,7 @@ def test_every_readme_command_runs_shrunk(cli):
 
     for command in commands:
         if command.argv[:1] == ["python"] and command.argv[1] in EXAMPLE_SHRINK:
+            ran.append(command.line)
             example = subprocess.run(
                 [sys.executable, *command.argv[1:], *EXAMPLE_SHRINK[command.argv[1]]],
                 cwd=cli.cwd, env=cli.env(), capture_output=True, text=True, timeout=300)
@@ -331,8 +416,19 @@ def test_every_readme_command_runs_shrunk(cli):
         if command.argv[0] == "torchrun":
             finish_all()
             failure = run_torchrun(command.argv, cli)
+            ran.append(command.line)
             if failure:
                 failures.append(f"{command.line}\n  {failure}")
+            continue
+        if command.argv[0] == "pip":
+            finish_all()  # (the package it installs may be one a command before it made)
+            try:
+                site = install_local_package(command.argv, cli.cwd)
+            except AssertionError as e:
+                failures.append(f"{command.line}\n  {e}")
+                continue
+            sites += [site] if site else []
+            ran += [command.line] if site else []
             continue
         if command.argv[0] != "exoframe":
             if not_rerun_here(command.argv) is None:
@@ -348,11 +444,13 @@ def test_every_readme_command_runs_shrunk(cli):
         except AssertionError as e:
             failures.append(f"{command.line}\n  {e}")
             continue
-        running.append((command, args, cli.start(*args)))
+        running.append((command, args, start(args)))
+        ran.append(command.line)
         if reads_earlier_output:
             finish_all()
     finish_all()
-    assert not failures, "README commands that fail:\n\n" + "\n\n".join(failures)
+    assert not failures, f"{document.name}: commands that fail:\n\n" + "\n\n".join(failures)
+    assert ran, f"{document.name}: none of its commands runs here"
     assert cli.leftovers() == []
 
 
@@ -361,7 +459,7 @@ def test_the_set_up_command_installs_what_a_first_sweep_plots_with():
     matplotlib: README's first command installs the extra that brings it."""
     from packaging.requirements import Requirement
 
-    setup = next(c.argv for c in readme_commands() if c.argv[:3] == ["pip", "install", "-e"])
+    setup = next(c.argv for c in document_commands(README) if c.argv[:3] == ["pip", "install", "-e"])
     extras = re.findall(r"[\w-]+", setup[3].partition("[")[2])  # ".[plot,hf]": plot, hf
     installed = set()
     for line in importlib.metadata.requires("exoframe"):
@@ -373,23 +471,72 @@ def test_the_set_up_command_installs_what_a_first_sweep_plots_with():
 
 
 def test_ci_runs_readmes_test_command_verbatim():
-    tests = [c.line for c in readme_commands() if c.argv[:3] == ["python", "-m", "pytest"]]
+    tests = [c.line for c in document_commands(README)
+             if c.argv[:3] == ["python", "-m", "pytest"]]
     assert tests, "README shows no test command"
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     for line in tests:
         assert line in ci, f".ci/run does not hold README's test command:\n{line}"
 
 
-def test_every_readme_yaml_block_is_a_network_or_a_run_config(tmp_path):
-    blocks = code_blocks("yaml")
-    assert blocks, "README shows no YAML"
+def test_readmes_figures_are_what_its_comparison_makes():
+    """README's comparison is the sweep examples/compare.sh runs to make the figures README
+    shows, and those figures are in the repository."""
+    sweep = next(c.line for c in document_commands(README) if c.argv[:2] == ["exoframe", "sweep"])
+    script = (REPO / "examples" / "compare.sh").read_text()
+    assert f"{sweep} --out" in script, "examples/compare.sh does not run README's sweep"
+    shown = re.findall(r"(?:\]\(|src=\")(docs/figures/[\w.-]+)", README.read_text())
+    assert len(shown) >= 2 and all((REPO / path).is_file() for path in shown), shown
+    assert all(path in script for path in shown), "a figure README shows is not compare.sh's"
+
+
+def document_hooks(document: Path) -> dict:
+    """The plugin hooks (exoframe_register_*) the document's Python blocks define."""
+    hooks = {}
+    for block in code_blocks("python", document):
+        if "@exoframe.hookimpl" in block:
+            names = {}
+            exec(compile(block, f"{document.name} python block", "exec"), names)
+            hooks.update({k: v for k, v in names.items() if k.startswith("exoframe_register_")})
+    return hooks
+
+
+YAML_DOCUMENTS = [d for d in DOCUMENTS if code_blocks("yaml", d)]
+
+
+@pytest.mark.parametrize("document", YAML_DOCUMENTS, ids=ids(YAML_DOCUMENTS))
+def test_every_yaml_block_is_a_network_or_a_run_config(tmp_path, document):
+    blocks = code_blocks("yaml", document)
+    plugins = get_plugin_manager()
+    hooks = document_hooks(document)
+    if hooks:  # (an algorithm the document writes, which its network file names)
+        plugins = PluginManager()
+        plugins.register(types.SimpleNamespace(**hooks), name=document.stem,
+                         source=document.name)
     for i, block in enumerate(blocks):
         path = tmp_path / f"block{i}.yaml"
         path.write_text(block)
-        if set(yaml.safe_load(block)) & {f.name for f in dataclasses.fields(RunConfig)}:
+        values = yaml.safe_load(block)
+        if set(values) & {f.name for f in dataclasses.fields(RunConfig)}:
             resolve_config(str(path))
-        else:
-            resolve_sim(str(path), "measured", "", 4, get_plugin_manager())
+        else:  # (on 4 nodes, or as many as the ranks its sites list)
+            listed = [r for site in (values.get("sites") or {}).values()
+                      for r in (site or {}).get("ranks") or []]
+            resolve_sim(str(path), "measured", "", max([3, *listed]) + 1, plugins)
+
+
+def test_the_documents_show_yaml_and_python():
+    """(The tests here run what the documents show: that they show some is checked here.)"""
+    assert YAML_DOCUMENTS and README in COMMAND_DOCUMENTS and NOTEBOOK in COMMAND_DOCUMENTS
+    assert {README, REPO / "docs" / "plugins.md", REPO / "docs" / "strategies.md"} <= \
+        set(PYTHON_DOCUMENTS)
+    assert PACKAGE_DOCUMENTS, "no document writes out a plugin package any more"
+
+
+def test_the_sites_front_page_installs_as_readme_does():
+    """docs/index.md's set-up line is README's (the site's front page shows no other)."""
+    index = [c.line for c in document_commands(REPO / "docs" / "index.md")]
+    assert index and set(index) <= {c.line for c in document_commands(README)}, index
 
 
 # -- Python blocks ------------------------------------------------------------------------
@@ -410,27 +557,63 @@ def regression_data(n, seed):
     return TensorDataset(x, x @ torch.tensor([1.0, -2.0, 0.5, 3.0]))
 
 
-def test_every_readme_python_block_runs_shrunk():
-    blocks = code_blocks("python")
-    assert blocks, "README shows no Python"
-    for block in blocks:
+PYTHON_DOCUMENTS = [d for d in DOCUMENTS if code_blocks("python", d)]
+# The documents that write out a package, file by file (docs/plugins.md: a strategy plugin).
+PACKAGE_DOCUMENTS = [d for d in DOCUMENTS
+                     if any(Path(path).name.startswith("test_") for path in package_files(d))]
+
+
+@pytest.mark.parametrize("document", PYTHON_DOCUMENTS, ids=ids(PYTHON_DOCUMENTS))
+def test_every_python_block_runs_shrunk(document):
+    """Each block runs (a package's test modules run in that package: the test below), with
+    `model`, `train_dataset` and `val_dataset` a user has; a strategy a block writes trains,
+    and the test_* functions it defines are called, as pytest would."""
+    for block in code_blocks("python", document):
+        if is_package_test(block, document):
+            continue
         source = re.sub(r"\bsteps=\d+", f"steps={STEPS}", block)
         model = LinearRegression()
         names = dict(model=model, train_dataset=regression_data(256, 0),
                      val_dataset=regression_data(64, 1))
-        exec(compile(source, "README.md python block", "exec"), names)
+        exec(compile(source, f"{document.name} python block", "exec"), names)
         if "result" in names:  # a training run: the API's result is what README says
             result = names["result"]
             assert result.model is not model  # a copy of it, trained; `model` as given
             assert result.summary["steps"] == int(STEPS) and len(result.metrics) == int(STEPS)
-        strategies = [v for v in names.values() if isinstance(v, type)
-                      and issubclass(v, exoframe.Strategy) and v is not exoframe.Strategy]
-        for strategy in strategies:  # a strategy README writes trains and communicates
+        strategies = [v for v in names.values() if isinstance(v, type)  # (written here)
+                      and issubclass(v, exoframe.Strategy)
+                      and re.search(rf"^class {v.__name__}\b", source, re.M)]
+        hooks = [v for k, v in names.items() if k.startswith("exoframe_register_")]
+        for strategy in strategies:  # a strategy a document writes trains and communicates
             registered = []
-            for hook in (v for k, v in names.items() if k.startswith("exoframe_register_")):
+            for hook in hooks:
                 hook(lambda *registration: registered.extend(registration))
-            assert strategy in registered, f"{strategy} is not registered"
+            assert not hooks or strategy in registered, f"{strategy} is not registered"
             trainer = exoframe.Trainer(LinearRegression(), regression_data(256, 0),
                                        regression_data(64, 1), batch_size=16)
             summary = trainer.fit(strategy=strategy, num_nodes=2, steps=20).summary
             assert summary["steps"] == 20 and summary["bytes_sent_per_node"] > 0, summary
+        for name, test in list(names.items()):  # a test the block writes: it passes
+            if name.startswith("test_") and callable(test):
+                test()
+
+
+@pytest.mark.parametrize("document", PACKAGE_DOCUMENTS, ids=ids(PACKAGE_DOCUMENTS))
+def test_the_package_a_document_writes_installs_and_passes_its_tests(tmp_path, document):
+    """The files a document writes out whole (a block under "`path`: ..."), as a package:
+    installed as `pip install` installs it (into a folder of its own), its tests run with
+    pytest in a fresh interpreter, as the document's `python -m pytest` runs them."""
+    package = tmp_path / "package"
+    for path, text in package_files(document).items():
+        (package / path).parent.mkdir(parents=True, exist_ok=True)
+        (package / path).write_text(text)
+    assert (package / "pyproject.toml").is_file(), f"{document.name} writes no pyproject.toml"
+    installed = pip_install_into(tmp_path / "site", package)
+    assert installed.returncode == 0, installed.stderr[-1500:]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path / "site"), str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            str(package / "tests")], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)  # a hang guard
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-1500:]
+    assert " passed" in tests.stdout and " failed" not in tests.stdout, tests.stdout

@@ -24,6 +24,7 @@ class FedProx(LocalSGD):
         mu: float = 0.01
 
     def setup(self):
+        super().setup()
         self.anchor = [p.detach().clone() for p in self.trainable_parameters()]
 
     def step(self):
