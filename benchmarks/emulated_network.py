@@ -383,7 +383,7 @@ def parse_options(names):
                              f"names among {', '.join(names)}")
     # streaming-diloco (add it with --strategies) overlaps its exchanges with compute, and
     # on 2 cores its gloo threads wait for the cores the ranks compute on: a cost of the
-    # machine that the network model does not have (README: "How close...").
+    # machine that the network model does not have (docs/guides/network-fidelity.md).
     parser.add_argument("--strategies", default="ddp,diloco")
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1,

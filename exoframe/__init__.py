@@ -15,12 +15,13 @@ except importlib.metadata.PackageNotFoundError:  # a source tree that was not in
     __version__ = "dev"
 
 _LAZY = {"Trainer": ".engine.trainer", "RunResult": ".engine.run",
+         "SweepResult": ".report.results",
          "Strategy": ".strategies.base", "Traits": ".strategies.traits",
          "OptimizerSpec": ".strategies.base",
          "Workload": ".workloads.base"}
 
-__all__ = ["Trainer", "RunResult", "Strategy", "Traits", "OptimizerSpec", "Workload",
-           "hookimpl", "ExoframeError", "PLUGIN_API", "__version__"]
+__all__ = ["Trainer", "RunResult", "SweepResult", "Strategy", "Traits", "OptimizerSpec",
+           "Workload", "hookimpl", "ExoframeError", "PLUGIN_API", "__version__"]
 
 
 def __getattr__(name: str):

@@ -1,7 +1,7 @@
 """The delay line (exoframe/emulation/delayline.c) against physics, before anything is
 measured with it: round trips idle and beside a full line, one windowed TCP flow at
 window / RTT, and random loss at its rate within the binomial spread. Needs root and
-network namespaces (skipped cleanly without); the figures are in README."""
+network namespaces (skipped cleanly without); the figures are in docs/guides/network-fidelity.md."""
 import os
 
 import pytest

@@ -1,8 +1,8 @@
 """`exoframe emulate` end to end on three network files (a star, two sites, asymmetric
-links), each with a stated latency and loss: the job runs on namespaces, tc and the delay
-line under torchrun, and in the simulator, and the command prints both clocks and leaves
-nothing behind. Needs root (skipped cleanly without); what does not need it (bad input,
-missing root) is one line either way."""
+links), each with a stated latency, loss and uplink queue: the job runs on namespaces, tc
+and the delay line under torchrun, and in the simulator, and the command prints both
+clocks and leaves nothing behind. Needs root (skipped cleanly without); what does not need
+it (bad input, missing root) is one line either way."""
 import os
 import re
 import subprocess
@@ -17,13 +17,14 @@ from exoframe.emulation.netns import EmulationError, check_can_emulate
 JOB = ["--workload", "mlp", "-w", "hidden=128", "--steps", "3", "--no-progress"]
 NETWORKS = {
     "star": {"description": "star, 50 Mbit/s, 5 ms, 0.1 % loss", "bandwidth": "50mbit",
-             "latency": "5ms", "loss": "0.1%"},
+             "latency": "5ms", "loss": "0.1%", "queue": "fifo 50ms"},
     "sites": {"description": "two sites", "bandwidth": "200mbit", "latency": "1ms",
               "sites": {"a": {}, "b": {}},
               "links": [{"between": ["a", "b"], "bandwidth": "50mbit", "latency": "10ms",
-                         "loss": 0.001}]},
+                         "loss": 0.001}], "queue": "fair"},
     "asymmetric": {"description": "home broadband", "upload": "20mbit",
-                   "download": "100mbit", "latency": "8ms", "jitter": "1ms", "loss": 0.0005},
+                   "download": "100mbit", "latency": "8ms", "jitter": "1ms", "loss": 0.0005,
+                   "queue": "fifo 100 packets"},
 }
 
 
@@ -51,6 +52,7 @@ def test_emulate_runs_a_file_on_its_emulation_and_its_twin(tmp_path, name):
     ratio = float(re.search(r"real / simulated\s+([\d.]+)", done.stdout).group(1))
     assert real > 0 and simulated > 0 and ratio == pytest.approx(real / simulated, rel=0.01)
     assert "same losses and bytes yes" in done.stdout
+    assert f"uplink queues {NETWORKS[name]['queue']}," in done.stdout
     # the twin read the same file, with the congestion control the ranks used
     twin = yaml.safe_load((tmp_path / "kept" / "network.yaml").read_text())
     assert twin["protocol"]["congestion"] == "cubic"
@@ -62,7 +64,7 @@ def test_readmes_emulate_lines_run_shrunk(tmp_path):
     from test_readme import readme_commands, with_option
 
     lines = [c.argv for c in readme_commands() if c.argv[:3] == ["sudo", "exoframe", "emulate"]]
-    assert lines, "README shows no `sudo exoframe emulate` line"
+    assert lines, "README and docs show no `sudo exoframe emulate` line"
     for argv in lines:
         args = with_option(argv[3:], "--steps", "2")
         done = emulate(*args, cwd=tmp_path)
@@ -80,11 +82,12 @@ def test_bad_input_is_one_line(args, says):
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-def test_a_bad_loss_is_one_line_naming_the_field(tmp_path):
+@pytest.mark.parametrize("text, field", [("loss: 5%%", "loss"), ("queue: lifo", "queue")])
+def test_a_bad_loss_or_queue_is_one_line_naming_the_field(tmp_path, text, field):
     net = tmp_path / "net.yaml"
-    net.write_text("bandwidth: 10mbit\nloss: 5%%\n")
+    net.write_text(f"bandwidth: 10mbit\n{text}\n")
     done = emulate("--net", str(net), "--", *JOB)
-    assert done.returncode != 0 and "loss" in done.stderr and str(net) in done.stderr
+    assert done.returncode != 0 and f"{net}: {field}: " in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 

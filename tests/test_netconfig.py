@@ -269,7 +269,7 @@ def test_missing_file():
      "expected [time, bandwidth]"),
     ("sites: {us: {}, eu: {}}\nlinks: [{between: [us, eu], bandwidth: 1gbit, "
      "bandwidth_trace: nowhere.csv}]", "links[0].bandwidth_trace",
-     "cannot read the trace file nowhere.csv"),
+     "nowhere.csv: No such file or directory"),
     ("queue: lifo", "queue", "expected fair, fifo, 'fifo 50ms' or 'fifo 100 packets'"),
     ("queue: fifo 0ms", "queue", "a FIFO's depth is more than 0"),
     ("queue: fifo 1.5 packets", "queue", "a whole number of packets, at least 1"),

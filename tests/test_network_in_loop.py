@@ -126,7 +126,7 @@ def test_compute_beside_exchanges_in_flight_is_counted_and_said():
     assert streaming.summary["overlapped_compute_share"] == pytest.approx(3 / 8, rel=1e-12)
     table = summary_table(streaming.summary)
     assert OVERLAP_NOTE.format(share=3 / 8) in table
-    assert "packet loss is not modelled" in table  # issue 45: what it cannot capture
+    assert "congestion loss is not modelled" in table  # what it cannot capture
     # On a network without limits the exchanges take no time: nothing to say.
     _, ideal = run(strategy="streaming-diloco", strategy_params={"H": 4, "fragments": 2},
                    nodes=2, steps=8, net="ideal", compute="fixed:10ms")

@@ -12,8 +12,9 @@ import pytest
 
 from exoframe.cli import main
 from exoframe.report import plots
-from exoframe.report.plots import line_styles
+from exoframe.report.plot_style import line_styles
 from exoframe.report.summary import format_seconds
+from exoframe.sim.network.units import format_bandwidth
 from exoframe.report.sweep import COLUMNS, table, write_outputs
 
 STRATEGIES = ["ddp", "diloco", "localsgd"]
@@ -21,6 +22,8 @@ STRATEGIES = ["ddp", "diloco", "localsgd"]
 NETS = ["wan-100mbps", "nets/my net.yaml", "a/b", "a b", "lan 1gbps", "x", "y/z/w", "geo-2dc"]
 SEEDS = [0, 1]
 BEST = 0.5
+# each network's label in the figures: its bandwidth (1e6 * 2**j bytes/s below)
+LABEL = {net: format_bandwidth(1e6 * 2 ** j) for j, net in enumerate(NETS)}
 
 
 def make_rows(strategies=STRATEGIES, nets=NETS, seeds=SEEDS, steps=30):
@@ -149,9 +152,8 @@ def test_3_strategies_8_networks_3_seeds_give_one_line_per_setup_in_a_band(tmp_p
 
     ddp = drawn["loss_vs_time_ddp.png"]
     labels = [line[0] for line in ddp["lines"]]
-    # fastest network first; a YAML file by its name
-    assert labels[:8] == ["geo-2dc", "y/z/w", "x", "lan 1gbps", "a b", "a/b", "my net",
-                          "wan-100mbps"]
+    # fastest network first, each by its bandwidth (these rows give no latency)
+    assert labels[:8] == [LABEL[net] for net in reversed(NETS)]
     assert labels[8:] == ["target 1.5 (val loss)", f"best achievable {BEST:g}"]
     assert [line[4] for line in ddp["lines"][8:]] == [[1.5, 1.5], [BEST, BEST]]
     assert len(ddp["bands"]) == 8
@@ -160,12 +162,12 @@ def test_3_strategies_8_networks_3_seeds_give_one_line_per_setup_in_a_band(tmp_p
     seeds = [r for r in rows if r["strategy"] == "ddp" and r["net"] == "wan-100mbps"]
     curves = [smoothed(r["losses"], 5) for r in seeds]
     n = min(len(c) for c in curves)
-    (line,) = [line for line in ddp["lines"] if line[0] == "wan-100mbps"]
+    (line,) = [line for line in ddp["lines"] if line[0] == LABEL["wan-100mbps"]]
     assert len(line[4]) == n
     assert line[4] == pytest.approx([statistics.mean(c[i] for c in curves) for i in range(n)])
     assert line[3] == pytest.approx([statistics.mean(r["sim_times"][i] for r in seeds)
                                      for i in range(n)])
-    band = drawn["loss_vs_time_ddp.png"]["bands"][labels.index("wan-100mbps")]
+    band = drawn["loss_vs_time_ddp.png"]["bands"][labels.index(LABEL["wan-100mbps"])]
     assert min(band) == pytest.approx(min(min(c[:n]) for c in curves))
     assert max(band) == pytest.approx(max(max(c[:n]) for c in curves))
 
@@ -183,7 +185,7 @@ def test_3_strategies_8_networks_3_seeds_give_one_line_per_setup_in_a_band(tmp_p
                                      for k in steps])
     # Loss versus bytes: one line per strategy and network it trained on, bytes in MB.
     (line,) = [line for line in drawn["loss_vs_bytes.png"]["lines"]
-               if line[0] == "ddp on geo-2dc"]
+               if line[0] == f"ddp on {LABEL['geo-2dc']}"]
     assert line[3] == pytest.approx([1e5 * 8 * (k + 1) / 1e6 for k in steps])
 
 

@@ -74,8 +74,10 @@ def test_seeds_of_one_configuration_are_one_row_and_a_seed_twice_is_refused(runs
     shutil.copytree(runs["base"], again)
     err = bad(capsys, "report", runs["base"], again)
     assert "seed 0" in err and str(again) in err and "one seed twice" in err
-    # the same folder given twice is one run
-    assert len(report(capsys, runs["base"], runs["base"])) == 1 + 1 + 1
+    # the same folder given twice is one run: the header, its row, the val-loss note, and
+    # what bounds it (a heading, its line)
+    lines = report(capsys, runs["base"], runs["base"])
+    assert len(lines) == 1 + 1 + 1 + 2 and lines[-1].startswith("  diloco on "), lines
 
 
 def test_the_summary_files_carry_the_differing_fields(runs, capsys, tmp_path):

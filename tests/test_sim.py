@@ -341,8 +341,10 @@ def test_mail_reaches_a_listening_rank_at_its_delivery_and_ends_a_listen_before_
     sim.receive(2, Listen(5.0, None, block=False))
     replies = dict(sim.advance())
     arrival = S / B + ALPHA
-    assert replies == {1: Mail(arrival, 0.0, arrival, ((0, 0, S),))}  # rank 2 waits: rank 1
-    sim.receive(1, Listen(arrival, 0))  # runs again from `arrival` and might post before 5 s
+    latency = replies[1].latency  # of the wait: the message's α, the rest its bytes' S/B
+    assert replies == {1: Mail(arrival, 0.0, arrival, ((0, 0, S),), latency=latency)}
+    assert close(latency, ALPHA)  # (rank 2 waits: rank 1 runs again from `arrival` and might
+    sim.receive(1, Listen(arrival, 0))  # post before 5 s)
     assert dict(sim.advance()) == {2: Mail(5.0, 0.0, 0.0, ())}
     sim.receive(2, Op(10.0, 0, key, "all_reduce", S, (1, 2), 0, True))
     replies = dict(sim.advance())
@@ -372,3 +374,36 @@ def test_exchanges_move_at_the_overlap_rate_while_their_ranks_compute(overlap):
     for rank in parts:
         assert close(replies[rank].end, max(compute, done)), (overlap, replies[rank])
     assert replies[0].end == pytest.approx({None: 1.0, 2.5e6: 1.6, 8e6: 1.16, 2e7: 1.0}[overlap])
+
+
+def test_messages_a_connection_gets_at_one_instant_go_in_the_order_they_were_called():
+    """Twelve sends from rank 0 to rank 1 at one instant, under TCP: one connection, one
+    byte stream, so each is received after every earlier call and before every later one,
+    also past the tenth (calls are not ordered by the text of their keys)."""
+    from exoframe.sim.network.netconfig import NetConfig
+
+    topology = NetConfig.from_dict({"bandwidth": "100mbit", "latency": "5ms"}, "t",
+                                   "t").validate().topology(2)
+    calls = 12
+    keys = [("p", 0, 1, i) for i in range(calls)]
+    streams = {0: [Op(0.0, i, key, "send", 1e5, (0, 1), 0, False) for i, key in enumerate(keys)]
+               + [Wait(0.0, calls - 1)],
+               1: [Op(0.0, i, key, "recv", 1e5, (0, 1), 0, False) for i, key in enumerate(keys)]
+               + [Wait(0.0, i) for i in range(calls)]}
+    sim = Simulator(topology, BUILTIN)
+    ends = {0: [], 1: []}
+    position = {0: 0, 1: 0}
+    for _ in range(4 * calls):  # (a stream that stops answering fails, not hangs)
+        for rank in streams:
+            while position[rank] < len(streams[rank]) and not sim.blocked[rank]:
+                sim.receive(rank, streams[rank][position[rank]])
+                position[rank] += 1
+        for rank, reply in sim.advance():
+            ends[rank].append(reply.end)
+        if all(position[r] == len(streams[r]) for r in streams) and len(ends[1]) == calls:
+            break
+    received = ends[1]
+    assert len(received) == calls and received == sorted(received)
+    assert len(set(received)) == calls  # one after another, none at once
+    # the stream carries them back to back: the last is in after all their bytes
+    assert received[-1] > calls * 1e5 / 12.5e6

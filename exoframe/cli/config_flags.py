@@ -157,7 +157,10 @@ def list_items(text: str, flag: str) -> list[str]:
 
 
 def split_names(text, flag):
-    names = [n.strip() for n in (text or "").split(",") if n.strip()]
-    if not names:
+    names = [n.strip() for n in (text or "").split(",")]
+    if not any(names):
         raise ExoframeError(f"{flag}: give at least one name (comma-separated).")
+    if not all(names):  # "0.1," or "a,,b": a value left out, as -p H=5,,50 is refused
+        raise ExoframeError(f"{flag}: an empty value in '{shorten(text)}'; remove the extra "
+                            "comma or give the value.")
     return names

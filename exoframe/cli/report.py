@@ -15,8 +15,8 @@ from .sweep import plots_option
 
 @cli.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
-@field_option("out", help="Folder for sweep.csv, sweep.json, speedup.csv, utilization.csv and "
-              "plots. [none: tables only]")
+@field_option("out", help="Folder for sweep.csv, sweep.json, speedup.csv, utilization.csv "
+              "(each CSV also as .tex and .md) and plots. [none: tables only]")
 @field_option("target_loss", help="Also report the simulated time to reach this validation "
               "loss of the held model (and compare strategies by it).")
 @click.option("--baseline", metavar="STRATEGY", help="The strategy speed-ups are over "
@@ -35,10 +35,12 @@ def report(run_dirs, out, target_loss, baseline, plots, formats, dpi, paper):
     strategy parameter, the partition, the network or any other field are separate rows, and
     the fields that differ are columns. Two runs of one configuration and seed are refused.
     Under the table: the bandwidth each strategy needs for 50-99 % compute utilization,
-    where the runs (or their replays) cover several bandwidths.
+    where the runs (or their replays) cover several bandwidths, and what bounds each setup
+    (compute, round trips, bytes or waiting for peers).
     """
     from ..report.plot_style import Figures
-    from ..report.sweep import collect_rows, table, utilization_text, write_outputs
+    from ..report.results import report_text
+    from ..report.sweep import collect_rows, write_outputs
 
     figures = Figures.parse(formats, dpi, paper)
     if out:
@@ -52,10 +54,7 @@ def report(run_dirs, out, target_loss, baseline, plots, formats, dpi, paper):
         folders += sorted(p for p in (d / "runs").iterdir() if p.is_dir()) \
             if (d / "runs").is_dir() else [d]
     rows = collect_rows(folders, target_loss)
-    click.echo(table(rows, baseline))
-    utilization = utilization_text(rows)
-    if utilization:
-        click.echo(utilization)
+    click.echo(report_text(rows, baseline))  # the table, utilization, what bounds each setup
     if out:
         for path in write_outputs(rows, out, plots=plots, baseline=baseline, figures=figures):
             click.echo(f"  wrote {path}")

@@ -46,10 +46,9 @@ def run(config_file, progress, progress_every, debug, **flags):
 
 
 def show_result(result):
-    from ..report import summary_table
     from ..report.summary import compute_warning
 
-    click.echo(summary_table(result.summary, (("run folder", str(result.run_dir)),)))
+    click.echo(result.table())
     warning = compute_warning(result.summary)
     if warning:
         click.echo(warning, err=True)

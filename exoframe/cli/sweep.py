@@ -56,7 +56,7 @@ def sweep(config_file, bandwidth, points, project_params, step_time, payload_bit
         import_engine()
     from ..config import load_yaml
     from ..engine.sweep import config_axes, parse_grid, sweep as run_sweep
-    from ..report.sweep import compute_warning, table, utilization_text
+    from ..report.sweep import compute_warning
 
     given, axes = sweep_values(flags)
     # -p is scoped by strategy in a sweep ([STRATEGY.]KEY=VALUE): engine/sweep.py places it.
@@ -75,16 +75,13 @@ def sweep(config_file, bandwidth, points, project_params, step_time, payload_bit
         from ..report.plots import require_matplotlib
 
         require_matplotlib()  # fail now, not after the training, when matplotlib is missing
-    folder, rows = run_sweep(base, strategy_names, net_list, seed_list, defaults["out"],
-                             assignments, None, projection, plots,
-                             progress_mode(progress, progress_every), grid, progress_every,
-                             faults, executor, ray_address, axes=axes)
-    click.echo(table(rows))
-    utilization = utilization_text(rows)
-    if utilization:
-        click.echo(utilization)
-    click.echo(f"  sweep folder: {folder}")
-    warning = compute_warning(rows)
+    result = run_sweep(base, strategy_names, net_list, seed_list, defaults["out"],
+                       assignments, None, projection, plots,
+                       progress_mode(progress, progress_every), grid, progress_every,
+                       faults, executor, ray_address, axes=axes)
+    click.echo(result.table())  # the table, the bandwidth for each utilization, the bounds
+    click.echo(f"  sweep folder: {result.folder}")
+    warning = compute_warning(result.rows)
     if warning:
         click.echo(warning, err=True)
 

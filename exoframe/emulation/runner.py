@@ -7,7 +7,6 @@ benchmarks/emulated_network.py use it."""
 from __future__ import annotations
 
 import glob
-import json
 import os
 import secrets
 import signal
@@ -17,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ExoframeError
+from ..inputs import load_json, load_json_lines
 from .delays import delays_for
 from .netns import DATA_IF, Counts, Emulation, EmulationError, EmulationOptions
 
@@ -28,8 +29,11 @@ def summary_of(out: str) -> tuple[dict, list[dict]]:
     if len(found) != 1:
         raise EmulationError(f"no run folder in {out}: the run did not start (see its log).")
     folder = Path(found[0]).parent
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    return json.loads((folder / "summary.json").read_text()), rows
+    try:
+        rows = load_json_lines(folder / "metrics.jsonl", "metrics file")
+        return load_json(folder / "summary.json", "summary"), rows
+    except ExoframeError as e:
+        raise EmulationError(str(e)) from None
 
 
 def real_run(emulation: Emulation, args: list[str], out: str, nodes: int,

@@ -51,6 +51,7 @@ def resume_job(job, config_record: dict, run_dir, **execute_options) -> RunResul
         job = check_resumable(job, checkpoint, run_dir, config_record)
         if "config" not in checkpoint.run:
             check_held_state(job, checkpoint)
+        check_model_state(job, checkpoint)
         return execute(job, config_record=config_record, resume_dir=run_dir,
                        **execute_options)
 
@@ -106,6 +107,29 @@ def check_resumable(job, checkpoint, run_dir, config: dict | None = None):
             "the steps to come (a schedule is set by the run's length). Extend runs with a "
             "constant schedule, or start a longer run.")
     return dataclasses.replace(job, resume_from=checkpoint)
+
+
+def check_model_state(job, checkpoint: Checkpoint):
+    """Every rank's model tensors are those this run builds, named and shaped alike (read
+    from the files in place, mmap): otherwise a rank would fail loading them, after the
+    run started."""
+    shapes = {name: list(t.shape) for name, t in job.model.state_dict().items()}
+    for rank in range(job.nodes):
+        path = checkpoint.rank_file(rank)
+        state = rank_state.load(path, torch.device("cpu"), mmap=True)
+        model = state.get("model") if isinstance(state, dict) else None
+        if not isinstance(model, dict) or not all(isinstance(t, torch.Tensor)
+                                                  for t in model.values()):
+            raise ExoframeError(f"checkpoint file {path} does not hold a rank's model as "
+                                "exoframe writes it; the run cannot be resumed from it.")
+        for name in dict.fromkeys([*shapes, *model]):
+            held = list(model[name].shape) if name in model else "none"
+            if held != shapes.get(name, "none"):
+                raise ExoframeError(
+                    f"checkpoint file {path}: tensor '{shorten(name)}' has shape {held} there "
+                    f"and {shapes.get(name, 'none')} in this run's model; the file does not fit "
+                    "the model (edited or damaged), and the run cannot be resumed from it.")
+        del state
 
 
 def check_held_state(job, checkpoint: Checkpoint):

@@ -19,6 +19,7 @@ import torch
 from ..errors import ExoframeError
 from ..files import describe_os_error, disk_full
 from ..report import build_summary
+from ..report.results import dataframe, run_repr, run_table
 from ..sim.clocks.measured import split_measured
 from ..sinks import OpenSinks, RunInfo
 from .launch.launcher import launch, prepare
@@ -31,13 +32,24 @@ from .records.run_folder import RunFolder
 from .records.run_lock import RunLock
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
     model: torch.nn.Module  # the ranks' final weights and buffers, averaged (see model_state)
     summary: dict
     metrics: list
     run_dir: Optional[Path] = None
     trace: Optional[dict] = None  # what each rank's clock saw; see exoframe.sim.traces.replay
+
+    def table(self) -> str:
+        """The summary table `exoframe run` prints for this run."""
+        return run_table(self.summary, self.run_dir)
+
+    def dataframe(self):
+        """The metrics, one row per step, as a pandas DataFrame (pandas must be installed)."""
+        return dataframe(self.metrics)
+
+    def __repr__(self) -> str:  # a few lines, not the model, metrics and trace
+        return run_repr(self.summary, self.run_dir)
 
 
 def execute(job: Job, out: str | None = None, config_record: dict | None = None,

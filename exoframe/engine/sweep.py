@@ -22,6 +22,7 @@ from ..config import SWEEP_NETS, SWEEP_OUT, SWEEP_STRATEGIES, RunConfig
 from ..errors import ExoframeError
 from ..files import write_atomic
 from ..plugins import get_plugin_manager
+from ..report.results import SweepResult
 from ..report.sweep import collect_rows, write_outputs
 from ..sim import resolve_sim
 from ..sim.network.faults import parse_faults
@@ -29,6 +30,7 @@ from ..sim.network.netconfig import load_network
 from ..sim.network.units import format_bandwidth, parse_bandwidth
 from ..sim.setup import REAL
 from .executors import SweepPoint, check_executor, run_points
+from .launch.launcher import check_startable
 from .launch.progress import progress_display
 from .plan.resolve import build_job, workload_and_model
 from .records.run_folder import RunFolder
@@ -131,9 +133,10 @@ def _parameter_names(strategy: str, pm) -> set[str]:
 
 
 def check_points(points: list, pm, base: RunConfig):
-    """Every run of every point, as `exoframe run` checks it before any folder (strategy,
-    optimizer and workload with their parameters, network, compute model, stragglers,
-    faults, sinks, ...), every network replayed, and no two the same run. Each workload is
+    """Every run of every point, as `exoframe run` checks it before its ranks start
+    (strategy, optimizer and workload with their parameters, network, compute model,
+    stragglers, faults, sinks, validation set, loss shape, ...), every network replayed,
+    and no two the same run. Each workload is
     loaded, and its model built, once."""
     checked, built, same = set(), {}, SamePoints(base)
     for point in points:
@@ -142,7 +145,9 @@ def check_points(points: list, pm, base: RunConfig):
             key = (config.workload, repr(config.workload_params))
             if key not in built:
                 built[key] = workload_and_model(config, pm)
-            same.add(config, build_job(config, *built[key], pm=pm))
+            job = build_job(config, *built[key], pm=pm)
+            same.add(config, job)
+            check_startable(job)  # (validation set, loss shape: as `exoframe run` does)
         first = point.configs[0]
         for net in point.replays:
             if net not in checked:
@@ -179,8 +184,9 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
           projection: Projection | None = None, plots: bool = True, progress="off",
           grid: list[float] | None = None, progress_every: float = 30.0,
           faults: list[str] | None = None, executor: str = "local",
-          address: str | None = None, axes: dict | None = None) -> tuple[Path, list[dict]]:
-    """Returns the sweep folder and its rows (see exoframe.report.sweep). Every run is `base`
+          address: str | None = None, axes: dict | None = None) -> SweepResult:
+    """Returns the sweep folder and its rows (see exoframe.report.sweep) as a SweepResult
+    (`folder, rows = sweep(...)` unpacks it). Every run is `base`
     with the strategy, seed, network and faults swept; its strategy parameters are base's
     that the strategy has plus `assignments` (-p values, see strategy_params). With `grid`
     (bandwidths in bytes/s), `nets` is the one base network the grid is applied to. faults:
@@ -257,4 +263,4 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
     if projection is not None:
         rows = [r for r in rows if r["source"] == "replay"]
     write_outputs(rows, folder, plots=plots)
-    return folder, rows
+    return SweepResult(folder, rows)

@@ -15,6 +15,7 @@ import itertools
 from ..config import RunConfig
 from ..errors import ExoframeError, shorten
 from ..fields import long_flag, option_of, sweep_flag
+from ..sim.clocks.compute import parse_compute
 
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 # What a point's config shows of itself in an error, beside the fields that are not the
@@ -31,11 +32,17 @@ def axis_flag(axis) -> str:
 
 
 def check_distinct(axis, values):
-    """Each value of an axis once: a repeat would be run, and reported, as another point."""
+    """Each value of an axis once: a repeat would be run, and reported, as another point.
+    A compute model is compared as it reads (fixed:10ms is fixed:0.01s)."""
+    same = (lambda value: repr(parse_compute(value))) if axis == "compute" else (
+        lambda value: value)
+    keys = [same(value) for value in values]
     for i, value in enumerate(values):
-        if value in values[:i]:
-            raise ExoframeError(f"{axis_flag(axis)}: {shorten(repr(value))} is given twice; give "
-                                "each value once.")
+        if keys[i] in keys[:i]:
+            first = values[keys.index(keys[i])]
+            also = f" (as {shorten(repr(first))})" if first != value else ""
+            raise ExoframeError(f"{axis_flag(axis)}: {shorten(repr(value))} is given twice"
+                                f"{also}; give each value once.")
 
 
 def strategy_axes(axes: dict, strategy: str, parameters: set) -> dict:
@@ -68,6 +75,13 @@ def apply(config: RunConfig, point: dict) -> RunConfig:
 RESOLVED = ("steps", "batch_size", "eval_every", "strategy_params", "time_budget")
 
 
+# RunConfig fields that change where and how a run is written or packed, not what it
+# computes: two points that differ only in these are one run (a report would refuse them as
+# one setting and seed: report/groups.py).
+NOT_A_RUN = ("out", "sinks", "hang_timeout", "connect_timeout", "checkpoint_every",
+             "nodes_per_process")
+
+
 class SamePoints:
     """Refuses a run that another point of the sweep already is: `add` each run's config
     with its Job (engine/plan/job.py)."""
@@ -77,7 +91,8 @@ class SamePoints:
 
     def add(self, config: RunConfig, job):
         record = {**dataclasses.asdict(config), **{n: getattr(job, n) for n in RESOLVED}}
-        record.pop("out")
+        for name in NOT_A_RUN:
+            record.pop(name)
         key = repr(sorted(record.items()))
         if key in self.seen:
             raise ExoframeError(f"sweep: two points are the same run "

@@ -6,10 +6,10 @@ real network (`--net real`, `exoframe emulate`) has each exchange's times as its
 measured them: arrived, waiting for the others from, ended."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import ExoframeError
+from ..inputs import load_json
 from ..plugins import get_plugin_manager
 from ..sim.setup import resolve_sim
 from ..sim.traces.replay import ReplayError, replay
@@ -24,7 +24,7 @@ def timeline(run_dir) -> dict:
     if not path.is_file():
         raise ExoframeError(f"{run_dir}: no trace.json: give the folder of a run that "
                             f"completed (`exoframe run` writes one).")
-    trace = json.loads(path.read_text())
+    trace = load_json(path, "trace")
     events = _measured(trace) if trace.get("real_network") else _simulated(trace, run_dir)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"strategy": trace["strategy"], "net": trace["net"],

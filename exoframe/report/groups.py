@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
 from ..errors import ExoframeError
-from ..inputs import read_text
+from ..inputs import read_yaml
 from ..sim.network.units import format_duration
 
 # RunConfig fields that do not change what a run computes, or that a row gives itself.
@@ -36,11 +34,7 @@ def read_config(run_dir: Path) -> dict:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         return {}
-    try:
-        config = yaml.safe_load(read_text(path, "config"))
-    except yaml.YAMLError as e:
-        raise ExoframeError(f"{path}: malformed YAML ({' '.join(str(e).split())[:200]}); the "
-                            "file is corrupt: run again to remake it.") from None
+    config = read_yaml(path, "config")  # strict: no aliases, depth and size limits
     if not isinstance(config, dict):
         raise ExoframeError(f"{path}: expected a mapping of run config fields; the file is "
                             "corrupt: run again to remake it.")

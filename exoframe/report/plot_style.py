@@ -1,6 +1,12 @@
 """How the sweep's plots look and say what they show: line styles, readable log axes,
 smoothing that states its window, titles with the runs' context, file names, and the files
-a figure is written to (formats, resolution, a paper's style)."""
+a figure is written to (formats, resolution, a paper's style, fonts a venue takes).
+
+Colours are Tableau's Color Blind 10 (matplotlib's named style `tableau-colorblind10`),
+each line also with a line style of its own, so that lines differ for colour-blind readers
+and in greyscale; a sweep gives each strategy (and each network) one style in all its
+figures (Styles). Text is embedded as TrueType in PDF (pdf.fonttype 42: no Type 3 fonts,
+which many venues refuse) and kept as text in SVG."""
 from __future__ import annotations
 
 import math
@@ -9,8 +15,8 @@ from dataclasses import dataclass
 
 from ..errors import ExoframeError
 
-COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf"]  # tab10
+COLOURS = ["#006BA4", "#FF800E", "#ABABAB", "#595959", "#5F9ED1", "#C85200", "#898989",
+           "#A2C8EC", "#FFBC79", "#CFCFCF"]  # tableau-colorblind10
 DASHES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "v", "D", "x", "+"]
 MAX_WINDOW = 21  # steps in the widest smoothing window
@@ -18,6 +24,10 @@ MAX_WINDOW = 21  # steps in the widest smoothing window
 # fewer are each drawn as a thin line of the setup's colour (two curves are their own band).
 MIN_BAND_SEEDS = 3
 FORMATS = ("png", "pdf", "svg")
+# matplotlib settings every figure is saved with: TrueType in PDF and PostScript, SVG text
+# as text
+SAVE_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"}
+MAX_LOG_LABELS = 12  # labelled ticks on a log axis at most, where its span allows
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,36 @@ def line_styles(k: int) -> list[dict]:
     return styles
 
 
+class Styles:
+    """One style per key (a strategy's label, a network's) for all of a sweep's figures, in
+    the order the keys are given: the same strategy has the same colour and line style in
+    every figure."""
+
+    def __init__(self, keys):
+        keys = list(dict.fromkeys(keys))
+        self.of = dict(zip(keys, line_styles(len(keys))))
+
+    def for_lines(self, keys: list) -> list[dict]:
+        """The styles of a figure's lines; where the figure draws a key twice (a strategy on
+        two networks), styles of its own."""
+        if len(set(keys)) < len(keys) or any(k not in self.of for k in keys):
+            return line_styles(len(keys))
+        return [self.of[k] for k in keys]
+
+
+class Look:
+    """What every figure of a report shares: the time unit (name, seconds per unit), the
+    strategies' and networks' styles, the smoothing window and the target loss."""
+
+    def __init__(self, unit, strategies: Styles, networks: Styles, window: int, target):
+        self.unit, self.strategies, self.networks = unit, strategies, networks
+        self.window, self.target = window, target
+
+    def styles(self, key: str, labels: list) -> list[dict]:
+        """The styles of lines labelled by `key`: a strategy's ("label") or a network's."""
+        return (self.strategies if key == "label" else self.networks).for_lines(labels)
+
+
 def smoothing_window(steps: int) -> int:
     """An odd number of steps: about a twentieth of the run, at most MAX_WINDOW; 1 (none)
     for runs under 20 steps."""
@@ -81,20 +121,41 @@ def smoothing_label(window: int) -> str:
 
 
 def readable_log_axis(axis, low: float, high: float):
-    """Label a log axis with plain numbers (6, 20, 0.5), enough of them to read a value
-    off: at 1, 2 and 5 times each power of ten over more than 1.3 decades, at 1, 1.5, 2, 3, 5
-    and 7 times over less, and at evenly spaced round values within one decade."""
+    """Label a log axis with plain numbers (6, 20, 0.5), enough of them to read a value off
+    anywhere over the data's range [low, high]: evenly spaced round values within a decade;
+    over more, the densest of 1, 1.5, 2, 3, 5 and 7 times each power of ten, 1, 2 and 5
+    times, or the powers alone whose labels fit the axis side by side (MAX_LOG_LABELS at
+    most, two at least)."""
     from matplotlib import ticker
 
     span = math.log10(high / low) if low > 0 and high > low else 0
     if span < 1:
         axis.set_major_locator(ticker.MaxNLocator(nbins=10, steps=[1, 2, 2.5, 5, 10]))
     else:
-        subs = (1.0, 2.0, 5.0) if span > 1.3 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
-        axis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
+        choices = ((1.0, 1.5, 2.0, 3.0, 5.0, 7.0), (1.0, 2.0, 5.0), (1.0,))
+        subs = next((s for s in choices if _fits(axis, s, low, high)), choices[-1])
+        axis.set_major_locator(ticker.LogLocator(base=10, subs=subs,
+                                                 numticks=MAX_LOG_LABELS + 2))
     axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: _plain(v)))
     axis.set_minor_locator(ticker.LogLocator(base=10, subs=tuple(range(1, 10))))
     axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _fits(axis, subs, low: float, high: float) -> bool:
+    """Whether labels at `subs` times the powers of ten in [low, high] are two or more, at
+    most MAX_LOG_LABELS, and fit side by side on the axis (a y axis: a line of text each)."""
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    ticks = sorted(s * 10 ** e for e in range(first, last + 1) for s in subs
+                   if low <= s * 10 ** e <= high)
+    if len(ticks) < 2 or len(ticks) > MAX_LOG_LABELS:
+        return len(ticks) >= 2 and subs == (1.0,)
+    box = axis.axes.get_position()
+    width, height = axis.axes.figure.get_size_inches()
+    vertical = axis is axis.axes.yaxis
+    length = box.height * height if vertical else box.width * width  # inches
+    gap = min(math.log10(b / a) for a, b in zip(ticks, ticks[1:]))  # decades
+    need = 0.2 if vertical else 0.1 + 0.085 * max(len(_plain(t)) for t in ticks)  # inches
+    return gap / (1.1 * math.log10(high / low)) * length >= need
 
 
 def _plain(v: float) -> str:
@@ -151,14 +212,15 @@ def seeds_note(counts: list[int], what: str = "seeds") -> str:
     return f"mean of {n} {what}; {'; '.join(spread)}"
 
 
-def time_label(seconds: list[float]) -> tuple[str, float]:
-    """The axis label of a time axis and the divisor to show its values in that unit."""
+def time_unit(seconds: list[float]) -> tuple[str, float]:
+    """One unit for a report's times, from the longest (its figures and tables all use it):
+    h from two hours, min from two minutes, else s; and the divisor that shows a time in it."""
     longest = max(seconds, default=0.0)
     if longest >= 2 * 3600:
-        return "simulated wall-clock (h, log scale)", 3600.0
+        return "h", 3600.0
     if longest >= 2 * 60:
-        return "simulated wall-clock (min, log scale)", 60.0
-    return "simulated wall-clock (s, log scale)", 1.0
+        return "min", 60.0
+    return "s", 1.0
 
 
 def file_name(prefix: str, name: str, taken: set) -> str:

@@ -9,7 +9,7 @@ import json
 import math
 
 from ..errors import ExoframeError
-from ..inputs import read_text
+from ..inputs import check_types, load_json, load_json_lines
 
 
 def finite(value):
@@ -28,24 +28,30 @@ def dumps(value, **kwargs) -> str:
 
 
 def load(path, what: str = "file"):
-    """A JSON file's contents, or one line naming the file when it is unreadable or corrupt."""
-    try:
-        return json.loads(read_text(path, what))
-    except json.JSONDecodeError as e:
-        raise ExoframeError(f"{what} {path}: line {e.lineno}: malformed JSON ({e.msg}); the "
-                            "file is truncated or corrupt: run again to remake it.") from None
+    """A JSON file's contents, or one line naming the file when it is unreadable, corrupt,
+    too large or too deeply nested (inputs.py reads every file strictly)."""
+    return load_json(path, what)
 
 
 def load_lines(path, what: str = "file") -> list:
     """A JSON-lines file: one object per line, each checked."""
-    rows = []
-    for number, line in enumerate(read_text(path, what).splitlines(), 1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ExoframeError(f"{what} {path}: line {number}: malformed JSON ({e.msg}); the "
-                                "line is truncated or corrupt: remove it or run again.") from None
-        if not isinstance(row, dict):
-            raise ExoframeError(f"{what} {path}: line {number}: expected a JSON object.")
-        rows.append(row)
-    return rows
+    return load_json_lines(path, what)
+
+
+NUMBER, COUNT, TEXT = float | None, int | None, str | None
+# The fields of a run's summary.json that a report reads, by type (null: a non-finite value).
+SUMMARY_TYPES = {
+    "strategy": str, "net": str, "seed": COUNT, "final_loss": NUMBER, "final_val_loss": NUMBER,
+    "best_achievable_loss": NUMBER, "validated_model": TEXT, "num_nodes": COUNT,
+    "workload": TEXT, "model_parameters": COUNT, "compute_model": TEXT, "faults": TEXT,
+    "failures": list, "lost_steps": COUNT, "bottleneck_bandwidth": NUMBER, "latency": NUMBER,
+    "simulated_seconds": NUMBER, "compute_utilization": NUMBER, "bytes_sent_per_node": NUMBER}
+
+
+def load_summary(path) -> dict:
+    """A run's summary.json: a JSON object whose fields a report reads are of their types;
+    else one line naming the file (and the field)."""
+    summary = load(path, "summary")
+    if not isinstance(summary, dict):
+        raise ExoframeError(f"{path}: expected a JSON object; the file is corrupt: run again.")
+    return check_types(summary, SUMMARY_TYPES, f"summary {path}")

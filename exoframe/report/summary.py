@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..sim.clocks.clock import overlapped_compute
 from ..sim.clocks.compute import MACHINE_OVERLAP
 from ..sim.network.units import YEAR, format_bandwidth, format_duration
+from .bounds import bound_text
 
 # Below this share of simulated time spent computing, the compute model says so: times
 # then compare networks alone (flops:h100 on a tiny model gives microseconds per step).
@@ -25,6 +26,9 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
         "simulated_seconds": r["simulated_seconds"],
         "compute_seconds": r["compute_seconds"],
         "comm_seconds": r["comm_seconds"],
+        # comm_seconds split by the simulator: round trips and bytes (report/bounds.py)
+        **{key: r[key] for key in ("comm_latency_seconds", "comm_bandwidth_seconds")
+           if key in r},
         "idle_seconds": r["idle_seconds"],
         "down_seconds": r["down_seconds"],
         # --net real: comm is the transfer, idle the wait (exoframe/sim/clocks/measured.py)
@@ -87,6 +91,11 @@ def build_summary(job, rows: list[dict], launch_result) -> dict:
             sum(overlapped_compute(r["trace"]) for r in ranks),
             sum(r["compute_seconds"] for r in ranks)),
         "comm_seconds_per_node": sum(r["comm_seconds"] for r in ranks) / nodes,
+        # of it, on the paths that ended each wait: round trips (latency) and bytes
+        # (bandwidth); None on a real network (exoframe/sim/clocks/critical_path.py)
+        **{f"{key}_per_node": None if job.sim.real or any(key not in r for r in ranks)
+           else sum(r[key] for r in ranks) / nodes
+           for key in ("comm_latency_seconds", "comm_bandwidth_seconds")},
         "idle_seconds_per_node": sum(r["idle_seconds"] for r in ranks) / nodes,
         "per_rank": per_rank,
         "bytes_sent_per_node": sum(r["bytes_sent"] for r in ranks) / nodes,
@@ -215,6 +224,7 @@ def summary_table(summary: dict, extra: tuple = ()) -> str:
         ("compute utilization", "-" if summary["compute_utilization"] is None
          else f"{100 * summary['compute_utilization']:.1f}%"),
         *_comm_rows(summary),
+        *_bound_rows(summary),
         *_failure_rows(summary),
         *_target_rows(summary),
         ("elapsed (real)", f"{summary['elapsed_seconds']:.1f} s "
@@ -246,17 +256,23 @@ def _comm_rows(summary: dict) -> list:
     return rows
 
 
-# How exchanges overlapped with compute were simulated (README, "How close is the simulated
-# clock to a real network?"), said on every run that overlaps them.
+# How exchanges overlapped with compute were simulated (docs/guides/network-fidelity.md, "How
+# close is the simulated clock to a real network?"), said on every run that overlaps them.
 _OVERLAPPED = "{share:.0%} of compute ran beside the nodes' exchanges in flight, which moved "
-_NO_LOSS = ("; packet loss is not modelled (where a bottleneck's queue drops packets, real "
-            "runs of these exchanges took up to 1.17x the simulated time: README)")
+_NO_LOSS = ("; congestion loss is not modelled (where a full queue at a bottleneck drops "
+            "packets, real runs of these exchanges took up to 1.17x the simulated time: "
+            "the network guide, docs/guides/network-fidelity.md in exoframe's source)")
 OVERLAP_NOTE = (_OVERLAPPED + "at the network's pace, as where the CPU is free for them (GPU "
                 "hosts); where the ranks' compute takes the cores they need, give the compute "
                 "model overlap=<bandwidth> (4 ranks on 2 cores: overlap=" + MACHINE_OVERLAP + ")"
                 + _NO_LOSS)
 OVERLAP_RATE_NOTE = (_OVERLAPPED + "at most {rate} each way while their ranks computed (the "
                      "compute model's overlap=)" + _NO_LOSS)
+
+
+def _bound_rows(summary: dict) -> list:
+    text = None if summary.get("real_network") else bound_text(summary)
+    return [("bound by", text)] if text else []
 
 
 def _failure_rows(summary: dict) -> list:

@@ -21,15 +21,21 @@ from . import strict_json
 from .compare import (UTILIZATION_LEVELS, choose_baseline, level_csv, level_text, speedups,
                       utilization_table)
 from .groups import cells, check_distinct_seeds, column_name, read_config, varying
+from .paper_tables import write_paper_tables
 from .setups import by_setup, row_order, setup_label
 from .summary import LOW_UTILIZATION, format_bytes, format_seconds
 
+# Each node's time by what it went to, mean over the nodes (exoframe/report/bounds.py):
+# communication not hidden behind compute, of it round trips (latency) and bytes
+# (bandwidth), and waiting for peers.
+TIMES = ["comm_seconds", "comm_latency_seconds", "comm_bandwidth_seconds", "idle_seconds"]
 COLUMNS = ["strategy", "seed", "net", "bottleneck_bandwidth", "latency", "faults", "projection",
            "simulated_seconds", "time_to_target", "compute_utilization", "bytes_sent_per_node",
-           "final_loss", "final_val_loss", "failures", "lost_steps", "source", "run_dir"]
+           *TIMES, "final_loss", "final_val_loss", "failures", "lost_steps", "source",
+           "run_dir"]
 # Summarized over the seeds of each setup (setups.py): <metric>_mean, <metric>_std.
 METRICS = ["simulated_seconds", "time_to_target", "compute_utilization", "bytes_sent_per_node",
-           "final_loss", "final_val_loss", "failures", "lost_steps"]
+           "final_loss", "final_val_loss", "failures", "lost_steps", *TIMES]
 # speedup.csv: each setup's speed-up over the baseline, with its times and final loss
 # (the fields that differ between setups after the fifth column).
 SPEEDUP_COLUMNS = ["strategy", "net", "bottleneck_bandwidth", "faults", "projection", "seeds",
@@ -65,7 +71,7 @@ def _rows_of(run_dir: Path) -> list[dict]:
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise ExoframeError(f"{run_dir}: not a run folder (no summary.json).")
-    summary = _mapping(strict_json.load(summary_path, "summary"), summary_path)
+    summary = strict_json.load_summary(summary_path)  # (typed: one line naming a field)
     metrics_path = run_dir / "metrics.jsonl"
     if not metrics_path.is_file():
         raise ExoframeError(f"{run_dir}: no metrics.jsonl (the run did not use the jsonl "
@@ -87,21 +93,36 @@ def _rows_of(run_dir: Path) -> list[dict]:
             "faults": summary.get("faults", "none"),
             "failures": len(summary.get("failures", [])),
             "failed_at": [f["failed_at"] for f in summary.get("failures", [])],
-            "lost_steps": summary.get("lost_steps", 0)}
+            "lost_steps": summary.get("lost_steps", 0),
+            # why a curve ends early: "target_loss" where the run stopped at the target
+            "stopped_by": summary.get("stopped_by"),
+            # its strategy's parameters, defaults included (labels.py)
+            "strategy_params": summary.get("strategy_params")}
     rows = [{**base, "net": summary["net"],
              "bottleneck_bandwidth": summary.get("bottleneck_bandwidth"),
              "latency": summary.get("latency"), "projection": None,
              "simulated_seconds": summary["simulated_seconds"],
              "compute_utilization": summary["compute_utilization"],
              "bytes_sent_per_node": summary["bytes_sent_per_node"], "source": "run",
-             "sim_times": [m["sim_time"] for m in metrics]}]
+             "sim_times": [m["sim_time"] for m in metrics],
+             **{key: None if summary.get("real_network") else summary.get(f"{key}_per_node")
+                for key in TIMES}}]
     for path in sorted((run_dir / "replays").glob("*.json")):
         replay = _mapping(strict_json.load(path, "replay"), path)
         rows.append({**base, **{k: replay[k] for k in (
             "net", "bottleneck_bandwidth", "projection", "simulated_seconds",
             "compute_utilization", "bytes_sent_per_node", "sim_times")},
-            "latency": replay.get("latency"), "source": "replay"})
+            "latency": replay.get("latency"), "source": "replay",
+            **{key: _per_node(replay.get("per_rank"), key) for key in TIMES}})
     return rows
+
+
+def _per_node(ranks, key: str) -> float | None:
+    """The mean of each rank's `key` (None where a rank lacks it: an older replay)."""
+    values = [r.get(key) for r in ranks or [] if isinstance(r, dict)]
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)
 
 
 def _mapping(value, path) -> dict:
@@ -286,8 +307,9 @@ def write_outputs(rows: list[dict], folder, plots: bool = True,
     and sweep_summary.json (one row per setup: mean and std over seeds, and the speed-up over
     `baseline`, by default the first row's strategy), speedup.csv (the comparison: speed-up,
     time to target and final loss with their spread), utilization.csv and utilization.json
-    (the bandwidth each setup needs for each compute utilization, where it ran at several)
-    and (with matplotlib) the plots, as `figures` (plots.Figures) asks. `target_loss` draws
+    (the bandwidth each setup needs for each compute utilization, where it ran at several),
+    each CSV also as .tex (booktabs) and .md (paper_tables.py), and (with matplotlib) the
+    plots, as `figures` (plots.Figures) asks. `target_loss` draws
     a line on the loss plots; by default the one the rows were collected with."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -317,6 +339,9 @@ def write_outputs(rows: list[dict], folder, plots: bool = True,
     written = [folder / name for name in
                ("sweep.csv", "sweep.json", "sweep_summary.csv", "sweep_summary.json",
                 "speedup.csv", "utilization.csv", "utilization.json")]
+    # each CSV as a paper prints it: LaTeX (booktabs) and Markdown beside it
+    written += write_paper_tables(folder, rows, summaries, list(by_setup(rows).values()),
+                                  utilization)
     if plots:
         from .plots import plot_sweep
 

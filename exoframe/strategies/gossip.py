@@ -20,6 +20,7 @@ import torch
 from ..comm import flatten, unflatten_into
 from ..errors import ExoframeError
 from .base import Strategy, check_fraction, check_positive
+from .seeds import derive
 from .traits import Traits
 
 GRAPHS = ("ring", "complete", "random")
@@ -30,7 +31,7 @@ def neighbour_sets(graph: str, n: int, edge_prob: float, seed: int) -> list[set[
         return [{(i - 1) % n, (i + 1) % n} - {i} for i in range(n)]
     if graph == "complete":
         return [set(range(n)) - {i} for i in range(n)]
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + 29)
+    generator = torch.Generator().manual_seed(derive(seed, 29))
     while True:
         draws = torch.rand(n, n, generator=generator)
         neighbours = [{j for j in range(n) if j != i and draws[min(i, j), max(i, j)] < edge_prob}

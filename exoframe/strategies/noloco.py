@@ -20,8 +20,9 @@ import torch
 
 from ..comm import flatten, unflatten_into
 from .base import Strategy, check_fraction, check_positive
-from .traits import Traits
 from .gossip import exchange_with
+from .seeds import derive
+from .traits import Traits
 
 
 class NoLoCo(Strategy):
@@ -46,7 +47,7 @@ class NoLoCo(Strategy):
         self.generator = torch.Generator()
 
     def partner(self, round_num: int):
-        self.generator.manual_seed(self.seed * 1_000_003 + round_num)
+        self.generator.manual_seed(derive(self.seed, round_num))
         order = torch.randperm(self.world_size, generator=self.generator).tolist()
         position = order.index(self.rank)
         if position == len(order) - 1 and len(order) % 2 == 1:

@@ -18,6 +18,7 @@ import torch
 from ..comm import flatten
 from .base import check_positive
 from .error_feedback import ErrorFeedbackStrategy
+from .seeds import derive
 
 
 class PowerSGD(ErrorFeedbackStrategy):
@@ -32,7 +33,7 @@ class PowerSGD(ErrorFeedbackStrategy):
 
     def setup(self):
         super().setup()
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + 17)
+        generator = torch.Generator().manual_seed(derive(self.seed, 17))
         self.matrices = []  # (start, rows, cols) in the flat gradient
         self.vectors = []  # (start, numel)
         self.q = []

@@ -6,13 +6,14 @@ elsewhere; e_r ← m_r with I_t zeroed; θ ← opt(θ, g). k = ceil(k_fraction �
 Bytes per rank per step (ring all-reduce of k fp32 values): 2(n−1)/n · 4k.
 Source: Stich et al., "Sparsified SGD with Memory" (2018).
 """
-from dataclasses import dataclass
 import math
+from dataclasses import dataclass
 
 import torch
 
 from .base import check_fraction, check_positive
 from .error_feedback import ErrorFeedbackStrategy
+from .seeds import derive
 
 
 class RandomKEF(ErrorFeedbackStrategy):
@@ -33,7 +34,7 @@ class RandomKEF(ErrorFeedbackStrategy):
     def exchange(self, corrected):
         numel = corrected.numel()
         k = math.ceil(self.params.k_fraction * numel)
-        self.generator.manual_seed(self.seed * 1_000_003 + self.step_num)
+        self.generator.manual_seed(derive(self.seed, self.step_num))
         index = torch.randperm(numel, generator=self.generator)[:k].to(corrected.device)
         values = corrected[index]
         self.comm.all_reduce(values, op="mean")

@@ -13,6 +13,7 @@ import torch
 
 from ..comm import flatten, unflatten_into
 from .base import Strategy, check_fraction
+from .seeds import derive
 from .traits import Traits
 
 
@@ -37,7 +38,7 @@ class Sparta(Strategy):
         params = self.trainable_parameters()
         numel = sum(p.numel() for p in params)
         flat = self.with_buffers(flatten(params))  # buffers are sampled like parameters
-        self.generator.manual_seed(self.seed * 1_000_003 + self.step_num)
+        self.generator.manual_seed(derive(self.seed, self.step_num))
         index = (torch.rand(flat.numel(), generator=self.generator) < self.params.p).nonzero()
         if index.numel() == 0:
             return

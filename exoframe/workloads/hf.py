@@ -6,7 +6,6 @@ Needs the `hf` extra (pip install 'exoframe[hf]'), imported only when this workl
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Optional
@@ -15,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import ExoframeError, did_you_mean
+from ..inputs import load_json
 from .base import Workload
 from .gpt import language_data, vocabulary_source
 
@@ -54,10 +54,10 @@ def model_config(model_type: str, config: Optional[str], sizes: dict):
         if not path.is_file():
             raise ExoframeError(f"config: no such file '{path}'; give a transformers "
                                 "config.json (or the folder holding one).")
+        values = load_json(path, "config", "give a transformers config.json.")
         try:
-            values = json.loads(path.read_text())
             model_type = values.pop("model_type")
-        except (ValueError, KeyError, AttributeError):
+        except (KeyError, AttributeError, TypeError):
             raise ExoframeError(f"config: '{path}' is not a transformers config.json with a "
                                 "model_type.") from None
     try:

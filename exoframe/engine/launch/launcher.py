@@ -70,6 +70,25 @@ def check_model(job: Job, batches: Batches):
     return batch
 
 
+def checked_validation_set(job: Job) -> ValidationSet:
+    """The run's validation set: val_examples no more than the data holds, and some data
+    where a target loss is read from it."""
+    val_set = validation_set(job.dataset, job.nodes, job.val_examples)
+    if job.target_loss is not None and val_set.dataset is None:
+        raise ExoframeError("target_loss needs validation data: the time to target is read "
+                            "from the validation loss. Give validation data or drop target_loss.")
+    return val_set
+
+
+def check_startable(job: Job):
+    """What a run checks of its job before its ranks start (prepare), kept no further: a
+    sweep checks each point with it before any point trains. The validation set, and one
+    forward pass over rank 0's first batch giving a scalar loss."""
+    checked_validation_set(job)
+    check_model(job, Batches(job.dataset(0, job.nodes, "train"), job.batch_size, job.seed, 0,
+                             job.shuffle, job.drop_last))
+
+
 def warn_about_measured_compute(job: Job):
     """`measured` times each rank's own work only where nothing else runs on its device."""
     if job.sim.compute.kind != "measured" or job.device == "cpu" or job.placement.packed:
@@ -111,12 +130,7 @@ def prepare(job: Job, rank: int | None = None) -> tuple[Job, dict, ValidationSet
     ranks = range(job.nodes) if rank is None else sorted({0, rank})
     batches = {r: Batches(job.dataset(r, job.nodes, "train"), job.batch_size, job.seed, r,
                           job.shuffle, job.drop_last) for r in ranks}
-    val_set = None
-    if rank is None:
-        val_set = validation_set(job.dataset, job.nodes, job.val_examples)
-    if val_set is not None and job.target_loss is not None and val_set.dataset is None:
-        raise ExoframeError("target_loss needs validation data: the time to target is read "
-                            "from the validation loss. Give validation data or drop target_loss.")
+    val_set = checked_validation_set(job) if rank is None else None
     warn_about_measured_compute(job)
     first_batch = check_model(job, batches[0])
     job = with_step_flops(job, first_batch)

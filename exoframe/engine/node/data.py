@@ -9,6 +9,7 @@ from torch.utils.data import Dataset, IterableDataset, Subset, TensorDataset
 from torch.utils.data._utils.collate import default_collate
 
 from ...errors import ExoframeError
+from ...strategies.seeds import derive
 
 
 def fetch(dataset: Dataset, indices: torch.Tensor):
@@ -46,7 +47,7 @@ class Batches:
         if self.size == 0:
             raise ExoframeError(f"rank {rank} got an empty training shard: use fewer nodes or more data.")
         self.batch_size = min(batch_size, self.size)
-        self.generator = torch.Generator().manual_seed(seed * 1_000_003 + rank)
+        self.generator = torch.Generator().manual_seed(derive(seed, rank))
         self.epoch = 0
         # Drawn on first use, in the process that trains the rank: the launcher builds every
         # rank's Batches, and an order drawn there would be held by every forked worker.

@@ -21,6 +21,7 @@ from ...sim.clocks.compute import ComputeClock
 from ...sim.clocks.measured import RealClock
 from ...sim.clocks.protocol import StepEnd
 from ...sim.clocks.transport import Conn
+from ...strategies.seeds import derive
 from ..ipc.messages import AskStop, CheckpointLate, Checkpointed, PipeSimPort, RankDone, StepDone
 from ..plan import devices
 from ..plan.job import Job
@@ -105,7 +106,7 @@ def seed_rank(seed: int, rank: int, device: torch.device):
     the CPU seeds the CPU's generator alone: torch.manual_seed also queues a seed for every
     GPU kind, a hundred times the cost, paid by each of 1024 packed nodes (a CPU rank that
     draws on a GPU anyway draws from the run's seed, the same in every rank)."""
-    seed = seed * 1_000_003 + rank
+    seed = derive(seed, rank)
     if device.type == "cpu":
         torch.default_generator.manual_seed(seed)
     else:

@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_map
 
 from ...errors import ExoframeError, shorten
 from ...sim.clocks.clock import RankClock
+from ...strategies.seeds import derive
 from .loop import Precision, check_loss, to_device
 
 # Attention kernels a stacked pass may use, by device type: on a GPU, torch's
@@ -191,7 +192,7 @@ class StackedReplicas:
         first node and the step: the same in every run of this seed; the running node's own
         are put back after."""
         cuda = self.device.type == "cuda"
-        seed = (self.seed * 1_000_003 + first) * 1_000_003 + step
+        seed = derive(self.seed, first, step)
         with torch.random.fork_rng(devices=[self.device] if cuda else []):
             # (torch.manual_seed would also queue a seed for every GPU kind: rank.seed_rank)
             torch.default_generator.manual_seed(seed)

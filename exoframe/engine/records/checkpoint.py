@@ -123,7 +123,7 @@ class CheckpointFolder:
 
 
 # A resume may change how long the run goes on, where and how it reports, and how long the
-# launcher waits (README, "Checkpoints and resume"); every other field of the config shapes
+# launcher waits (docs/guides/checkpoints-failures.md); every other field of the config shapes
 # the ranks' state or what it means, and must be the checkpoint's.
 MAY_CHANGE_ON_RESUME = ("steps", "epochs", "time_budget", "sinks", "out", "hang_timeout",
                         "connect_timeout", "checkpoint_every", "nodes_per_process")

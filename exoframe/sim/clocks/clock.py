@@ -4,6 +4,8 @@ The clock advances by compute (from the compute model) and by waiting for operat
 the simulator answers). Its time is split four ways, which always add up to `now`:
 compute, exposed communication (`comm`), `idle` (waiting for peers to join) and `down`
 (a simulated failure: the node does nothing until it is back, see exoframe/comm/faults.py).
+Communication is split again, as the simulator answers (critical_path.py): `comm_latency`
+(round trips) and `comm_bandwidth` (bytes), which add up to `comm`.
 """
 from __future__ import annotations
 
@@ -112,6 +114,7 @@ class RankClock:
         self.plans = Plans(topology_algorithms, algorithms, topology)
         self.now = 0.0
         self.compute_seconds = self.comm_seconds = self.idle_seconds = 0.0
+        self.comm_latency_seconds = 0.0  # of comm_seconds: round trips (the rest: bytes)
         self.down_seconds = 0.0
         self.down = False  # a failed node: nothing it computes is charged
         self._quorums = 0
@@ -233,6 +236,7 @@ class RankClock:
             self._count_poll()
         self.idle_seconds += reply.idle
         self.comm_seconds += reply.comm
+        self.comm_latency_seconds += reply.latency
         self.now = reply.end
         self.trace.append(["l", op_id, block, reply.end, [list(m) for m in reply.messages]])
         return reply
@@ -258,6 +262,7 @@ class RankClock:
         """Everything a checkpoint needs to continue this clock exactly."""
         return {"now": self.now, "compute_seconds": self.compute_seconds,
                 "comm_seconds": self.comm_seconds, "idle_seconds": self.idle_seconds,
+                "comm_latency_seconds": self.comm_latency_seconds,
                 "down_seconds": self.down_seconds, "down": self.down, "quorums": self._quorums,
                 "next_id": self._next_id, "posts": self._posts, "sequence": dict(self._sequence),
                 "polls": self._polls, "trace": self.trace, "compute": self.compute.state_dict()}
@@ -266,6 +271,8 @@ class RankClock:
         self.now = state["now"]
         self.compute_seconds = state["compute_seconds"]
         self.comm_seconds, self.idle_seconds = state["comm_seconds"], state["idle_seconds"]
+        # (absent from checkpoints written before it was counted: all of it bandwidth)
+        self.comm_latency_seconds = state.get("comm_latency_seconds", 0.0)
         # (absent from checkpoints written before simulated failures existed)
         self.down_seconds, self.down = state.get("down_seconds", 0.0), state.get("down", False)
         self._quorums = state.get("quorums", 0)
@@ -277,6 +284,8 @@ class RankClock:
     def stats(self) -> dict:
         return {"simulated_seconds": self.now, "compute_seconds": self.compute_seconds,
                 "comm_seconds": self.comm_seconds, "idle_seconds": self.idle_seconds,
+                "comm_latency_seconds": self.comm_latency_seconds,
+                "comm_bandwidth_seconds": self.comm_seconds - self.comm_latency_seconds,
                 "down_seconds": self.down_seconds}
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -306,6 +315,7 @@ class RankClock:
         self.now = reply.end
         self.idle_seconds += reply.idle
         self.comm_seconds += reply.comm
+        self.comm_latency_seconds += reply.latency
 
 
 class SoloClock:

@@ -44,8 +44,8 @@ DEVICES = {
     "tpu-v5e": (197e12, "Google TPU v5e, bf16"),
 }
 DEFAULT_EFFICIENCY = 0.4
-# overlap= for 4 ranks on 2 CPU cores, fitted with benchmarks/emulated_network.py (README:
-# "How close is the simulated clock to a real network?").
+# overlap= for 4 ranks on 2 CPU cores, fitted with benchmarks/emulated_network.py
+# (docs/guides/network-fidelity.md: "How close is the simulated clock to a real network?").
 MACHINE_OVERLAP = "5mbit"
 # Bounds that keep every simulated time finite: a step of at most a day, at most a million
 # times slower, and a lognormal whose exp(S·z) cannot overflow.

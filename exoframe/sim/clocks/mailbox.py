@@ -4,6 +4,8 @@ its destination's mailbox; a Listen is answered with the mailbox's content once 
 """
 from __future__ import annotations
 
+from .critical_path import Leg, latency_since
+from .operation import sort_key
 from .protocol import Listen, Mail, Post, SimulationError
 
 
@@ -19,24 +21,25 @@ class Mailboxes:
         if not 0 <= message.dst < sim.topology.size:
             raise SimulationError(f"rank {rank} posted a message to rank {message.dst}, which "
                                   f"does not exist (ranks 0 to {sim.topology.size - 1})")
-        sim.network.start_flow(rank, message.dst, message.nbytes, self._arrived,
-                               (message.dst, (rank, message.msg_id, message.nbytes),
-                                sim.env.now), (f"mail {message.msg_id!r}", 0, 1))
+        arg = [message.dst, (rank, message.msg_id, message.nbytes), sim.env.now, None]
+        arg[3] = sim.network.start_flow(rank, message.dst, message.nbytes, self._arrived, arg,
+                                        (sort_key(("mail", message.msg_id)), 0, 1))
 
     def _arrived(self, arg):
-        dst, letter, posted = arg
+        dst, letter, posted, flow = arg
         self.boxes[dst].append(letter)
         listener = self.listeners.pop(dst, None)
         if listener is not None:
             t, op_id = listener
             if op_id is not None:
                 del self.sim.waiters[self.sim.handles[(dst, op_id)]]
-            self._deliver(dst, t, self.sim.env.now, posted)
+            self._deliver(dst, t, self.sim.env.now, posted, Leg(posted, None, flow,
+                                                                self.sim.env.now))
 
     def listen(self, rank: int, message: Listen):
         t, sim = message.t, self.sim
         if self.boxes[rank] or not message.block:
-            self._deliver(rank, t, t, t)
+            self._deliver(rank, t, t, t, None)
             return
         if message.op_id is not None:
             op, index = sim.handles[(rank, message.op_id)]
@@ -46,9 +49,11 @@ class Mailboxes:
             sim.waiters[(op, index)] = (rank, t, message.op_id)
         self.listeners[rank] = (t, message.op_id)
 
-    def _deliver(self, rank: int, since: float, end: float, posted: float):
+    def _deliver(self, rank: int, since: float, end: float, posted: float, leg: Leg | None):
         """Hand over the mailbox; the wait since `since` was communication from when the
-        message that ends it was posted, idle before."""
+        message that ends it (`leg`) was posted, idle before."""
         letters, self.boxes[rank] = tuple(self.boxes[rank]), []
         comm = end - max(since, posted)
-        self.sim.wake(rank, end, Mail(end, end - since - comm, comm, letters))
+        latency = min(comm, latency_since(leg, end - comm)) if comm > 0 else 0.0
+        self.sim.wake(rank, end, Mail(end, end - since - comm, comm, letters,
+                                      latency=latency))

@@ -7,12 +7,22 @@ import math
 from .protocol import SimulationError
 
 
+def sort_key(value):
+    """An operation's key as an order that does not depend on when the ranks sent it, and
+    compares numbers as numbers (call 9 before call 10), whatever the mix of types in it."""
+    if isinstance(value, (tuple, list)):
+        return (2, tuple(sort_key(item) for item in value))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value)
+    return (1, repr(value))
+
+
 class Operation:
     """One collective or point-to-point transfer, shared by its participants."""
 
     def __init__(self, key, kind, nbytes, participants, root, plan, opened_by):
         self.key, self.kind, self.nbytes = key, kind, nbytes
-        self.order = repr(key)  # orders its messages among others at one instant (flows.py)
+        self.order = sort_key(key)  # orders its messages among others at one instant (flows.py)
         self.participants, self.root, self.plan = participants, root, plan
         self.opened_by = opened_by  # (rank, kind, nbytes) of the first submission, for messages
         compiled = plan.compiled

@@ -106,6 +106,7 @@ class Waited:
     end: float
     idle: float
     comm: float
+    latency: float = 0.0  # of comm: round trips, not bytes (critical_path.py)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class Mail:
     comm: float
     messages: tuple
     payloads: tuple = ()
+    latency: float = 0.0  # of comm: the message's latency (critical_path.py)
 
 
 def frozen(value):

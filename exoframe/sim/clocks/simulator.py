@@ -38,6 +38,7 @@ from ..network.collectives import Plans
 from ..network.events import URGENT, Environment
 from ..network.flows import FlowNetwork
 from ..network.topology import Topology
+from .critical_path import Paths, latency_since
 from .diagnosis import why_stuck
 from .mailbox import Mailboxes
 from .membership import join_quorum
@@ -224,6 +225,7 @@ class Simulator:
         if op is None:
             plan = self.plans.of(kind, len(participants), root, participants, nbytes)
             op = Operation(key, kind, nbytes, participants, root, plan, (rank, kind, nbytes))
+            op.paths = Paths(len(participants))  # where its time goes (critical_path.py)
             self.operations[key] = op
         else:
             op.check_matches(rank, kind, nbytes, root)
@@ -243,9 +245,9 @@ class Simulator:
                     self._participant_done(op, i)
         else:
             for f in op.plan.compiled.gated[index]:
-                self._release(op, f)
+                self._release(op, f, None)
             for f in op.plan.compiled.noticed_at_join.get(index, ()):
-                self._notice(op, f)
+                self._notice(op, f, None)
             if op.touching[index] == 0:
                 self._participant_done(op, index)
         if message.blocking:
@@ -253,34 +255,40 @@ class Simulator:
         elif (rank, op_id) in self.early_waits:
             self._register_wait(rank, self.early_waits.pop((rank, op_id)), op_id)
 
-    def _release(self, op: Operation, f: int):
+    def _release(self, op: Operation, f: int, before):
+        """One of what flow f waits for is there (`before`: the leg whose arrival it was,
+        None for a join); the last one starts it."""
         op.waiting[f] -= 1
         if op.waiting[f] == 0:
             plan = op.plan
-            self.network.start_flow(op.participants[plan.src[f]], op.participants[plan.dst[f]],
-                                    plan.fraction[f] * op.nbytes, self._delivered, (op, f),
-                                    (op.order, f, 1))
+            op.paths.started(f, self.env.now, before, self.network.start_flow(
+                op.participants[plan.src[f]], op.participants[plan.dst[f]],
+                plan.fraction[f] * op.nbytes, self._delivered, (op, f), (op.order, f, 1)))
 
-    def _notice(self, op: Operation, f: int):
+    def _notice(self, op: Operation, f: int, before):
         """Flow f's receiver says it is ready: a message of no payload back to the sender,
         which releases f when it arrives (one latency of the path back)."""
         plan = op.plan
-        self.network.start_flow(op.participants[plan.dst[f]], op.participants[plan.src[f]], 0,
-                                self._noticed, (op, f), (op.order, f, 0))
+        op.paths.started(-1 - f, self.env.now, before, self.network.start_flow(
+            op.participants[plan.dst[f]], op.participants[plan.src[f]], 0, self._noticed,
+            (op, f), (op.order, f, 0)))
 
     def _noticed(self, arg):
-        self._release(*arg)
+        op, f = arg
+        self._release(op, f, op.paths.arrived(-1 - f, self.env.now))
 
     def _delivered(self, arg):
         op, f = arg
         plan = op.plan
+        leg = op.paths.arrived(f, self.env.now)
         for g in plan.compiled.successors[f]:
-            self._release(op, g)
+            self._release(op, g, leg)
         for g in plan.compiled.noticed_after.get(f, ()):
-            self._notice(op, g)
+            self._notice(op, g, leg)
         for index in (plan.src[f], plan.dst[f]):
             op.touching[index] -= 1
             if op.touching[index] == 0:
+                op.paths.end_leg[index] = leg
                 self._participant_done(op, index)
 
     def _participant_done(self, op: Operation, index: int):
@@ -300,13 +308,16 @@ class Simulator:
             self.waiters[(op, index)] = (rank, t, op_id)
 
     def reply_wait(self, rank, t, op_id):
-        """The rank waited from t; split the wait into idle (peers not yet there) and comm.
-        A waited operation is never asked about again: its handle is dropped."""
+        """The rank waited from t; split the wait into idle (peers not yet there) and comm,
+        and comm into its latency and the rest (bandwidth: critical_path.py). A waited
+        operation is never asked about again: its handle is dropped."""
         self.mail.listeners.pop(rank, None)
         op, index = self.handles.pop((rank, op_id))
         end = max(t, op.done_at[index])
         idle = max(0.0, min(end, op.last_join_when_done[index]) - t)
-        self.wake(rank, end, Waited(end, idle, end - t - idle))
+        comm = end - t - idle
+        latency = min(comm, latency_since(op.paths.end_leg[index], t + idle)) if comm else 0.0
+        self.wake(rank, end, Waited(end, idle, comm, latency))
 
     def _answer_probe(self, rank, message: Probe):
         t, op_id = message.t, message.op_id

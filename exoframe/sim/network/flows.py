@@ -35,7 +35,7 @@ import random
 
 from .connections import TcpConnections
 from .events import Environment
-from .links import Flow, Link
+from .links import Flow, Link, RoundTrips
 from .topology import Topology
 
 
@@ -64,6 +64,7 @@ class FlowNetwork(TcpConnections):
         self._arriving: list[Flow] = []  # messages on TCP connections, this instant
         self._delivered_until: dict[tuple[int, int], float] = {}  # a connection's last
         self._packets: dict[tuple[int, int], float] = {}  # a TCP connection's, so far
+        self._round_trips: dict[tuple[int, int], RoundTrips] = {}  # a TCP connection's
         self.uplinks = [_link_or_none(next(ids), b, efficiency) for b in topology.uplink]
         self.downlinks = [_link_or_none(next(ids), b, efficiency) for b in topology.downlink]
         self.site_links = {pair: _link_or_none(next(ids), spec.bandwidth, efficiency)
@@ -95,9 +96,10 @@ class FlowNetwork(TcpConnections):
 
     # -- public ------------------------------------------------------------------------------
     def start_flow(self, src: int, dst: int, nbytes: float, on_delivered, arg=None,
-                   order: tuple | None = None):
+                   order: tuple | None = None) -> Flow:
         """order: where the message goes among those its TCP connection gets at the same
-        instant (a key that does not depend on the order they were started in)."""
+        instant (a key that does not depend on the order they were started in). Returns the
+        flow, whose `sent` and `round_trips` say where its time went once it is delivered."""
         links, latency, jitter, _ = self._paths.get((src, dst)) or self._path(src, dst)
         self.flows_started += 1
         a, b = self.topology.site_of[src], self.topology.site_of[dst]
@@ -113,9 +115,13 @@ class FlowNetwork(TcpConnections):
             flow.connection = (src, dst)
             if order is not None:
                 flow.order = order
+            flow.stream = self._round_trips.get(flow.connection)
+            if flow.stream is None:
+                flow.stream = self._round_trips[flow.connection] = RoundTrips()
+            flow.round_trips = -flow.stream.at(now)
             self._arriving.append(flow)
             self._arm_at(now)
-            return
+            return flow
         if jitter:
             flow.latency = max(0.0, latency + self.rng.uniform(-jitter, jitter))
         if nbytes > 0 and self.host_out is not None:
@@ -125,6 +131,7 @@ class FlowNetwork(TcpConnections):
         else:
             self._deliver_after_latency(flow, now)
             self._arm()
+        return flow
 
     def _jitter_draws(self, connection: tuple[int, int]) -> random.Random:
         """A TCP connection's own stream of jitter draws, so that a draw does not depend
@@ -267,6 +274,8 @@ class FlowNetwork(TcpConnections):
                     # level 0: a link that is down; its trace's next entry reallocates
                     flow.finish = now + flow.remaining / level if level else math.inf
                     flow.version += 1
+                if flow.window is not None:  # held by its window: round trips (links.py)
+                    flow.stream.hold(link is flow.window, now)
         # The agenda needs only each piece's first finish: any other flow's finish can only
         # change through a reallocation of its piece, which happens at the latest then.
         for _, flows in pieces:
@@ -290,6 +299,7 @@ class FlowNetwork(TcpConnections):
             self._changed[link.id] = link
         self._deliver_after_latency(flow, now)
         if flow.window is not None:
+            flow.stream.hold(False, now)
             self._sent(flow, now)
         if flow.connection is not None:
             self._next_on(flow.connection, now)
@@ -298,6 +308,9 @@ class FlowNetwork(TcpConnections):
         # Delivered through the agenda even without latency: calling back directly would
         # recurse once per hop of a long chain of flows. A TCP connection delivers in order:
         # never before what was sent on it earlier (whatever jitter or repair it drew).
+        flow.sent = now
+        if flow.stream is not None:  # (its round trips since it started: see links.Flow)
+            flow.round_trips += flow.stream.at(now)
         at = now + flow.latency
         if flow.connection is not None:
             at = max(at, self._delivered_until.get(flow.connection, at))

@@ -8,7 +8,7 @@ import math
 class Flow:
     __slots__ = ("id", "links", "remaining", "rate", "since", "finish", "version", "latency",
                  "on_delivered", "arg", "data", "connection", "window", "rtt", "size",
-                 "start_rate", "began", "order", "ends")
+                 "start_rate", "began", "order", "ends", "sent", "round_trips", "stream")
 
     def __init__(self, id, links, nbytes, latency, on_delivered, arg):
         self.id = id  # creation order: breaks ties deterministically
@@ -29,7 +29,15 @@ class Flow:
         self.start_rate = 0.0  # bytes/s: the pace it started at (slow start, BBR)
         self.began = 0.0  # s: when it started sending
         self.ends = (-1, -1)  # (src, dst) ranks
-        self.order = ("", id, 0)  # among messages a connection gets at one instant: its place
+        # What its time went to (the simulator splits exchanges by it): when its last byte
+        # was sent (None until then), and of the time from its start to then, the seconds
+        # its TCP connection lost to round trips (RoundTrips: slow start, a window too small
+        # for the path), in its own sending and that of the messages it waited behind;
+        # `stream`: its connection's RoundTrips
+        self.sent = None
+        self.round_trips = 0.0
+        self.stream = None
+        self.order = ((-1,), id, 0)  # among messages a connection gets at one instant: its place
 
 
 class Link:
@@ -50,3 +58,24 @@ class Link:
         if self.data_flows >= 2 and self.shared_efficiency != 1.0:
             return self.capacity * self.shared_efficiency
         return self.capacity
+
+
+class RoundTrips:
+    """The seconds a TCP connection's window, not a link, has held its rate so far: round
+    trips (slow start, a window too small for the path), which a faster link would not
+    shorten."""
+
+    __slots__ = ("seconds", "since")
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.since = None  # when its window began to hold it, while it does
+
+    def hold(self, by_window: bool, now: float):
+        """From `now` on its window holds it (or a link does)."""
+        if self.since is not None:
+            self.seconds += now - self.since
+        self.since = now if by_window else None
+
+    def at(self, now: float) -> float:
+        return self.seconds + (now - self.since if self.since is not None else 0.0)

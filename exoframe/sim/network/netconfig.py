@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ...errors import ExoframeError, did_you_mean, shorten
 from ...inputs import build_dataclass, load_yaml
+from .bandwidth_trace import parse_trace
 from .collectives import BUILTIN
 from .site_ranks import assign_ranks, check_listed_ranks
 from .tcp import parse_protocol
@@ -69,7 +70,8 @@ class NetKeys:
     loss: Unit = None  # the fraction of packets lost at random (0.001 or '0.1%'); None: 0
     # The queue in front of each node's uplink: fair (pure ACKs and sparse flows first, as a
     # Linux host's fq_codel), fifo (a modem's: ACKs wait behind data), 'fifo 50ms' or
-    # 'fifo 100 packets' (its depth; fifo alone: 1000 packets); None: fair
+    # 'fifo 100 packets' (its depth; fifo alone: 1000 packets); None: fair. exoframe
+    # emulate builds it; the simulator times a FIFO as a fair queue (the network guide)
     queue: str | None = None
     # Each node's NIC bandwidth over time, both directions: [[time, bandwidth], ...] or a
     # CSV file, as a link's (below); `bandwidth`/`upload`/`download` hold before the first.
@@ -290,47 +292,7 @@ class NetConfig(NetKeys):
         return specs
 
     def _trace(self, value: list | str | None, path: str) -> tuple:
-        if value is None:
-            return ()
-        if isinstance(value, str):
-            value, path = self._trace_file(value, path)
-        trace = []
-        for i, entry in enumerate(value):
-            if not (isinstance(entry, (list, tuple)) and len(entry) == 2) or None in entry:
-                raise self._error(f"{path}[{i}]", f"expected [time, bandwidth] like "
-                                                  f"['10min', '50mbit'], got {shorten(entry)}.")
-            t = self._duration(entry[0], f"{path}[{i}] time")
-            if entry[1] in (0, "0", "down"):
-                bandwidth = 0.0  # the link is down: its flows wait until a later entry
-            else:
-                bandwidth = self._bandwidth(entry[1], f"{path}[{i}] bandwidth")
-            if not bandwidth < math.inf:
-                raise self._error(f"{path}[{i}]", "a traced bandwidth must be finite; write "
-                                                  "'down' (or 0) for a link that is down.")
-            if trace and t <= trace[-1][0]:
-                raise self._error(f"{path}[{i}]", f"times must increase: {entry[0]} comes "
-                                                  f"after {format_duration(trace[-1][0])}.")
-            trace.append((t, bandwidth))
-        return tuple(trace)
-
-    def _trace_file(self, name: str, path: str) -> tuple[list, str]:
-        """The [time, bandwidth] rows of a CSV file (blank lines, '#' comments and a
-        header line skipped), and the path naming it in messages."""
-        file = Path(name)
-        if not file.is_absolute() and Path(self.where).is_file():
-            file = Path(self.where).parent / file
-        try:
-            lines = file.read_text(encoding="utf-8").splitlines()
-        except OSError as e:
-            raise self._error(path, f"cannot read the trace file {name}: {e.strerror or e}.")
-        except UnicodeDecodeError:
-            raise self._error(path, f"the trace file {name} is not a UTF-8 text file; give "
-                                    "a CSV of time,bandwidth lines.") from None
-        rows = [[cell.strip() for cell in line.split(",")] for line in lines
-                if line.strip() and not line.lstrip().startswith("#")]
-        if rows and rows[0][0].lower() in ("time", "t", "seconds"):
-            rows = rows[1:]
-        return [[_number_or_text(cell) for cell in row] for row in rows], f"{path} ({name})"
+        return () if value is None else parse_trace(value, path, self.where)
 
     def _algorithms(self, algorithms: Collection[str] | None) -> dict[str, str]:
         """The collective -> algorithm mapping for Topology, over the defaults: TCP_ALGORITHMS
@@ -378,14 +340,6 @@ def _delay_text(spec: LinkSpec) -> str:
 
 def _queue_text(queue: Queue) -> str:
     return "" if queue.discipline == "fair" else f", {queue.describe()} uplink queue"
-
-
-def _number_or_text(cell: str):
-    """A CSV cell: 0 as a number (a time of 0 needs no unit), else the text ('600s')."""
-    try:
-        return float(cell) if float(cell) == 0 else cell
-    except ValueError:
-        return cell
 
 
 def _looks_like_path(spec: str) -> bool:

@@ -9,8 +9,8 @@ to move payload bytes as a TCP connection does, beyond the exact alpha-beta mode
 - Several flows through one link: a link that carries two or more data flows at once
   gives them `shared_efficiency` of its bandwidth. TCP flows do not split a bottleneck
   evenly over short times; the exchanges of a collective wait for their slowest flow, so
-  the link is used less than max-min's full share (see README, "How close is the
-  simulated clock to a real network?", for the measurements).
+  the link is used less than max-min's full share (docs/guides/network-fidelity.md, "How
+  close is the simulated clock to a real network?", has the measurements).
 - The window: a flow sends at most `window` bytes per round trip (2 × the path's one-way
   latency), so its rate is at most window / RTT.
 - Random loss (a network's `loss:`): every lost packet is sent again; a message whose
@@ -29,8 +29,8 @@ to move payload bytes as a TCP connection does, beyond the exact alpha-beta mode
   and doubles that rate every round trip while a message lasts.
 
 The defaults are Linux's (MTU 1500, timestamps on) and the measurements on tc-shaped veth
-links in README. Bandwidths are as tc counts them (Ethernet header, no preamble or
-FCS): for a physical Ethernet link add 24 bytes to link_header.
+links in docs/guides/network-fidelity.md. Bandwidths are as tc counts them (Ethernet
+header, no preamble or FCS): for a physical Ethernet link add 24 bytes to link_header.
 """
 from __future__ import annotations
 
@@ -59,9 +59,9 @@ class TcpModel:
     mtu: int = 1500  # bytes of an IP packet at most
     ip_tcp_header: int = 52  # IPv4 20 + TCP 20 + timestamps 12
     link_header: int = 14  # Ethernet, as tc counts a frame
-    segments_per_ack: float = 2.5  # delayed ACKs, merged further by GRO (fitted: README)
+    segments_per_ack: float = 2.5  # delayed ACKs, merged further by GRO (fitted: the guide)
     window: float = 4 * 2 ** 20  # bytes in flight per flow (Linux's tcp_wmem maximum)
-    shared_efficiency: float = 0.92  # share of a link two or more flows get (fitted: README)
+    shared_efficiency: float = 0.92  # a link's share two or more flows get (fitted: the guide)
     initial_window: int = 10  # segments a new connection sends in its first round trip
     congestion: str = "cubic"  # congestion control: cubic (Linux's default), bbr or reno
     slow_start_after_idle: bool = True  # net.ipv4.tcp_slow_start_after_idle

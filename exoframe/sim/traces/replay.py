@@ -174,11 +174,14 @@ class TraceClock(RankClock):
         self.now = max(self.now, self.ready.pop(0))
 
     def _waited(self, reply: Waited):
-        """A wait while queued compute still runs is hidden behind it up to its end."""
+        """A wait while queued compute still runs is hidden behind it up to its end (what
+        is left of its communication keeps its share of latency)."""
         if self.compute_free > self.now:
             hidden_until = min(reply.end, self.compute_free)
             idle = max(0.0, self.now + reply.idle - hidden_until)
-            reply = Waited(reply.end, idle, reply.end - hidden_until - idle)
+            comm = reply.end - hidden_until - idle
+            share = reply.latency / reply.comm if reply.comm > 0 else 0.0
+            reply = Waited(reply.end, idle, comm, comm * share)
         super()._waited(reply)
 
     def end_step(self, step: int):
