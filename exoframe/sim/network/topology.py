@@ -20,7 +20,6 @@ class LinkSpec:
     trace: tuple[tuple[float, float], ...] = ()
 
 
-QUEUE_DISCIPLINES = ("fair", "fifo")
 FIFO_PACKETS = 1000  # a FIFO's depth when a file gives none: Linux's default txqueuelen
 
 

@@ -183,7 +183,7 @@ def parse_loss(value, field: str, where: str) -> float:
     return rate
 
 
-def parse_queue(value, field: str, where: str):
+def parse_queue(value, field: str, where: str) -> Queue:
     """A queue as written: 'fair', 'fifo', 'fifo 50ms' (its depth at the link's rate) or
     'fifo 100 packets' (topology.Queue)."""
     example = "fair, fifo, 'fifo 50ms' or 'fifo 100 packets'"
