@@ -35,11 +35,14 @@ from .launch.progress import progress_display
 from .plan.resolve import build_job, workload_and_model
 from .records.run_folder import RunFolder
 from .replay import Projection
-from .sweep_axes import SamePoints, apply, check_distinct, combinations, strategy_axes
+from .sweep_axes import (SamePoints, apply, axis_flag, check_distinct, combinations,
+                         strategy_axes)
 
 # Every grid point is a training run or a replay and a row: past a thousand, a sweep runs
 # for hours and its table and plots are unreadable.
 MAX_POINTS = 1000
+# A sweep's runs and replays at most: its product is counted before anything is expanded.
+MAX_RUNS = 10_000
 
 
 def parse_grid(text: str, points: int) -> list[float]:
@@ -61,6 +64,17 @@ def parse_grid(text: str, points: int) -> list[float]:
                             f"replay and a row of the table), got {points}.")
     ratio = (high / low) ** (1 / (points - 1))
     return [low * ratio ** i for i in range(points - 1)] + [high]
+
+
+def check_size(axes: dict):
+    """Refuse, in one line, a sweep of more than MAX_RUNS runs and replays, counted from
+    its axes' lengths before any point is made."""
+    runs = math.prod(len(values) for values in axes.values())
+    if runs > MAX_RUNS:
+        factors = " x ".join(f"{len(values)} ({flag})" for flag, values in axes.items()
+                             if len(values) > 1)
+        raise ExoframeError(f"sweep: {runs:,} runs and replays ({factors}), more than "
+                            f"{MAX_RUNS:,}; give fewer values.")
 
 
 def grid_networks(base: str, bandwidths: list[float], folder: Path, pm) -> list[str]:
@@ -199,6 +213,9 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
     for axis, values in {"strategy": strategies, "net": nets, "seed": seeds, "faults": faults,
                          **axes}.items():
         check_distinct(axis, values)
+    check_size({"--strategy": strategies, "--net": grid if grid is not None else nets,
+                "--seeds": seeds, "--faults": faults,
+                **{axis_flag(axis): values for axis, values in axes.items()}})
     check_executor(executor, address, base.connect_timeout)
     if REAL in nets:
         raise ExoframeError("--net: a sweep compares simulated networks; 'real' measures one "
