@@ -69,7 +69,8 @@ def ddp_run(tmp_path_factory):
 def test_ddp_on_a_ring_splits_as_the_closed_form(ddp_run):
     """Each rank's latency is 2(n-1)a a step and its bandwidth 2(n-1)S/(nB), as the
     simulator's clocks add them up (summary.json's per_rank, a replay's), and the run takes
-    steps × (compute + 2(n-1)(a + S/(nB)))."""
+    steps × (compute + 2(n-1)(a + S/(nB))). Every figure here is simulated time under the
+    fixed compute model, the same on any machine: none is a wall-clock measurement."""
     result, records = ddp_run
     nbytes = 4 * result.summary["model_parameters"]
     assert result.summary["traffic_by_kind_rank0"].keys() == {"all_reduce"}  # no buffers

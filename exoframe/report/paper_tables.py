@@ -137,9 +137,10 @@ def _representative(entry: dict, rows: list[dict]) -> dict:
     """A row of the setups a utilization entry is made of (its strategy, projection,
     failures and the fields it gives), for their labels."""
     for r in rows:
+        given = setting(r)
         if (r["strategy"], r["projection"], r.get("faults", "none")) == (
                 entry["strategy"], entry["projection"], entry.get("faults", "none")) and all(
-                setting(r).get(k) == v for k, v in entry.items() if k in setting(r)
+                given.get(k) == v for k, v in entry.items() if k in given
                 and k not in ("latency",)):
             return r
     return {"strategy": entry["strategy"]}

@@ -85,8 +85,13 @@ def check_startable(job: Job):
     sweep checks each point with it before any point trains. The validation set, and one
     forward pass over rank 0's first batch giving a scalar loss."""
     checked_validation_set(job)
-    check_model(job, Batches(job.dataset(0, job.nodes, "train"), job.batch_size, job.seed, 0,
-                             job.shuffle, job.drop_last))
+    check_model(job, rank_batches(job, 0))
+
+
+def rank_batches(job: Job, rank: int) -> Batches:
+    """Rank `rank`'s training batches, as its node draws them."""
+    return Batches(job.dataset(rank, job.nodes, "train"), job.batch_size, job.seed, rank,
+                   job.shuffle, job.drop_last)
 
 
 def warn_about_measured_compute(job: Job):
@@ -128,8 +133,7 @@ def prepare(job: Job, rank: int | None = None) -> tuple[Job, dict, ValidationSet
             "a GPU before the run), and the ranks, forked from it, could not use it. Keep the "
             "model and data on the CPU: exoframe moves them to --device.")
     ranks = range(job.nodes) if rank is None else sorted({0, rank})
-    batches = {r: Batches(job.dataset(r, job.nodes, "train"), job.batch_size, job.seed, r,
-                          job.shuffle, job.drop_last) for r in ranks}
+    batches = {r: rank_batches(job, r) for r in ranks}
     val_set = checked_validation_set(job) if rank is None else None
     warn_about_measured_compute(job)
     first_batch = check_model(job, batches[0])

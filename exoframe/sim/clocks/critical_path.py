@@ -59,6 +59,12 @@ def latency_since(leg: Leg | None, start: float) -> float:
     return total
 
 
+def wait_latency(leg: Leg | None, comm: float, start: float) -> float:
+    """Of a wait's `comm` seconds of communication from `start` on, those the chain that
+    ends with `leg` spent on round trips."""
+    return min(comm, latency_since(leg, start)) if comm > 0 else 0.0
+
+
 class Paths:
     """An operation's legs as they go (the Simulator keeps one per operation): the flows on
     the wire, by plan index (a notice for flow f: -1 - f), as (released, the leg that

@@ -4,7 +4,7 @@ its destination's mailbox; a Listen is answered with the mailbox's content once 
 """
 from __future__ import annotations
 
-from .critical_path import Leg, latency_since
+from .critical_path import Leg, wait_latency
 from .operation import sort_key
 from .protocol import Listen, Mail, Post, SimulationError
 
@@ -54,6 +54,6 @@ class Mailboxes:
         message that ends it (`leg`) was posted, idle before."""
         letters, self.boxes[rank] = tuple(self.boxes[rank]), []
         comm = end - max(since, posted)
-        latency = min(comm, latency_since(leg, end - comm)) if comm > 0 else 0.0
+        latency = wait_latency(leg, comm, end - comm)
         self.sim.wake(rank, end, Mail(end, end - since - comm, comm, letters,
                                       latency=latency))

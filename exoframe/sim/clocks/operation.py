@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from .critical_path import Paths
 from .protocol import SimulationError
 
 
@@ -24,6 +25,7 @@ class Operation:
         self.key, self.kind, self.nbytes = key, kind, nbytes
         self.order = sort_key(key)  # orders its messages among others at one instant (flows.py)
         self.participants, self.root, self.plan = participants, root, plan
+        self.paths = Paths(len(participants))  # where its time goes (critical_path.py)
         self.opened_by = opened_by  # (rank, kind, nbytes) of the first submission, for messages
         compiled = plan.compiled
         self.waiting = list(compiled.waiting)

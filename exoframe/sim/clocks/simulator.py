@@ -38,7 +38,7 @@ from ..network.collectives import Plans
 from ..network.events import URGENT, Environment
 from ..network.flows import FlowNetwork
 from ..network.topology import Topology
-from .critical_path import Paths, latency_since
+from .critical_path import wait_latency
 from .diagnosis import why_stuck
 from .mailbox import Mailboxes
 from .membership import join_quorum
@@ -225,7 +225,6 @@ class Simulator:
         if op is None:
             plan = self.plans.of(kind, len(participants), root, participants, nbytes)
             op = Operation(key, kind, nbytes, participants, root, plan, (rank, kind, nbytes))
-            op.paths = Paths(len(participants))  # where its time goes (critical_path.py)
             self.operations[key] = op
         else:
             op.check_matches(rank, kind, nbytes, root)
@@ -316,7 +315,7 @@ class Simulator:
         end = max(t, op.done_at[index])
         idle = max(0.0, min(end, op.last_join_when_done[index]) - t)
         comm = end - t - idle
-        latency = min(comm, latency_since(op.paths.end_leg[index], t + idle)) if comm else 0.0
+        latency = wait_latency(op.paths.end_leg[index], comm, t + idle)
         self.wake(rank, end, Waited(end, idle, comm, latency))
 
     def _answer_probe(self, rank, message: Probe):
