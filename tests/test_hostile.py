@@ -444,6 +444,34 @@ STUCK = textwrap.dedent('''
 ''')
 
 
+def stall_line(idle_ranks: list, awaiting_validation: list) -> str:
+    """The watchdog's line for three threads of ranks (0-2) and the evaluator (3), where
+    `idle_ranks` made no progress and the others wait in the simulator."""
+    from types import SimpleNamespace
+    from exoframe.engine.launch.watchdog import describe_stall
+    sim = SimpleNamespace(blocked=[rank not in idle_ranks for rank in range(3)], paused={},
+                          handles={})
+    monitor = SimpleNamespace(
+        sim=sim, job=SimpleNamespace(nodes=3, target_loss=None),
+        verdicts=SimpleNamespace(waiting={}), who=[0, 1, 2, "evaluator"],
+        processes=[None] * 4, hosts={}, results=[None] * 4,
+        rows=SimpleNamespace(awaiting_steps=lambda: awaiting_validation))
+    return describe_stall(monitor, 2)[0]
+
+
+def test_the_watchdog_blames_a_stuck_rank_before_an_evaluator_that_waits_for_its_model():
+    """A validation that waits while a rank made no progress most likely waits for that
+    rank's model (the CI run where the evaluator of an --in-process run was named beside the
+    stuck rank); an evaluator that made no progress while every rank waits is the culprit."""
+    waits = "waits for the simulated network, held back by the late rank(s)"
+    line = stall_line([2], [1, 2])
+    assert line.startswith(f"no progress for 2 s: rank 2 made no progress; rank 0 {waits}; "
+                           f"rank 1 {waits}; evaluator waits to validate step 1."), line
+    line = stall_line([], [4])
+    assert line.startswith("no progress for 2 s: evaluator (validating step 4) made no "
+                           f"progress; rank 0 {waits}; rank 1 {waits}; rank 2 {waits}."), line
+
+
 @pytest.mark.parametrize("hosting", ["forked", "packed", "in-process"])
 def test_a_stuck_rank_is_named_by_the_watchdog(cli, hosting):
     write_plugin(cli.cwd, "stuck-plugin", "stuck", STUCK)

@@ -28,16 +28,16 @@ def describe_stall(monitor, seconds: float) -> tuple[str, list[int]]:
     sim, nodes = monitor.sim, monitor.job.nodes
     waiting_verdict = monitor.verdicts.waiting
     stopped, idle, waits, stuck = [], [], [], []
+    evaluator = None
     for i, who in enumerate(monitor.who):
         name = child_name(who)
         process = monitor.processes[i]  # None: a rank on another machine, or a thread here
         here = process is not None or i not in monitor.hosts  # (a thread: --in-process)
         if process is not None and process_state(process.pid) in ("T", "t"):
             stopped.append(name)
-        elif i == nodes:  # the evaluator
+        elif i == nodes:  # the evaluator: culprit only if no rank is (see below)
             if monitor.rows.awaiting_steps():
-                idle.append(f"{name} (validating step {min(monitor.rows.awaiting_steps())})")
-                stuck.append(i)
+                evaluator = (i, name, min(monitor.rows.awaiting_steps()))
         elif monitor.results[i] is not None:
             continue
         elif i in waiting_verdict:
@@ -55,10 +55,16 @@ def describe_stall(monitor, seconds: float) -> tuple[str, list[int]]:
             idle.append(name)
             if here:
                 stuck.append(i)
+    if evaluator is not None:  # a validation waits for a stuck rank's model, if any is stuck
+        index, name, step = evaluator
+        if idle or stopped:
+            waits.append(f"{name} waits to validate step {step}")
+        else:
+            idle.append(f"{name} (validating step {step})")
+            stuck.append(index)
     if stopped:  # a stopped process explains everyone else outside the simulator
         culprit = f"{', '.join(stopped)} stopped (SIGSTOP or SIGTSTP) and made no progress"
-        waits += [f"{name} waits outside the simulator" for name in idle
-                  if not name.startswith("evaluator")]
+        waits += [f"{name} waits outside the simulator" for name in idle]
     elif idle:
         culprit = f"{', '.join(idle)} made no progress"
     else:
