@@ -118,6 +118,35 @@ def test_the_report_says_latency_bounds_ddp_with_the_ring_closed_form(ddp_run, c
         assert tcp and tcp["kind"] == "latency", lines
 
 
+def test_ddp_on_the_presets_tcp_pays_gloos_closed_form_of_round_trips_a_step(ddp_run,
+                                                                                tmp_path):
+    """On the presets' own protocol (TCP, gloo's ring; their jitter left out, so that the
+    figures are exact), a step after the first pays gloo's closed form of latency: with P
+    segments per rank, 2(n-1)P ring steps, two segments in flight, each pair paying a notice
+    and a payload's latency, so 2(n-1)P·a in all. (The first step pays more: slow start on
+    new connections, and at 1 Gbit/s the second too, as the windows grow.) The difference of
+    a 6-step and a 4-step run is two such steps."""
+    from exoframe.sim.network.gloo import gloo_segments_per_rank
+    result, _ = ddp_run
+    longer = execute(job_from_config(RunConfig(
+        strategy="ddp", nodes=N, steps=STEPS + 2, net=network(tmp_path, "ring", "1gbit", "10ms"),
+        compute=f"fixed:{COMPUTE * 1000:g}ms", eval_every=STEPS + 2).validate()),
+        out=str(tmp_path / "runs"))
+    nbytes = 4 * result.summary["model_parameters"]
+    segments = gloo_segments_per_rank(N, nbytes)
+    assert segments == 2  # (the default gpt's gradients: under a segment a rank)
+    for preset, (bandwidth, latency) in PRESETS.items():
+        net = network(tmp_path, f"tcp-{preset}", f"{bandwidth * 8 / 1e6:g}mbit",
+                      f"{latency * 1000:g}ms", tcp=True)
+        six, four = (replay_run(run.run_dir, net, save=False)["per_rank"]
+                     for run in (longer, result))
+        for a, b in zip(six, four):
+            steady = (a["comm_latency_seconds"] - b["comm_latency_seconds"]) / 2
+            assert steady == pytest.approx(2 * (N - 1) * segments * latency, rel=0.01), preset
+            # round trips are the larger part, as the report's line on the preset says
+            assert steady > (a["comm_bandwidth_seconds"] - b["comm_bandwidth_seconds"]) / 2
+
+
 @pytest.mark.parametrize("wait_at", [0.0, 0.05])
 def test_an_all_reduce_waited_late_splits_its_exposed_tail(wait_at):
     """A ring all-reduce started at 0 and waited for at `wait_at`: round k takes S/(nB) of

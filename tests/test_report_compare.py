@@ -95,7 +95,7 @@ def test_report_writes_the_speedup_and_utilization_tables_and_plot(sweep, tmp_pa
           "--paper"])
     printed = capsys.readouterr().out.splitlines()
     header = printed[0].split("  ")
-    assert "speed-up vs ddp" in [h.strip() for h in header if h.strip()], printed[0]
+    assert {"speed-up vs ddp", "simulated time (s)"} <= {h.strip() for h in header}, printed[0]
 
     # Speed-up: ddp's time over diloco's, seed by seed, on the same network.
     speedups = {(r["strategy"], r["net"]): r for r in read_csv(out / "speedup.csv")}
@@ -109,6 +109,9 @@ def test_report_writes_the_speedup_and_utilization_tables_and_plot(sweep, tmp_pa
         line = next(line for line in printed if line.split()[:2] == ["diloco",
                                                                      f"net-{mbit}.yaml"])
         assert f"{statistics.mean(ratios):.2f}× ± {statistics.stdev(ratios):.2f}" in line
+        # the simulated time in the header's one unit (s: the longest run is under 2 min)
+        times = [seconds("diloco", i, s) for s in range(3)]
+        assert f"  {statistics.mean(times):.3g} ± {statistics.stdev(times):.3g}  " in line
         # final loss with its spread over the seeds
         assert row["final_val_loss_std"] not in ("", "0.0")
 

@@ -23,7 +23,8 @@ from .compare import (UTILIZATION_LEVELS, choose_baseline, level_csv, level_text
 from .groups import cells, check_distinct_seeds, column_name, read_config, varying
 from .paper_tables import write_paper_tables
 from .setups import by_setup, row_order, setup_label
-from .summary import LOW_UTILIZATION, format_bytes, format_seconds
+from .plot_style import time_unit
+from .summary import LOW_UTILIZATION, format_bytes
 
 # Each node's time by what it went to, mean over the nodes (exoframe/report/bounds.py):
 # communication not hidden behind compute, of it round trips (latency) and bytes
@@ -188,10 +189,15 @@ def table(rows: list[dict], baseline: str | None = None) -> str:
     compared = len({r["strategy"] for r in rows}) > 1 and any(
         s["speedup_mean"] is not None for s in summaries)
     target = _one(rows, "target_loss")
+    name, per = time_unit([t for r in rows for t in (r["simulated_seconds"],
+                                                     r.get("time_to_target")) if t])
+
+    def in_unit(seconds: float) -> str:  # (a spread, too: in the column's unit)
+        return f"{seconds / per:.3g}"
     headers = ["strategy", "network", *map(column_name, keys), *(["seeds"] * several),
-               "simulated time",
-               *([f"to val loss {target:g}" if target is not None else "to target"]
-                 * targeted),
+               f"simulated time ({name})",
+               *([f"to val loss {target:g} ({name})" if target is not None
+                  else f"to target ({name})"] * targeted),
                *([f"speed-up vs {summaries[0]['baseline']}"] * compared),
                "compute util.", "sent / node", "final val loss",
                *(["failures (node-steps lost)"] * failures)]
@@ -201,8 +207,8 @@ def table(rows: list[dict], baseline: str | None = None) -> str:
         cell = _cells(s)
         lines.append([s["strategy"] + (f" s{seed}" if seed and not several else ""),
                       setup_label(s), *cells(group[0], keys), *([str(s["seeds"])] * several),
-                      cell("simulated_seconds", format_seconds, _duration),
-                      *([_to_target(s, cell)] * targeted),
+                      cell("simulated_seconds", in_unit),
+                      *([_to_target(s, cell, in_unit)] * targeted),
                       *([cell("speedup", lambda x: f"{x:.2f}×", lambda x: f"{x:.2f}")]
                         * compared),
                       cell("compute_utilization", lambda u: f"{100 * u:.1f}%"),
@@ -280,18 +286,11 @@ def _cells(s: dict):
     return cell
 
 
-def _to_target(s: dict, cell) -> str:
-    text = cell("time_to_target", format_seconds, _duration)
+def _to_target(s: dict, cell, in_unit) -> str:
+    text = cell("time_to_target", in_unit)
     if text != "-" and s["seeds_at_target"] < s["seeds"]:
         text += f" ({s['seeds_at_target']}/{s['seeds']} seeds)"
     return text
-
-
-def _duration(s: float) -> str:
-    """format_seconds, and below a second in ms or µs (a spread is often that small)."""
-    if s >= 1:
-        return format_seconds(s)
-    return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} µs"
 
 
 def _aligned(headers: list[str], lines: list[list[str]]) -> str:
