@@ -275,6 +275,12 @@ def run_case(case: Case, strategy: str, nodes: int, seed: int, protocol, workdir
         network["sites"] = {name: {key: value for key, value in (site or {}).items()
                                    if key != "queue"}
                             for name, site in network["sites"].items()}
+    # a link between sites is a switch's port: queued as --port-queue says, where the case
+    # does not say (the twin reads the same file)
+    network["links"] = [{"queue": OPTION_QUEUES[emulation_as.port_queue].describe(), **link}
+                        for link in network.get("links", [])]
+    if not network["links"]:
+        del network["links"]
     hidden = case.hidden or hidden_for(case.network, nodes, case.seconds_per_exchange)
     args = run_args(strategy, hidden, steps, seed, list(extra))
     folder = Path(tempfile.mkdtemp(prefix=f"{case.name}-{strategy}-", dir=workdir))

@@ -1,5 +1,5 @@
 """`exoframe emulate` end to end on three network files (a star, two sites, asymmetric
-links), each with a stated latency, loss and uplink queue: the job runs on namespaces, tc
+links), each with a stated latency, loss and queue (the uplinks', the site link's): the job runs on namespaces, tc
 and the delay line under torchrun, and in the simulator, and the command prints both
 clocks and leaves nothing behind. Needs root (skipped cleanly without); what does not need
 it (bad input, missing root) is one line either way."""
@@ -21,7 +21,7 @@ NETWORKS = {
     "sites": {"description": "two sites", "bandwidth": "200mbit", "latency": "1ms",
               "sites": {"a": {}, "b": {}},
               "links": [{"between": ["a", "b"], "bandwidth": "50mbit", "latency": "10ms",
-                         "loss": 0.001}], "queue": "fair"},
+                         "loss": 0.001, "queue": "fifo 50ms"}], "queue": "fair"},
     "asymmetric": {"description": "home broadband", "upload": "20mbit",
                    "download": "100mbit", "latency": "8ms", "jitter": "1ms", "loss": 0.0005,
                    "queue": "fifo 100 packets"},
@@ -53,6 +53,9 @@ def test_emulate_runs_a_file_on_its_emulation_and_its_twin(tmp_path, name):
     assert real > 0 and simulated > 0 and ratio == pytest.approx(real / simulated, rel=0.01)
     assert "same losses and bytes yes" in done.stdout
     assert f"uplink queues {NETWORKS[name]['queue']}," in done.stdout
+    links = NETWORKS[name].get("links", [])
+    assert ("links between sites" in done.stdout) == bool(links)
+    assert all(f"links between sites {link['queue']}," in done.stdout for link in links)
     # the twin read the same file, with the congestion control the ranks used
     twin = yaml.safe_load((tmp_path / "kept" / "network.yaml").read_text())
     assert twin["protocol"]["congestion"] == "cubic"

@@ -275,6 +275,8 @@ def test_missing_file():
     ("queue: fifo 1.5 packets", "queue", "a whole number of packets, at least 1"),
     ("queue: fifo 50", "queue", "has no unit"),
     ("sites: {us: {queue: fair 2}}", "sites.us.queue", "expected fair, fifo"),
+    ("sites: {us: {}, eu: {}}\nlinks: [{between: [us, eu], bandwidth: 1gbit, queue: fifo 0s}]",
+     "links[0].queue", "a FIFO's depth is more than 0"),
     ("algorithm: rng", "algorithm", "unknown collective algorithm 'rng'. Did you mean 'ring'?"),
     ("algorithm: {allreduce: ring}", "algorithm.allreduce",
      "unknown collective 'allreduce'. Did you mean 'all_reduce'?"),
@@ -308,6 +310,18 @@ def test_each_uplink_has_the_queue_its_scope_states(write):
     assert topology.queue_of(2).capacity(12.5e6, 1514) == 151400
     assert load_network(write("queue: fifo\n"), Registry("networks")).topology(1).queue_of(0) \
         == Queue("fifo", packets=1000)  # Linux's txqueuelen
+    # a link between sites has its own queue (a router's port), fair where it says none
+    links = load_network(write("sites: {us: {}, eu: {}, ap: {}}\n"
+                               "links: [{between: [us, eu], bandwidth: 1gbit, queue: fifo 20ms},"
+                               "\n        {between: [us, ap], bandwidth: 1gbit},"
+                               "\n        {between: [eu, ap], bandwidth: 1gbit}]\n"),
+                         Registry("networks"))
+    inter = links.topology(3).inter
+    assert inter[(0, 1)].queue == inter[(1, 0)].queue == Queue("fifo", seconds=0.02)
+    assert inter[(0, 2)].queue == Queue("fair")
+    two = load_network(write("sites: {us: {}, eu: {}}\nlinks: [{between: [us, eu], "
+                             "bandwidth: 1gbit, queue: fifo 20ms}]\n"), Registry("networks"))
+    assert two.summary().endswith("1 Gbit/s, no latency, fifo 20ms queue between"), two.summary()
     assert load_network(write("bandwidth: 1gbit\n"), Registry("networks")).topology(2) \
         .queue_of(1) == Queue("fair")
     assert "fifo 100 packets" not in net.summary()

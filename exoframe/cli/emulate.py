@@ -30,7 +30,8 @@ OWN = ("--net", "--nodes", "--compute", "--out")
               help="The ranks' TCP congestion control (the twin models the same). "
                    "[the file's protocol.congestion, else cubic]")
 @click.option("--port-queue", type=click.Choice(QUEUES), default=EmulationOptions.port_queue,
-              show_default=True, help="The switch's ports' queues (downlinks, site links).")
+              show_default=True, help="The switch's ports' queues to the ranks (their downlinks); "
+                   "a link between sites is queued as the file says.")
 @click.option("--line-seed", type=int, default=0, show_default=True,
               help="The delay line's draws (jitter, loss).")
 @click.option("--keep", type=click.Path(file_okay=False),
@@ -39,8 +40,9 @@ OWN = ("--net", "--nodes", "--compute", "--out")
 def emulate(net, nodes, congestion, port_queue, line_seed, keep, run_options):
     """Run a job on an emulated NET and in the simulator, and compare their clocks.
 
-    The emulation has the bandwidths, latencies, jitters, losses and uplink queues the
-    network file states (what it leaves out takes the model's defaults).
+    The emulation has the bandwidths, latencies, jitters, losses and queues (the uplinks',
+    the links between sites') the network file states (what it leaves out takes the
+    model's defaults).
 
     Give exoframe run's options after `--`, e.g.
     `exoframe emulate --net my-wan.yaml --nodes 4 -- --workload mlp --strategy diloco -p H=5
@@ -118,7 +120,9 @@ def _table(done, congestion: str, port_queue: str) -> str:
     lost = sum(counts.lost.values())
     return "\n".join([
         f"  emulated (real)       {real:.3f} s   ({congestion}, uplink queues "
-        f"{', '.join(sorted(set(done.uplink_queues)))}, switch ports {port_queue})",
+        f"{', '.join(sorted(set(done.uplink_queues)))}"
+        + (f", links between sites {', '.join(sorted(set(done.link_queues)))}"
+           if done.link_queues else "") + f", downlink ports {port_queue})",
         f"  simulated (twin)      {simulated:.3f} s   (compute {done.compute_per_step:.4f} s "
         f"per step, as the real ranks took)",
         f"  real / simulated      {real / simulated:.3f}",

@@ -18,8 +18,9 @@ on w<a>_<b>. A rank's uplink is its host's own egress queue, queued as the netwo
 `queue:` says (topology.Queue). `fair`, a Linux host's: pure ACKs go ahead of queued data
 (the default fq_codel serves sparse flows first; this kernel has neither fq_codel nor fq,
 so an htb under the tbf serves packets under SMALL_PACKET bytes first) and the queue holds
-txqueuelen's 1000 packets. `fifo`: one FIFO of the depth the file gives, as a modem's; the
-links in the switch namespace are 50 ms FIFOs by default (a switch's ports;
+txqueuelen's 1000 packets. `fifo`: one FIFO of the depth the file gives, as a modem's.
+A link between sites is queued as the file's `links[i].queue` says (a router's port); the
+ranks' downlinks in the switch namespace are 50 ms FIFOs by default (a switch's ports;
 `port_queue="acks-first"` queues them as hosts' instead). Behind a FIFO, BBR, whose window
 is sized from the 35 us round trip of these delay-free links, stalls while its ACKs wait
 tens of ms behind the other direction's data (ring rounds took up to 1.4x the model at
@@ -150,10 +151,13 @@ class Emulation:
                  congestion_control: str | None = None,
                  options: EmulationOptions = EmulationOptions(),
                  access_delay: list | None = None, inter_delay: dict | None = None,
-                 seed: int = 0, uplink_queue: list | None = None):
+                 seed: int = 0, uplink_queue: list | None = None,
+                 inter_queue: dict | None = None):
         """access_delay[r]: (up, down) Directions of rank r's link; inter_delay[(a, b)]:
         the Direction from site a to site b (delay_line.py). Left out: no delay.
-        uplink_queue[r]: the Queue in front of rank r's uplink; left out: fair."""
+        uplink_queue[r]: the Queue in front of rank r's uplink; left out: fair.
+        inter_queue[(a, b)]: the Queue in front of the link from site a to site b; left
+        out: the switch's ports' (options.port_queue)."""
         self.tag = tag
         self.options = options
         self.uplink, self.downlink, self.site_of = list(uplink), list(downlink), list(site_of)
@@ -163,6 +167,7 @@ class Emulation:
         self.inter_delay = inter_delay or {}
         self.seed = seed
         self.uplink_queue = list(uplink_queue or [Queue()] * len(self.site_of))
+        self.inter_queue = dict(inter_queue or {})
         self.delay_pairs: list[Pair] = []
         self.delay_line: DelayLine | None = None
         self.delay_counts: dict = {}  # the delay line's last counts, once closed
@@ -248,7 +253,7 @@ class Emulation:
                     self.delay_pairs.append(Pair(f"v{a}_{b}", f"v{b}_{a}", there, back))
                 for x, y in ((a, b), (b, a)):
                     self._in(sw, "ip", "link", "set", f"w{x}_{y}", "master", f"bd{x}", "up")
-            self._shape(sw, f"w{a}_{b}", rate, self.port_queue)
+            self._shape(sw, f"w{a}_{b}", rate, self.inter_queue.get((a, b), self.port_queue))
         lossy = [pair for pair in self.delay_pairs if pair.a_to_b.loss or pair.b_to_a.loss]
         if lossy:  # a packet each: a lost GSO frame would lose tens of segments at once
             for rank in range(len(self.site_of)):

@@ -110,6 +110,7 @@ class SideBySide:
     compute_per_step: float  # s, what the twin's compute model was given
     counts: Counts  # what the emulation's queues, TCP stacks and delay line counted
     uplink_queues: list  # each rank's uplink queue, as a network file writes it
+    link_queues: list  # each link between sites' queue, as a network file writes it
 
     @property
     def real_seconds(self) -> float:
@@ -136,7 +137,8 @@ def side_by_side(net_file: Path, nodes: int, args: list[str], out: Path, tag: st
     with Emulation(tag, topology.uplink, topology.downlink, topology.site_of,
                    {pair: spec.bandwidth for pair, spec in topology.inter.items()},
                    congestion, options, access, inter, seed,
-                   [topology.queue_of(rank) for rank in range(nodes)]) as emulation:
+                   [topology.queue_of(rank) for rank in range(nodes)],
+                   {pair: spec.queue for pair, spec in topology.inter.items()}) as emulation:
         before = emulation.counts()
         real, real_rows = real_run(emulation, args, str(out / "real"), nodes, timeout)
         counts = emulation.counts() - before
@@ -146,4 +148,5 @@ def side_by_side(net_file: Path, nodes: int, args: list[str], out: Path, tag: st
                   for rank in real["per_rank"]) / nodes / max(1, real["steps"])
     twin, twin_rows = twin_run(str(net_file), args, str(out / "sim"), compute, nodes, overlap)
     return SideBySide(real, twin, real_rows, twin_rows, compute, counts,
-                      [topology.queue_of(rank).describe() for rank in range(nodes)])
+                      [topology.queue_of(rank).describe() for rank in range(nodes)],
+                      [spec.queue.describe() for spec in topology.inter.values()])

@@ -51,6 +51,10 @@ class LinkConfig:
     latency: Unit = None  # None: 0
     jitter: Unit = None
     loss: Unit = None  # packets lost at random on the link; None: 0
+    # The queue in front of each direction of the link (a router's port), as the top
+    # level's `queue:`; None: fair. exoframe emulate builds it; the simulator times a
+    # FIFO as a fair queue (the network guide)
+    queue: str | None = None
     # The bandwidth over time: [[time, bandwidth], ...] or a CSV file of time,bandwidth
     # lines (relative to this file's folder); each bandwidth holds from its time on, and
     # 'down' (or 0) stops the link until the next entry.
@@ -168,7 +172,9 @@ class NetConfig(NetKeys):
         text = f"{len(names)} sites ({', '.join(names)}): "
         text += f"{nics.pop()} inside" if len(nics) == 1 else "NICs differ by site"
         links = self._links()
-        between = {f"{format_bandwidth(s.bandwidth)}, {_delay_text(s)}" for s in links.values()}
+        between = {f"{format_bandwidth(s.bandwidth)}, {_delay_text(s)}"
+                   + ("" if s.queue.discipline == "fair" else f", {s.queue.describe()} queue")
+                   for s in links.values()}
         if len(between) == 1:
             text += f"; {between.pop()} between"
         elif between:
@@ -288,7 +294,9 @@ class NetConfig(NetKeys):
                                   jitter=self._jitter(latency, link.jitter, f"{path}.jitter"),
                                   loss=self._loss(link.loss, f"{path}.loss"),
                                   trace=self._trace(link.bandwidth_trace,
-                                                    f"{path}.bandwidth_trace"))
+                                                    f"{path}.bandwidth_trace"),
+                                  queue=Queue() if link.queue is None else
+                                  parse_queue(link.queue, f"{path}.queue", self.where))
         return specs
 
     def _trace(self, value: list | str | None, path: str) -> tuple:

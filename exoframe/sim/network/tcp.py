@@ -18,6 +18,9 @@ to move payload bytes as a TCP connection does, beyond the exact alpha-beta mode
   (recovery_delay); from a connection's first expected loss on (after 1 / loss packets),
   a loss-based congestion control (cubic, reno) holds its flows to the rate its response
   function allows (loss_cap: Padhye et al.'s, with its timeouts).
+- Queues: the simulator times a FIFO (a network's `queue: fifo`, a link's) as a fair
+  queue: what ACKs and small messages waiting behind queued data cost is not modelled
+  (docs/guides/network-fidelity.md says where it matters).
 - Slow start: a connection's window starts at `initial_window` segments and doubles every
   round trip until the flow is held by the window above or by the links. A connection keeps
   the window it reached for its next message, except after an idle time longer than its

@@ -9,27 +9,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
-class LinkSpec:
-    bandwidth: float = math.inf  # bytes/s, one direction
-    latency: float = 0.0  # s, one way
-    jitter: float = 0.0  # s; each message's latency is drawn uniformly in latency ± jitter
-    loss: float = 0.0  # the fraction of packets lost at random on the way (TCP: tcp.py)
-    # (time s, bandwidth bytes/s): from each time on, the link's bandwidth (a trace);
-    # `bandwidth` holds before the first.
-    trace: tuple[tuple[float, float], ...] = ()
-
-
 FIFO_PACKETS = 1000  # a FIFO's depth when a file gives none: Linux's default txqueuelen
 
 
 @dataclass(frozen=True)
 class Queue:
-    """The queue in front of a rank's uplink (a network file's `queue:`). `fair`: pure ACKs
-    and sparse flows go ahead of queued data (a Linux host's fq_codel); `fifo`: one
-    first-in first-out queue (a modem's, pfifo_fast's), whose ACKs and small messages wait
-    behind the data queued before them, holding `seconds` at the link's rate or `packets`
-    frames (FIFO_PACKETS where neither is given)."""
+    """The queue in front of a rank's uplink or of a link between sites (a network file's
+    `queue:`). `fair`: pure ACKs and sparse flows go ahead of queued data (a Linux host's
+    fq_codel); `fifo`: one first-in first-out queue (a modem's, a router's port,
+    pfifo_fast), whose ACKs and small messages wait behind the data queued before them,
+    holding `seconds` at the link's rate or `packets` frames (FIFO_PACKETS where neither is
+    given)."""
     discipline: str = "fair"
     seconds: float | None = None
     packets: int | None = None
@@ -46,6 +36,19 @@ class Queue:
         if self.seconds is not None:
             return f"fifo {self.seconds * 1e3:g}ms"
         return f"fifo {self.packets or FIFO_PACKETS} packets"
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    bandwidth: float = math.inf  # bytes/s, one direction
+    latency: float = 0.0  # s, one way
+    jitter: float = 0.0  # s; each message's latency is drawn uniformly in latency ± jitter
+    loss: float = 0.0  # the fraction of packets lost at random on the way (TCP: tcp.py)
+    # (time s, bandwidth bytes/s): from each time on, the link's bandwidth (a trace);
+    # `bandwidth` holds before the first.
+    trace: tuple[tuple[float, float], ...] = ()
+    # the queue in front of each direction of a link between sites (a router's port)
+    queue: Queue = Queue()
 
 
 DEFAULT_ALGORITHMS = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring",
