@@ -18,10 +18,10 @@ _LAZY = {"Trainer": ".engine.trainer", "RunResult": ".engine.run",
          "SweepResult": ".report.results",
          "Strategy": ".strategies.base", "Traits": ".strategies.traits",
          "OptimizerSpec": ".strategies.base",
-         "Workload": ".workloads.base"}
+         "Workload": ".workloads.base", "load_run": ".schema"}
 
 __all__ = ["Trainer", "RunResult", "SweepResult", "Strategy", "Traits", "OptimizerSpec",
-           "Workload", "hookimpl", "ExoframeError", "PLUGIN_API", "__version__"]
+           "Workload", "load_run", "hookimpl", "ExoframeError", "PLUGIN_API", "__version__"]
 
 
 def __getattr__(name: str):

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ExoframeError
+from ..schema import RunSummary
 from .bounds import bound_text
 from .compare import choose_baseline
 from .labels import label_keys, network_label, network_names, strategy_label
 from .setups import by_setup
-from .summary import format_seconds, summary_table
+from .summary import as_run_summary, format_seconds, summary_table
 from .sweep import collect_rows, summarize, table, utilization_text
 
 # what a sweep row holds beside its numbers: each step's values, the run's configuration
@@ -25,20 +26,19 @@ def run_table(summary: dict, run_dir) -> str:
                                     else "none (out not given: nothing written)"),))
 
 
-def run_repr(summary: dict, run_dir) -> str:
+def run_repr(summary: dict | RunSummary, run_dir) -> str:
     """A run in five lines: strategy, nodes, steps, network; simulated time; final losses;
     folder; where the rest is."""
-    def loss(key):
-        value = summary.get(key)
+    def loss(value):
         return "-" if value is None else f"{value:.4f}"
 
-    utilization = summary.get("compute_utilization")
+    s = as_run_summary(summary)
+    utilization = s.compute_utilization
     return "\n".join([
-        f"RunResult: {summary.get('strategy')} on {summary.get('num_nodes')} nodes, "
-        f"{summary.get('steps')} steps, network {summary.get('net')}",
-        f"  simulated wall-clock {format_seconds(summary.get('simulated_seconds') or 0.0)}, "
+        f"RunResult: {s.strategy} on {s.num_nodes} nodes, {s.steps} steps, network {s.net}",
+        f"  simulated wall-clock {format_seconds(s.simulated_seconds)}, "
         f"compute utilization {'-' if utilization is None else f'{100 * utilization:.1f}%'}",
-        f"  final train loss {loss('final_loss')}, final val loss {loss('final_val_loss')}",
+        f"  final train loss {loss(s.final_loss)}, final val loss {loss(s.final_val_loss)}",
         f"  run folder {run_dir if run_dir is not None else 'none (nothing written)'}",
         "  .table(): the summary exoframe run prints; .summary, .metrics (.dataframe()), "
         ".model, .trace"])

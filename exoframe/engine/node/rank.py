@@ -16,6 +16,7 @@ from ...comm import Communicator
 from ...comm.exchange import Exchange
 from ...comm.faults import RankFaults
 from ...errors import ExoframeError
+from ...schema import FailureRecord, RankResult, Traffic
 from ...sim.clocks.clock import RankClock, StepClock
 from ...sim.clocks.compute import ComputeClock
 from ...sim.clocks.measured import RealClock
@@ -263,14 +264,15 @@ class Rank:
         stats = clock.stats()  # training ends here; what follows only serves the others
         if self.job.strategy_cls.traits.remote_calls:
             comm.remote.barrier()  # serve what peers still ask until every rank is here
-        self.conn.send(RankDone(self.rank, {
-            "traffic": comm.traffic.as_dict(),
-            "bytes_sent": comm.traffic.bytes_sent,
-            "bytes_received": comm.traffic.bytes_received,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "samples": self.batches.samples,
-            "moving_models_seconds": self.moving_seconds,
+        result = RankResult(
+            traffic={kind: Traffic(**counts) for kind, counts in comm.traffic.as_dict().items()},
+            bytes_sent=comm.traffic.bytes_sent,
+            bytes_received=comm.traffic.bytes_received,
+            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            samples=self.batches.samples,
+            moving_models_seconds=self.moving_seconds,
             **stats,
-            "failures": faults.records if faults is not None else [],
-            "trace": clock.trace,
-        }))
+            failures=[FailureRecord(**f) for f in faults.records] if faults is not None else [],
+            trace=clock.trace)
+        # (as its mapping: the launcher and engine/run.py read it by key)
+        self.conn.send(RankDone(self.rank, result.to_json()))

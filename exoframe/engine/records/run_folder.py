@@ -13,6 +13,7 @@ import yaml
 
 from ...files import write_atomic
 from ...report.strict_json import dumps
+from ...schema import RunSummary, StoppedSummary, Trace, with_version
 
 
 class RunFolder:
@@ -41,8 +42,18 @@ class RunFolder:
     def write_config(self, config: dict):
         write_atomic(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
 
-    def write_trace(self, trace: dict):
-        write_atomic(self.path / "trace.json", dumps(trace) + "\n")
+    def write_trace(self, trace: dict | Trace):
+        """trace.json, as its record (exoframe/schema) writes it."""
+        if not isinstance(trace, Trace):
+            trace = Trace.from_json(trace, "trace.json")
+        write_atomic(self.path / "trace.json", dumps(trace.to_json()) + "\n")
 
-    def write_summary(self, summary: dict):
-        write_atomic(self.path / "summary.json", dumps(summary, indent=2) + "\n")
+    def write_summary(self, summary: dict | RunSummary | StoppedSummary):
+        """summary.json, as its record (exoframe/schema) writes it. A completed run's
+        mapping is read as its record first (its fields checked); a stopped run's, rewritten
+        every few seconds while the run goes with every row so far, only gets its version
+        (reading each row as a Row would cost seconds on a long run)."""
+        if isinstance(summary, dict) and summary.get("status") == "completed":
+            summary = RunSummary.from_json(summary, "summary.json")
+        mapping = with_version(summary) if isinstance(summary, dict) else summary.to_json()
+        write_atomic(self.path / "summary.json", dumps(mapping, indent=2) + "\n")
