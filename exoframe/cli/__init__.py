@@ -71,7 +71,12 @@ def entry():
         click.echo(code, err=True)
         code = 1
     code = code or 0
-    others = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    # Threads an --in-process run's own code left running were named in a warning then
+    # (engine/node/node_globals.py): the command does not wait for them.
+    run_globals = sys.modules.get("exoframe.engine.node.node_globals")
+    left = set(run_globals.LEFT_RUNNING) if run_globals is not None else set()
+    others = [t for t in threading.enumerate()
+              if t is not threading.main_thread() and t not in left]
     if any(t.is_alive() and not t.daemon for t in others):
         sys.exit(code)  # a thread still working: the usual exit waits for it
     atexit._run_exitfuncs()  # (what `sys.exit` would run: logging, multiprocessing, plugins)

@@ -1,4 +1,5 @@
-"""A training command's start-up: the engine imported with the cyclic garbage collector paused."""
+"""A training command's start-up: the engine imported with the cyclic garbage collector paused
+and stop signals held."""
 from __future__ import annotations
 
 import gc
@@ -21,13 +22,18 @@ def import_engine():
     """
     if "torch" in sys.modules:
         return
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        from ..engine.launch.launcher import preload
+    # A stop signal waits for the imports' end: raised inside them, it was lost in a C
+    # extension's start-up (the command went on), or left torch half imported.
+    from ..engine.ipc.stop_signals import signals_held
 
-        preload()
-        gc.freeze()
-    finally:
-        if enabled:
-            gc.enable()
+    with signals_held(strict=True):
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            from ..engine.launch.launcher import preload
+
+            preload()
+            gc.freeze()
+        finally:
+            if enabled:
+                gc.enable()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +23,11 @@ from ..report import build_summary
 from ..report.results import dataframe, run_repr, run_table
 from ..sim.clocks.measured import split_measured
 from ..sinks import OpenSinks, RunInfo
+from .ipc.stop_signals import run_starting
 from .launch.launcher import launch, prepare
 from .launch.progress import progress_display
 from .node.model_state import load
+from .node.node_globals import CallerState
 from .plan.job import Job
 from .records import rank_state
 from .records.checkpoint import CheckpointFolder
@@ -61,18 +64,44 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
     "bar" (or True), "lines" (one every `progress_every` seconds) or "off". cluster: under
     torchrun, what it told rank 0's process (engine/launch/cluster.py: `exoframe run` passes
     it)."""
+    # The run's folder is written by its absolute path, resolved once, before any of the
+    # run's code (a model's forward, a strategy's steps) could change the working directory;
+    # the result names it as it was given.
+    named = Path(resume_dir if resume_dir is not None else out) if (out or resume_dir) \
+        else None
+    # In the caller's own process, what the run changes of it is given back at its end.
+    caller = CallerState() if job.placement.in_process else None
+    try:
+        result = _start(job, os.path.abspath(out) if out else out, config_record, progress,
+                        progress_every, on_row,
+                        os.path.abspath(resume_dir) if resume_dir is not None else None,
+                        cluster)
+    finally:
+        if caller is not None:
+            caller.give_back()
+    if result.run_dir is not None and named is not None:
+        result.run_dir = named if resume_dir is not None else named / result.run_dir.name
+    return result
+
+
+def _start(job, out, config_record, progress, progress_every, on_row, resume_dir,
+           cluster) -> RunResult:
+    """execute(), with the run folder's paths absolute."""
     if job.checkpoint_every is not None and out is None and resume_dir is None:
         raise ExoframeError("checkpoint_every: checkpoints are saved in the run folder; "
                             "give a folder for runs (out).")
     job, *prepared = prepare(job)  # the model and data, checked before any folder is made
-    if resume_dir is not None:  # (its lock is the caller's)
-        folder, held = RunFolder(Path(resume_dir)), contextlib.nullcontext()
-    else:
-        folder = RunFolder.create(out, f"{job.strategy_name}-n{job.nodes}") if out else None
-        held = RunLock.take(folder.path) if folder else contextlib.nullcontext()
-    with held:
-        return _execute(job, folder, config_record, progress, progress_every, on_row, cluster,
-                        prepared)
+    # From here until the ranks are up, a stop signal waits (stop_signals.py); then the run
+    # stops as one stopped later does, its summary in its folder.
+    with run_starting():
+        if resume_dir is not None:  # (its lock is the caller's)
+            folder, held = RunFolder(Path(resume_dir)), contextlib.nullcontext()
+        else:
+            folder = RunFolder.create(out, f"{job.strategy_name}-n{job.nodes}") if out else None
+            held = RunLock.take(folder.path) if folder else contextlib.nullcontext()
+        with held:
+            return _execute(job, folder, config_record, progress, progress_every, on_row,
+                            cluster, prepared)
 
 
 def _execute(job, folder, config_record, progress, progress_every, on_row, cluster,

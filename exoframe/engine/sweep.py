@@ -150,23 +150,46 @@ def check_points(points: list, pm, base: RunConfig):
     """Every run of every point, as `exoframe run` checks it before its ranks start
     (strategy, optimizer and workload with their parameters, network, compute model,
     stragglers, faults, sinks, validation set, loss shape, ...), every network replayed,
-    and no two the same run. Each workload is
-    loaded, and its model built, once."""
-    checked, built, same = set(), {}, SamePoints(base)
-    for point in points:
-        for config in point.configs:
-            config.validate()
-            key = (config.workload, repr(config.workload_params))
-            if key not in built:
-                built[key] = workload_and_model(config, pm)
-            job = build_job(config, *built[key], pm=pm)
-            same.add(config, job)
-            check_startable(job)  # (validation set, loss shape: as `exoframe run` does)
-        first = point.configs[0]
-        for net in point.replays:
-            if net not in checked:
-                resolve_sim(net, first.compute, first.stragglers, first.nodes, pm)
-                checked.add(net)
+    and no two the same run. The check costs what one point costs: one workload and model
+    at a time (its memory first judged on the meta device: workload_and_model), each
+    released before the next is built; runs in a row with the same workload share it."""
+    checked, same, held = set(), SamePoints(base), _OneModel(pm)
+    try:
+        for point in points:
+            for config in point.configs:
+                config.validate()
+                _check_run(config, held, same, pm)
+            first = point.configs[0]
+            for net in point.replays:
+                if net not in checked:
+                    resolve_sim(net, first.compute, first.stragglers, first.nodes, pm)
+                    checked.add(net)
+    finally:
+        held.release()
+
+
+class _OneModel:
+    """The workload and model of the run being checked, the only one held."""
+
+    def __init__(self, pm):
+        self.pm, self.key, self.built = pm, None, None
+
+    def get(self, config: RunConfig):
+        key = (config.workload, repr(config.workload_params))
+        if key != self.key:
+            self.release()  # (before the next is built: never two at once)
+            self.built, self.key = workload_and_model(config, self.pm), key
+        return self.built
+
+    def release(self):
+        self.key = self.built = None
+
+
+def _check_run(config: RunConfig, held: _OneModel, same: SamePoints, pm):
+    """One run checked; the job (and with it the model's forward pass) ends with the call."""
+    job = build_job(config, *held.get(config), pm=pm)
+    same.add(config, job)
+    check_startable(job)  # (validation set, loss shape: as `exoframe run` does)
 
 
 def config_axes(config: RunConfig, given: set) -> dict:

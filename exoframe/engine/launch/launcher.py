@@ -29,7 +29,8 @@ from ...sim.clocks.compute import device_from_name
 from ..ipc.messages import EvaluatorDone, EvaluatorStop, Rendezvous
 from ..ipc.processes import RankFailed, RunInterrupted, child_entry, interrupted, stop_all
 from ..ipc.sender import Sender
-from ..ipc.stop_signals import catch_stop_signals, restore_signals, stopping_for_a_failure
+from ..ipc.stop_signals import (catch_stop_signals, ranks_forked, ranks_up, restore_signals,
+                                 signals_held, stopping_for_a_failure)
 from ..node.data import Batches
 from ..node.loop import check_loss
 from ..node.model_state import ModelState
@@ -246,7 +247,9 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
     monitor = service = None
     previous = catch_stop_signals()
     try:
-        conns, processes = hosting.start(children, context, folder, [*readers, *writers])
+        with signals_held(strict=True):  # (none may raise in a fork handler: it is lost)
+            conns, processes = hosting.start(children, context, folder, [*readers, *writers])
+        ranks_forked()
         if cluster is not None:  # (after the forks: no child holds the listening socket)
             service = Service(cluster, job.connect_timeout, config or {}, job.device,
                               folder)
@@ -263,6 +266,7 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
         meet = Rendezvous(None if service else store_path, watchdog + 60,
                           job.placement.backend, cluster.store_address if cluster else None)
         hosting.meet(rank_conns, meet)
+        ranks_up()  # (a stop signal held since the run started stops it here)
         try:
             monitor.run()
         except (ExoframeError, KeyboardInterrupt) as e:

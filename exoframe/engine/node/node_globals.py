@@ -2,8 +2,11 @@
 and what a run in the caller's own process (--in-process) gives back to it."""
 from __future__ import annotations
 
+import os
 import random
+import sys
 import threading
+import weakref
 
 import numpy
 import torch
@@ -13,6 +16,13 @@ from ... import distributed
 # A turn at the process's globals: a node's (packing.Hub) or the evaluator's. They take
 # turns in one process only under --in-process, where both are threads of the launcher's.
 TURNS = threading.Lock()
+
+# Threads a run in this process left running (not daemons), named in a warning: the
+# `exoframe` command does not wait for them at its exit (cli/__init__.py, entry).
+LEFT_RUNNING: weakref.WeakSet = weakref.WeakSet()
+
+# The environment variables exoframe sets for a run (launcher.py, bind_to_loopback).
+RUN_ENVIRONMENT = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 class NodeGlobals:
@@ -62,3 +72,47 @@ class ProcessGlobals:
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
         torch.set_num_threads(self.threads)
+
+
+class CallerState:
+    """What a run in the caller's own process (--in-process) may change of it beyond
+    ProcessGlobals, taken before any of the run's code and given back at its end: the
+    working directory (a strategy's os.chdir) and the environment variables exoframe sets
+    for a run. The threads its code leaves running (not daemons) cannot be stopped: they are
+    named in one warning line, and the `exoframe` command does not wait for them."""
+
+    def __init__(self):
+        self.cwd = _working_directory()
+        self.environment = {name: os.environ.get(name) for name in RUN_ENVIRONMENT}
+        self.threads = set(threading.enumerate())
+
+    def give_back(self):
+        if self.cwd is not None and _working_directory() != self.cwd:
+            try:
+                os.chdir(self.cwd)
+            except OSError:
+                pass  # (removed since: nothing to go back to)
+        for name, value in self.environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        left = [thread for thread in threading.enumerate() if thread not in self.threads
+                and thread.is_alive() and not thread.daemon]
+        if left:
+            LEFT_RUNNING.update(left)
+            names = ", ".join(repr(thread.name) for thread in left)
+            them = "it" if len(left) == 1 else "them"
+            print(f"exoframe: warning: the run's own code (its strategy or workload) left "
+                  f"{len(left)} non-daemon thread{'s' if len(left) > 1 else ''} running in "
+                  f"this process: {names}; a thread cannot be stopped from outside, and the "
+                  f"exoframe command exits without waiting for {them} (a Python program "
+                  f"that ran the run waits for {them} as it exits).", file=sys.stderr,
+                  flush=True)
+
+
+def _working_directory() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # (removed while the process was in it)
+        return None
