@@ -131,8 +131,14 @@ def test_strict_readers_still_read_what_exoframe_writes(tmp_path):
     assert os.path.getsize(run / "x.json") < inputs.JSON_LIMIT
 
 
-@pytest.mark.parametrize("field,value", [("simulated_seconds", "fast"), ("final_loss", [1]),
-                                         ("strategy", 3), ("failures", 0), ("seed", 1.5)])
+@pytest.mark.parametrize("field,value", [
+    ("simulated_seconds", "fast"), ("final_loss", [1]), ("strategy", 3), ("failures", 0),
+    ("seed", 1.5),
+    # (a second battery: these read as nothing at all, before every field the record
+    # declares was checked as it declares it)
+    ("steps", "four"), ("per_rank", "x"), ("strategy_params", [1]), ("validation", "v"),
+    ("net_defaults", 5), ("stopped_by", 7), ("time_to_target", "x"),
+    ("bytes_sent_per_rank", "x"), ("traffic_by_kind_rank0", [1]), ("schema_version", "1")])
 def test_report_names_the_file_and_the_field_of_a_wrong_typed_summary(tmp_path, capsys, field,
                                                                        value):
     """Was "unexpected TypeError", naming neither."""

@@ -253,7 +253,8 @@ class Emulation:
                     self.delay_pairs.append(Pair(f"v{a}_{b}", f"v{b}_{a}", there, back))
                 for x, y in ((a, b), (b, a)):
                     self._in(sw, "ip", "link", "set", f"w{x}_{y}", "master", f"bd{x}", "up")
-            self._shape(sw, f"w{a}_{b}", rate, self.inter_queue.get((a, b), self.port_queue))
+            queue = self.inter_queue.get((a, b), self.port_queue)
+            self._shape(sw, f"w{a}_{b}", rate, queue)
         lossy = [pair for pair in self.delay_pairs if pair.a_to_b.loss or pair.b_to_a.loss]
         if lossy:  # a packet each: a lost GSO frame would lose tens of segments at once
             for rank in range(len(self.site_of)):

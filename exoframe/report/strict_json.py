@@ -9,7 +9,8 @@ import json
 import math
 
 from ..errors import ExoframeError
-from ..inputs import check_types, load_json, load_json_lines
+from ..inputs import load_json, load_json_lines
+from ..schema.codec import check_fields
 
 
 def finite(value):
@@ -38,20 +39,15 @@ def load_lines(path, what: str = "file") -> list:
     return load_json_lines(path, what)
 
 
-NUMBER, COUNT, TEXT = float | None, int | None, str | None
-# The fields of a run's summary.json that a report reads, by type (null: a non-finite value).
-SUMMARY_TYPES = {
-    "strategy": str, "net": str, "seed": COUNT, "final_loss": NUMBER, "final_val_loss": NUMBER,
-    "best_achievable_loss": NUMBER, "validated_model": TEXT, "num_nodes": COUNT,
-    "workload": TEXT, "model_parameters": COUNT, "compute_model": TEXT, "faults": TEXT,
-    "failures": list, "lost_steps": COUNT, "bottleneck_bandwidth": NUMBER, "latency": NUMBER,
-    "simulated_seconds": NUMBER, "compute_utilization": NUMBER, "bytes_sent_per_node": NUMBER}
-
-
 def load_summary(path) -> dict:
-    """A run's summary.json: a JSON object whose fields a report reads are of their types;
-    else one line naming the file (and the field)."""
+    """A run's summary.json: a JSON object whose fields are of the types its record
+    declares (exoframe/schema/run_records.py); else one line naming the file (and the
+    field). Fields it lacks are let be (a summary a script wrote)."""
+    from ..schema.run_records import RunSummary, StoppedSummary
+
     summary = load(path, "summary")
     if not isinstance(summary, dict):
         raise ExoframeError(f"{path}: expected a JSON object; the file is corrupt: run again.")
-    return check_types(summary, SUMMARY_TYPES, f"summary {path}")
+    record = RunSummary if summary.get("status", "completed") == "completed" else \
+        StoppedSummary
+    return check_fields(record, summary, f"summary {path}")

@@ -75,6 +75,38 @@ class Record:
         return cls(**values)
 
 
+def check_fields(cls, data: dict, where: str) -> dict:
+    """`data` (a mapping read from a file of record `cls`) when each key of it that `cls`
+    declares holds a value of its type, checked as from_json checks it; else one line
+    naming the file and the key. Keys it lacks or does not declare are let be: a report
+    reads summaries that scripts wrote, too (of a nested record, or a list or dict of them,
+    only that it is a JSON object, list or object)."""
+    plan = _plan(cls)
+    if plan.versioned and "schema_version" in data:
+        readable_version(data, where)
+    for key, value in data.items():
+        if key in plan.declared and key != "schema_version":
+            _from_json(value, _shallow(plan.declared[key]), where, key)
+    return data
+
+
+def _shallow(tp):
+    """`tp` with a record in it read as a plain dict (Failure | None: dict | None;
+    list[Failure]: list)."""
+    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    arms = typing.get_args(tp) if union else (tp,)
+    shallow = []
+    for arm in arms:
+        origin = typing.get_origin(arm)
+        if _record_type(arm) is not None:
+            shallow.append(dict)
+        elif origin in (list, dict) and any(_record_type(a) for a in typing.get_args(arm)):
+            shallow.append(origin)
+        else:
+            shallow.append(arm)
+    return functools.reduce(lambda a, b: a | b, shallow) if union else shallow[0]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """How from_json reads a record class: its keys' types, flattened fields, required keys."""
@@ -105,7 +137,7 @@ def readable_version(data: dict, where: str) -> int:
     written so far: there is nothing to upgrade yet."""
     version = data.get("schema_version", 1)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ExoframeError(f"{where}: schema_version must be a whole number from 1, got "
+        raise ExoframeError(f"{where}: field 'schema_version' must be a whole number from 1, got "
                             f"{version!r}; the file is not one exoframe wrote.")
     if version > SCHEMA_VERSION:
         raise ExoframeError(f"{where}: schema_version {version} is newer than this exoframe "
