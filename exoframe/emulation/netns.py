@@ -155,9 +155,8 @@ class Emulation:
                  inter_queue: dict | None = None):
         """access_delay[r]: (up, down) Directions of rank r's link; inter_delay[(a, b)]:
         the Direction from site a to site b (delay_line.py). Left out: no delay.
-        uplink_queue[r]: the Queue in front of rank r's uplink; left out: fair.
-        inter_queue[(a, b)]: the Queue in front of the link from site a to site b; left
-        out: the switch's ports' (options.port_queue)."""
+        uplink_queue[r]: the Queue in front of rank r's uplink (left out: fair);
+        inter_queue[(a, b)]: the link from site a to b's (left out: options.port_queue)."""
         self.tag = tag
         self.options = options
         self.uplink, self.downlink, self.site_of = list(uplink), list(downlink), list(site_of)
