@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from exoframe.config import RunConfig, config_to_dict
+from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
 from exoframe.engine.records.checkpoint import CheckpointFolder
 from exoframe.engine.resume import resume
@@ -22,7 +22,8 @@ from exoframe.engine.resume import resume
 def timed_run(out: str, nodes: int, steps: int, every: int | None):
     config = RunConfig(strategy="diloco", strategy_params={"H": 10}, nodes=nodes, steps=steps,
                        compute="fixed:100ms", checkpoint_every=every, out=out)
-    result = execute(job_from_config(config), out=out, config_record=config_to_dict(config))
+    job = job_from_config(config)
+    result = execute(job, out=out, config_record=job.config_record())
     summary = result.summary
     per_step = (summary["elapsed_seconds"] - summary["startup_seconds"]) / steps
     return result, per_step

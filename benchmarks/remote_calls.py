@@ -10,15 +10,15 @@ side by side as a check); the ratio of their real seconds per step is the machin
 import argparse
 import tempfile
 
-from exoframe.config import RunConfig, config_to_dict
+from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
 
 
 def timed_run(out: str, strategy: str, params: dict, nodes: int, steps: int):
     config = RunConfig(strategy=strategy, strategy_params=params, nodes=nodes, steps=steps,
                        compute="fixed:100ms", net="wan-100mbps", out=out)
-    summary = execute(job_from_config(config), out=out,
-                      config_record=config_to_dict(config)).summary
+    job = job_from_config(config)
+    summary = execute(job, out=out, config_record=job.config_record()).summary
     return summary, (summary["elapsed_seconds"] - summary["startup_seconds"]) / steps
 
 

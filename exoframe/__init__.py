@@ -6,7 +6,7 @@ and the command line's help do not pay for torch.
 import importlib
 import importlib.metadata
 
-from .errors import ExoframeError
+from .errors import ExoframeError, RunStopped
 from .hookspecs import PLUGIN_API, hookimpl
 
 try:
@@ -21,7 +21,8 @@ _LAZY = {"Trainer": ".engine.trainer", "RunResult": ".engine.run",
          "Workload": ".workloads.base", "load_run": ".schema"}
 
 __all__ = ["Trainer", "RunResult", "SweepResult", "Strategy", "Traits", "OptimizerSpec",
-           "Workload", "load_run", "hookimpl", "ExoframeError", "PLUGIN_API", "__version__"]
+           "Workload", "load_run", "hookimpl", "ExoframeError", "RunStopped", "PLUGIN_API",
+           "__version__"]
 
 
 def __getattr__(name: str):

@@ -7,7 +7,64 @@ import difflib
 
 
 class ExoframeError(Exception):
-    """An error caused by the user's input or environment, with a message that says the fix."""
+    """An error caused by the user's input or environment, with a message that says the fix.
+    details: what the command line shows above the message when the error is not the
+    user's, or with --debug (a child process's traceback); user_error: the input or the
+    environment is at fault (exit code 2), else exoframe or the user's own code (1)."""
+    details: str | None = None  # (also of a subclass whose __init__ does not pass them on)
+    user_error: bool = True
+
+    def __init__(self, message: str = "", *, details: str | None = None,
+                 user_error: bool = True):
+        super().__init__(message)
+        self.details = details
+        self.user_error = user_error
+
+    def __reduce__(self):
+        """Pickled (a sweep's run on Ray): made again with its message and fields, whatever
+        its class's __init__ takes."""
+        return _unpickled, (type(self), self.args), self.__dict__
+
+
+def _unpickled(cls, args):
+    return cls.__new__(cls, *args)  # (pickle then gives it its fields: __reduce__'s dict)
+
+
+class RunInterrupted(ExoframeError):
+    """A run stopped by a stop signal (Ctrl-C, SIGTERM, SIGHUP): exit code 130.
+    names_checkpoint: the message already says which checkpoint `exoframe resume` goes on
+    from."""
+
+    def __init__(self, message: str, *, names_checkpoint: bool = False):
+        super().__init__(message)
+        self.names_checkpoint = names_checkpoint
+
+
+class RunStopped(ExoframeError):
+    """A run that stopped once its ranks were started, raised `from` the error that stopped
+    it, whose message, details and user_error it takes (the message amended where the run's
+    folder says more: the checkpoint to resume from). status: "failed" or "interrupted";
+    rows: every step the run finished (metrics rows), so that a caller without a run folder
+    still has them."""
+
+    def __init__(self, message: str, *, status: str, rows: list, details: str | None = None,
+                 user_error: bool = True, names_checkpoint: bool = False):
+        super().__init__(message, details=details, user_error=user_error)
+        self.status = status
+        self.rows = rows
+        self.names_checkpoint = names_checkpoint
+
+    @classmethod
+    def of(cls, cause: ExoframeError, status: str, rows: list) -> "RunStopped":
+        """The RunStopped of the error that stopped the run, to raise `from` it."""
+        return cls(str(cause), status=status, rows=rows, details=cause.details,
+                   user_error=cause.user_error,
+                   names_checkpoint=isinstance(cause, (RunInterrupted, RunStopped))
+                   and cause.names_checkpoint)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.status == "interrupted"
 
 
 def did_you_mean(name, known):
@@ -35,4 +92,5 @@ def shorten(value, limit: int = MAX_SHOWN) -> str:
     return f"{text[:limit]}... ({len(text)} characters)"
 
 
-__all__ = ["ExoframeError", "did_you_mean", "shorten", "unknown_name_error", "MAX_SHOWN"]
+__all__ = ["ExoframeError", "RunInterrupted", "RunStopped", "did_you_mean", "shorten",
+           "unknown_name_error", "MAX_SHOWN"]

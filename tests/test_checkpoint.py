@@ -254,23 +254,43 @@ def test_a_checkpoint_resumes_only_the_run_that_made_it(tmp_path, change, expect
 @pytest.mark.parametrize("change, expected", [
     ({"optimizer": "sgd"}, "optimizer is 'sgd' now but was 'adamw'"),
     ({"precision": "bf16"}, "precision is 'bf16' now but was 'fp32'"),
-    ({"strategy_params": {"H": 7}}, "strategy_params is {H=7} now but was {}"),
+    ({"strategy_params": {"H": 7}}, "strategy_params is {H=7, "),
     ({"workload_params": {"hidden": 64}}, "workload_params is {hidden=64} now but was {}"),
-    ({"batch_size": 16}, "batch_size is 16 now but was None"),
+    ({"batch_size": 16}, "batch_size is 16 now but was 64"),
 ])
 def test_a_resume_names_the_field_it_would_change(tmp_path, change, expected):
+    """Compared as config.yaml records them (Job.config_record: the values resolved)."""
+    base = {"workload": "mlp", "strategy": "diloco", "steps": 8, "checkpoint_every": 4}
+    made = job_from_config(resolve_config(None, base))
+    checkpoint = Checkpoint(tmp_path, 4, identity(made, made.config_record()), [[], []], [])
+    # What may change on resume does not count: more steps, other sinks, another timeout.
+    same = job_from_config(resolve_config(None, {**base, "steps": 12, "sinks": ["csv"],
+                                                 "hang_timeout": 9.0}))
+    check_resumable(same, checkpoint, tmp_path, same.config_record())
+    later = job_from_config(resolve_config(None, {**base, "steps": 12, **change}))
+    with pytest.raises(ExoframeError, match=re.escape(expected)):
+        check_resumable(later, checkpoint, tmp_path, later.config_record())
+
+
+def test_a_checkpoint_that_recorded_its_options_as_given_still_resumes(tmp_path):
+    """A checkpoint an earlier exoframe made of a sweep's run or Trainer.fit recorded the
+    options as given (lr None, the strategy's parameters given only): it resumes, and a
+    parameter it did record is still compared."""
     from exoframe.config import config_to_dict
 
-    base = {"workload": "mlp", "strategy": "diloco", "steps": 8, "checkpoint_every": 4}
+    base = {"workload": "mlp", "strategy": "diloco", "steps": 8, "checkpoint_every": 4,
+            "strategy_params": {"H": 5}}
     config = resolve_config(None, base)
+    assert config_to_dict(config)["lr"] is None  # (as given)
     checkpoint = Checkpoint(tmp_path, 4, identity(job_from_config(config),
                                                   config_to_dict(config)), [[], []], [])
-    # What may change on resume does not count: more steps, other sinks, another timeout.
-    same = resolve_config(None, {**base, "steps": 12, "sinks": ["csv"], "hang_timeout": 9.0})
-    check_resumable(job_from_config(same), checkpoint, tmp_path, config_to_dict(same))
-    later = resolve_config(None, {**base, "steps": 12, **change})
-    with pytest.raises(ExoframeError, match=re.escape(expected)):
-        check_resumable(job_from_config(later), checkpoint, tmp_path, config_to_dict(later))
+    same = job_from_config(resolve_config(None, {**base, "steps": 12}))
+    check_resumable(same, checkpoint, tmp_path, same.config_record())
+    other = job_from_config(resolve_config(None, {**base, "steps": 12,
+                                                  "strategy_params": {"H": 7}}))
+    with pytest.raises(ExoframeError, match=re.escape("strategy_params is {H=7} now but was "
+                                                      "{H=5}")):
+        check_resumable(other, checkpoint, tmp_path, other.config_record())
 
 
 def test_a_resume_of_another_model_names_its_size(tmp_path):

@@ -20,7 +20,7 @@ from exoframe.engine.ipc.processes import RankFailed
 from exoframe.engine.plan import devices
 from exoframe.engine.plan.node_memory import node_memory
 from exoframe.engine.plan.placement import GPU_RESERVED_BYTES, Machine
-from exoframe.errors import ExoframeError
+from exoframe.errors import ExoframeError, RunStopped
 
 pytestmark = pytest.mark.skipif(devices.gpu_count() == 0, reason="needs a CUDA GPU")
 
@@ -128,8 +128,9 @@ def test_a_node_raising_on_the_gpu_stops_the_run_cleanly():
     job = dataclasses.replace(job_from_config(config), strategy_cls=FailsOnRankTwo,
                               strategy_params=FailsOnRankTwo.Params())
     assert job.placement.packed
-    with pytest.raises(RankFailed, match="rank 2: RuntimeError: rank two broke"):
+    with pytest.raises(RunStopped, match="rank 2: RuntimeError: rank two broke") as failed:
         execute(job)
+    assert isinstance(failed.value.__cause__, RankFailed)
     assert not [p for p in os.listdir("/proc") if p.isdigit()
                 and _parent(int(p)) == os.getpid() and _alive(int(p))
                 and int(p) not in helper_processes()]

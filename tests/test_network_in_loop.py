@@ -14,6 +14,7 @@ from exoframe.cli import main
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
 from exoframe.engine.launch.launcher import RankFailed
+from exoframe.errors import RunStopped
 
 
 
@@ -155,9 +156,10 @@ def test_a_simulated_deadlock_stops_the_run_with_who_waits_for_what():
                        compute="fixed:1ms").validate()
     job = dataclasses.replace(job_from_config(config), strategy_cls=Orphan,
                               strategy_params=Orphan.Params())
-    with pytest.raises(RankFailed, match="deadlock: rank 0 waits for the transfer 1 -> 0, "
-                                         "which rank.s. 1 never started"):
+    with pytest.raises(RunStopped, match="deadlock: rank 0 waits for the transfer 1 -> 0, "
+                                         "which rank.s. 1 never started") as stopped:
         execute(job)
+    assert isinstance(stopped.value.__cause__, RankFailed)
 
 
 @pytest.mark.parametrize("args,message", [

@@ -18,7 +18,7 @@ from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
 from exoframe.engine.launch.launcher import RankFailed
 from exoframe.engine.plan.placement import Machine, max_workers, nodes_per_process, packed, place
-from exoframe.errors import ExoframeError
+from exoframe.errors import ExoframeError, RunStopped
 
 
 def run(strategy, params, packing, nodes=16, steps=6, eval_every=3, **fit):
@@ -159,8 +159,9 @@ def test_a_failing_node_stops_the_run_naming_its_rank():
                        nodes_per_process=3).validate()
     job = dataclasses.replace(job_from_config(config), strategy_cls=FailsOnRankTwo,
                               strategy_params=FailsOnRankTwo.Params())
-    with pytest.raises(RankFailed, match="rank 2: RuntimeError: rank two broke") as failed:
+    with pytest.raises(RunStopped, match="rank 2: RuntimeError: rank two broke") as failed:
         execute(job)
+    assert isinstance(failed.value.__cause__, RankFailed) and failed.value.status == "failed"
     assert "FailsOnRankTwo" in failed.value.details or "rank two broke" in failed.value.details
     assert not [p for p in os.listdir("/proc") if p.isdigit()
                 and _parent(int(p)) == os.getpid() and _alive(int(p))

@@ -217,18 +217,25 @@ def test_a_job_is_frozen_and_what_is_learnt_later_makes_a_new_one():
     assert other.sim.compute.needs_flops
 
 
-def test_a_job_reads_every_config_field_it_does_not_resolve_from_the_config():
-    """A new RunConfig field reaches the ranks with no edit to the Job: a field the Job does
-    not resolve (steps from epochs, the device, the sinks...) is the config's own value."""
+def test_a_job_declares_every_attribute_it_has():
+    """The Job's attributes are its declared fields and properties, none copied into it when
+    it is made: a config field the Job does not resolve and the ranks read is a property
+    giving the config's own value; any other is read as job.config.<field>; an option the
+    Job resolves (steps from epochs, the network, the faults...) is only its resolved value."""
     from exoframe.engine import job_from_config
+    from exoframe.engine.plan.job import Job
 
     config = resolve_config(None, {"workload": "mlp", "seed": 7, "accumulate": 2,
                                    "schedule": "cosine", "epochs": 1})
     job = job_from_config(config)
-    resolved = {f.name for f in dataclasses.fields(job)} | {"device"}
+    fields = {f.name for f in dataclasses.fields(job)}
+    assert set(vars(job)) == fields  # nothing but its fields in its __dict__
+    properties = {name for name, value in vars(Job).items() if isinstance(value, property)}
     for f in dataclasses.fields(RunConfig):
-        if f.name not in resolved:
+        if f.name in properties and f.name != "device":
             assert getattr(job, f.name) is getattr(config, f.name), f.name
+        elif f.name not in fields | properties:
+            assert not hasattr(job, f.name), f.name  # read as job.config.<field>
     assert (job.seed, job.accumulate, job.schedule) == (7, 2, "cosine")
     assert job.steps != config.steps  # resolved from epochs: the Job's own
     with pytest.raises(AttributeError):
@@ -252,3 +259,44 @@ def test_each_fit_of_a_trainer_starts_from_the_model_as_given():
     assert warm.metrics[0]["loss"] < first.metrics[0]["loss"]  # it went on from `second`
     with pytest.raises(ExoframeError, match="resume= .* warm_start=True .* give one"):
         trainer.fit("diloco", warm_start=True, resume="somewhere", **run)
+
+
+def test_config_yaml_is_the_same_from_run_fit_and_a_sweep(tmp_path):
+    """config.yaml is written one way (Job.config_record), whoever starts the run: the same
+    options give the same record from `exoframe run`, Trainer.fit and a sweep's run, with
+    what the Job resolved (the strategy's parameters with their defaults, the workload's
+    batch size and learning rate, the validation interval), but for the folder it names and,
+    from Trainer.fit, the workload (its model and data came from Python)."""
+    from exoframe.cli import main
+    from exoframe.workloads.mlp import mlp
+
+    def recorded(folder):
+        (config,) = folder.glob("**/config.yaml")
+        return yaml.safe_load(config.read_text())
+
+    common = ["--nodes", "2", "--steps", "2", "--compute", "fixed:10ms", "--net", "wan-100mbps",
+              "--time-budget", "1h", "--partition", "dirichlet:0.5", "--stragglers", "1:2",
+              "--faults", "1@1h:1s", "--no-progress"]
+    workload = ["--workload", "mlp", "-w", "hidden=16", "-w", "train_examples=512"]
+    main(["run", *workload, "--strategy", "diloco", "-p", "H=2", *common,
+          "--out", str(tmp_path / "run")])
+    main(["sweep", *workload, "--strategy", "diloco", "-p", "diloco.H=2", *common,
+          "--no-plots", "--out", str(tmp_path / "sweep")])
+    given = mlp(hidden=16, train_examples=512)
+    exoframe.Trainer(given.build_model(), given.dataset, batch_size=given.batch_size).fit(
+        "diloco", num_nodes=2, steps=2, compute="fixed:10ms", net="wan-100mbps",
+        time_budget="1h", partition="dirichlet:0.5", stragglers="1:2", faults="1@1h:1s",
+        strategy_params={"H": 2}, out=str(tmp_path / "fit"))
+    run, swept, fit = (recorded(tmp_path / name) for name in ("run", "sweep", "fit"))
+    assert run["strategy_params"]["H"] == 2 and len(run["strategy_params"]) > 1  # defaults too
+    assert (run["batch_size"], run["lr"], run["eval_every"]) == (64, 1e-3, 1)  # resolved
+    assert (run["time_budget"], run["partition"], run["faults"]) == (  # as given
+        "1h", "dirichlet:0.5", "1@1h:1s")
+
+    def but(record, *names):
+        return {k: v for k, v in record.items() if k not in names}
+    assert but(swept, "out") == but(run, "out")
+    assert fit["workload"] == "custom" and fit["workload_params"] == {}
+    assert but(fit, "out", "workload", "workload_params") == \
+        but(run, "out", "workload", "workload_params")
+    assert list(fit) == list(run) == list(swept)  # (the same order of keys, too)

@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -23,7 +24,8 @@ from exoframe.cli import cli as exoframe_cli
 from exoframe.engine.plan.cluster_env import ClusterEnv
 from exoframe.engine.records.checkpoint import CheckpointFolder
 from exoframe.engine.replay import load_trace
-from exoframe.errors import ExoframeError
+from exoframe.engine.ipc.processes import RankFailed
+from exoframe.errors import ExoframeError, RunInterrupted, RunStopped
 from exoframe.sinks import CsvSink, JsonlSink, RunInfo
 
 from conftest import HANG_GUARD, HANGING_WORKLOAD, metric_lines, one_line_error, only_run, wait_for
@@ -448,3 +450,20 @@ def test_bad_models_and_data_are_refused_before_any_run_folder(tmp_path, capsys,
                          *args, "--out", "runs")
     assert expected in err
     assert not Path("runs").exists()
+
+
+def test_a_stopped_run_is_an_error_that_declares_its_fields_and_pickles_whole():
+    """A run's errors are made with their fields (exoframe/errors.py), and come back whole
+    from another process (a sweep's run on Ray)."""
+    cause = RankFailed(2, "boom", details="its traceback", user_error=False, host="b")
+    stopped = RunStopped.of(cause, "failed", [{"step": 1}])
+    for error in (stopped, pickle.loads(pickle.dumps(stopped))):
+        assert (str(error), error.status, error.rows, error.details, error.user_error) == \
+            ("rank 2 on b: boom", "failed", [{"step": 1}], "its traceback", False)
+        assert not error.interrupted and not error.names_checkpoint
+    again = pickle.loads(pickle.dumps(cause))
+    assert (str(again), again.who, again.details, again.user_error) == \
+        ("rank 2 on b: boom", 2, "its traceback", False)
+    interrupted = RunStopped.of(RunInterrupted("interrupted.", names_checkpoint=True),
+                                "interrupted", [])
+    assert interrupted.interrupted and interrupted.names_checkpoint and interrupted.user_error

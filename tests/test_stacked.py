@@ -15,7 +15,7 @@ from exoframe.config import RunConfig
 from exoframe.engine import job_from_config
 from exoframe.engine.ipc.processes import RankFailed
 from exoframe.engine.node import stacked
-from exoframe.errors import ExoframeError
+from exoframe.errors import ExoframeError, RunStopped
 from exoframe.sim import Simulator, Topology
 from exoframe.sim.clocks.protocol import Paused, Resume, Waited
 from exoframe.sim.network.collectives import BUILTIN
@@ -170,10 +170,11 @@ def test_the_watchdog_names_nodes_waiting_for_their_workers_others(monkeypatch):
         finally:
             monitor.sim.paused = paused
     monkeypatch.setattr(Monitor, "break_stall", blind_to_pauses)
-    with pytest.raises(RankFailed) as failed:
+    with pytest.raises(RunStopped) as failed:
         testing.run("diloco", {"H": 2}, nodes=6, steps=20, nodes_per_process=4,
                     stack_replicas=True, time_budget=3.0, **{**HELD, "hang_timeout": 2})
     line = str(failed.value)
+    assert isinstance(failed.value.__cause__, RankFailed)
     assert "no process made progress" in line, line
     assert re.search(r"rank \d waits for its worker's other nodes, to compute step \d+ with "
                      r"them \(--stack-replicas\)", line), line
@@ -229,7 +230,7 @@ class ItemInForward(testing.TinyRegression):
 
 def test_a_model_vmap_cannot_take_stops_the_run_in_one_line():
     torch.manual_seed(0)
-    with pytest.raises(RankFailed, match=r"stack_replicas: the model cannot run stacked under "
+    with pytest.raises(RunStopped, match=r"stack_replicas: the model cannot run stacked under "
                                          r"torch.func.vmap \(RuntimeError: vmap: .*\.item\(\).*"
                                          r"drop --stack-replicas\."):
         testing.run("ddp", nodes=4, steps=2, model=ItemInForward(), nodes_per_process=2,

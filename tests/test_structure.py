@@ -4,14 +4,20 @@ the ground floor (errors, inputs) imports nothing of exoframe; exoframe.sim impo
 of exoframe outside itself but the ground floor, and no torch; the wings of the engine and of
 the simulator import one way; strategies import nothing from the config, the sinks or the
 report; no folder but strategies/ holds more than 15 modules; no module is over 400 lines;
-the module paths benchmarks/step_overhead.py profiles by exist."""
+the module paths benchmarks/step_overhead.py profiles by exist; no code sets an attribute on
+an exception outside its class's __init__ or compares `type(...).__name__`; each text option
+is parsed in its allowed places only, the Job declares its attributes and config.yaml is
+recorded one way."""
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "exoframe"
 MAX_LINES = 400
@@ -230,3 +236,223 @@ def test_step_overhead_profiles_name_modules_that_exist():
     for module in ("rank.py", "packing.py"):  # the training loop's own frames
         assert any(step_overhead.IN_TRAINING.search(path) and path.endswith(module)
                    for path in paths)
+
+
+# -- exceptions declare their fields ------------------------------------------------------
+BUILTIN_EXCEPTIONS = {name for name, value in vars(builtins).items()
+                      if isinstance(value, type) and issubclass(value, BaseException)}
+
+
+def _name(node) -> str | None:
+    """The name an expression ends in: `Error` of `errors.Error`, `f` of `f`."""
+    return node.id if isinstance(node, ast.Name) else \
+        node.attr if isinstance(node, ast.Attribute) else None
+
+
+def exception_kinds(trees: list) -> tuple[set, set]:
+    """(the exception classes, builtin and defined in `trees`, by name; the functions that
+    return one, by the name their return annotation gives)."""
+    classes = set(BUILTIN_EXCEPTIONS)
+    defined = [node for tree in trees for node in ast.walk(tree)
+               if isinstance(node, ast.ClassDef)]
+    while True:  # (a subclass of a subclass: until no class is added)
+        more = {c.name for c in defined if c.name not in classes
+                and any(_name(base) in classes for base in c.bases)}
+        if not more:
+            break
+        classes |= more
+    makers = {node.name for tree in trees for node in ast.walk(tree)
+              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns
+              is not None and any(_name(n) in classes for n in ast.walk(node.returns))}
+    return classes, makers
+
+
+def exception_misuses(tree, classes: set, makers: set) -> list[tuple[int, str]]:
+    """(line, what) for each place that sets an attribute on an exception outside its
+    class's __init__ (an `except ... as e`, a parameter annotated as one, a variable given
+    one, `self` in another method of an exception class), rewrites any `.args`, or compares
+    `type(...).__name__`."""
+    found = []
+    exception_class_methods = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                               and c.name in classes for f in c.body
+                               if isinstance(f, ast.FunctionDef) and f.name != "__init__"}
+
+    def is_exception(value, names) -> bool:
+        if isinstance(value, ast.Name):
+            return value.id in names
+        if isinstance(value, ast.Call):
+            return _name(value.func) in classes | makers
+        if isinstance(value, ast.IfExp):
+            return is_exception(value.body, names) or is_exception(value.orelse, names)
+        return False
+
+    for function in [n for n in ast.walk(tree)
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+        names = {"self"} if id(function) in exception_class_methods else set()
+        names |= {a.arg for a in [*function.args.args, *function.args.kwonlyargs]
+                  if a.annotation is not None
+                  and any(_name(n) in classes for n in ast.walk(a.annotation))}
+        nodes = list(ast.walk(function))
+        for _ in range(2):  # (a variable given one that another was given)
+            for node in nodes:
+                if isinstance(node, ast.ExceptHandler) and node.name:
+                    names.add(node.name)
+                elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None \
+                        and is_exception(node.value, names):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        for node in nodes:
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in [e for t in targets for e in
+                               (t.elts if isinstance(t, ast.Tuple) else [t])]:
+                    if isinstance(target, ast.Attribute) and (
+                            target.attr == "args" or isinstance(target.value, ast.Name)
+                            and target.value.id in names):
+                        found.append((node.lineno, f"sets {ast.unparse(target)}"))
+            elif isinstance(node, ast.Call) and _name(node.func) == "setattr" and node.args \
+                    and is_exception(node.args[0], names):
+                found.append((node.lineno, f"calls {ast.unparse(node.func)}"))
+            elif isinstance(node, ast.Compare) and any(
+                    isinstance(side, ast.Attribute) and side.attr == "__name__"
+                    and isinstance(side.value, ast.Call) and _name(side.value.func) == "type"
+                    for side in [node.left, *node.comparators]):
+                found.append((node.lineno, f"compares {ast.unparse(node)}"))
+    return sorted(set(found))
+
+
+def test_finds_attributes_set_on_exceptions_and_type_name_comparisons():
+    source = '''
+class Stopped(ValueError):
+    def __init__(self, rows):
+        super().__init__("stopped")
+        self.rows = rows  # (declared: fine)
+
+    def later(self):
+        self.status = "failed"
+
+def interrupted() -> Stopped:
+    return Stopped([])
+
+def f(error: BaseException, job):
+    error.args = ("amended",)
+    job.steps = 3  # (not an exception: fine)
+    made = Stopped([])
+    made.names_checkpoint = True
+    stop = made if job else interrupted()
+    stop.rows = []
+    try:
+        pass
+    except Exception as e:
+        e.failed_rank = 1
+        setattr(e, "details", "")
+    return type(error).__name__ == "RunInterrupted"
+'''
+    tree = ast.parse(source)
+    classes, makers = exception_kinds([tree])
+    assert {"Stopped", "KeyboardInterrupt"} <= classes and makers == {"interrupted"}
+    assert [line for line, _ in exception_misuses(tree, classes, makers)] == \
+        [8, 14, 17, 19, 23, 24, 25]
+
+
+def test_no_attribute_is_set_on_an_exception_after_it_is_made():
+    """An exception declares its fields in its __init__ (exoframe/errors.py): code raises a
+    new one, `from` the old, rather than amending one it caught; and an exit code or a
+    branch is chosen by isinstance, not by a class's name."""
+    trees = {path: ast.parse(path.read_text(), str(path)) for path in module_files().values()}
+    classes, makers = exception_kinds(list(trees.values()))
+    assert {"ExoframeError", "RunInterrupted", "RankFailed"} <= classes  # (found)
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}: {what}"
+             for path, tree in trees.items()
+             for line, what in exception_misuses(tree, classes, makers)]
+    assert not found, "\n".join(found)
+
+
+# Options parsed once. Each text option's parse function, and the only functions that may
+# call it ("module:function"): the one call on a run's path (engine/plan/resolve.py, or
+# resolve_sim, which resolve.py calls for the run's network, compute model and stragglers),
+# and RunConfig.validate, which parses a value to refuse it early and keeps nothing of it.
+PARSED_ONCE = {
+    "parse_faults": {"exoframe.config:RunConfig.validate",
+                     "exoframe.engine.plan.resolve:resolve_faults"},
+    "budget_seconds": {"exoframe.config:RunConfig.validate",  # the time budget
+                       "exoframe.engine.plan.resolve:resolve_time_budget"},
+    "parse_partition": {"exoframe.config:RunConfig.validate",
+                        "exoframe.engine.plan.resolve:partition_data"},
+    "parse_stragglers": {"exoframe.sim.setup:resolve_sim"},
+    # A sweep's --compute values compared as they read (fixed:10ms is fixed:0.01s) before
+    # any run is resolved: its early check.
+    "parse_compute": {"exoframe.sim.setup:resolve_sim",
+                      "exoframe.engine.sweep_axes:check_distinct"},
+    # The network: the run's (resolve_sim); a bandwidth grid's copies of its base network,
+    # and the `nets` and `emulate` commands, which read a network outside any run.
+    "load_network": {"exoframe.sim.setup:resolve_sim", "exoframe.engine.sweep:grid_networks",
+                     "exoframe.cli.listings:nets", "exoframe.cli.emulate:_network_file"},
+    # A run's network, compute and stragglers together: resolve.py's one function for a
+    # run, and the replays and timelines of a recorded trace through a network.
+    "resolve_sim": {"exoframe.engine.plan.resolve:resolve_network",
+                    "exoframe.engine.replay:replay_run",
+                    "exoframe.engine.timeline:_simulated",
+                    "exoframe.testing:time_collective"},
+}
+
+
+def call_sites(name: str, modules: dict | None = None) -> list[str]:
+    """'module:function' of every call of `name` (by name or as an attribute) in the
+    package's modules, once per call: a function calling it twice is named twice."""
+    sites = []
+    for module, path in (module_files() if modules is None else modules).items():
+        tree = ast.parse(path.read_text(), str(path))
+
+        def visit(node, scope):
+            for child in ast.iter_child_nodes(node):
+                inner = scope
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    inner = f"{scope}.{child.name}" if scope else child.name
+                if isinstance(child, ast.Call):
+                    func = child.func
+                    called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                    if called == name:
+                        sites.append(f"{module}:{scope}")
+                visit(child, inner)
+        visit(tree, "")
+    return sites
+
+
+def test_call_sites_names_each_call_by_its_function(tmp_path):
+    (tmp_path / "probe.py").write_text(
+        "a(0)\n\n\ndef f(x):\n    a(x)\n    return [m.a(y) for y in x]\n\n\nclass C:\n"
+        "    def g(self):\n        b = lambda: a(1)\n        return b, self.ab(2)\n")
+    assert call_sites("a", {"probe": tmp_path / "probe.py"}) == [
+        "probe:", "probe:f", "probe:f", "probe:C.g"]
+
+
+@pytest.mark.parametrize("parse", sorted(PARSED_ONCE))
+def test_each_option_is_parsed_in_its_allowed_places_once(parse):
+    """Each text option (network, compute, stragglers, faults, time budget, partition) is
+    parsed by one function, called only from the functions PARSED_ONCE names, once in each:
+    on a run's path, by engine/plan/resolve.py, which makes the Job's typed value of it,
+    and by RunConfig.validate, to refuse a bad value early; a sweep asks resolve.py's
+    function (resolve_faults, resolve_network), the writers of config.yaml read the Job. A
+    new call elsewhere parses the text a second way: read the Job's value, or name the new
+    place here with its reason."""
+    sites = call_sites(parse)
+    assert len(sites) == len(set(sites)), f"{parse} is called twice in one function: {sites}"
+    assert set(sites) == PARSED_ONCE[parse], (
+        f"{parse} is called from {sorted(set(sites))}; only from {sorted(PARSED_ONCE[parse])}")
+
+
+def test_the_job_declares_its_attributes_and_config_yaml_is_written_one_way():
+    """No attribute of the Job is made by writing its __dict__ (each is a declared field or
+    property, engine/plan/job.py); config.yaml's record is made by Job.config_record only,
+    and written by engine/run.py only."""
+    job = (PACKAGE / "engine" / "plan" / "job.py").read_text()
+    assert "__dict__" not in job and "setattr" not in job
+    assert call_sites("config_to_dict") == []  # (a config's fields, without what was resolved)
+    assert {site.split(":")[0] for site in call_sites("write_config")} == {"exoframe.engine.run"}
+    # The four ways a run starts, each recording its Job the one way (and a sweep's check
+    # that no two of its points are one run, comparing those records).
+    assert sorted(call_sites("config_record")) == [
+        "exoframe.cli.run:run", "exoframe.engine.executors:run_point",
+        "exoframe.engine.resume:resume", "exoframe.engine.sweep_axes:SamePoints.add",
+        "exoframe.engine.trainer:Trainer.fit"]

@@ -18,7 +18,7 @@ import traceback
 import click
 
 from ..engine.ipc.stop_signals import catch_stop_signals, restore_signals, stopped_by
-from ..errors import ExoframeError, shorten
+from ..errors import ExoframeError, RunInterrupted, RunStopped, shorten
 from ..files import describe_os_error
 from .group import cli
 
@@ -39,14 +39,14 @@ def main(argv=None):
         click.echo(f"interrupted{stopped_by(stop) if stop is not None else ''}", err=True)
         sys.exit(130)
     except ExoframeError as e:
-        details = getattr(e, "details", "")
-        user_error = getattr(e, "user_error", True)
-        if details and (debug or not user_error):
-            click.echo(details.rstrip(), err=True)
+        if e.details and (debug or not e.user_error):
+            click.echo(e.details.rstrip(), err=True)
         elif debug:
             traceback.print_exc()
         _error_line(str(e))
-        sys.exit(130 if type(e).__name__ == "RunInterrupted" else (2 if user_error else 1))
+        interrupted = isinstance(e, RunInterrupted) or \
+            isinstance(e, RunStopped) and e.interrupted
+        sys.exit(130 if interrupted else (2 if e.user_error else 1))
     except Exception as e:  # the one boundary: one line, the traceback only with --debug
         if debug:
             traceback.print_exc()

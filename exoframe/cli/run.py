@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ..config import config_to_dict, resolve_config
+from ..config import resolve_config
 from ..fields import long_flag
 from .config_flags import FIELDS, field_option, overrides, run_options
 from .group import cli
@@ -32,9 +32,7 @@ def run(config_file, progress, progress_every, debug, **flags):
         cluster.check_config(config)
     check_out_folder(config.out, long_flag(FIELDS["out"]))
     job = job_from_config(config)
-    record = config_to_dict(config)
-    record.update(strategy=job.strategy_name, batch_size=job.batch_size, lr=job.optimizer.lr,
-                  eval_every=job.eval_every, strategy_params=vars(job.strategy_params).copy())
+    record = job.config_record()
     if cluster is not None and cluster.rank != 0:  # rank 0's process writes the run folder
         from ..engine.launch.launcher import run_cluster_rank
 

@@ -25,9 +25,8 @@ from pathlib import Path
 from ..config import EXECUTORS
 from ..errors import ExoframeError
 from ..files import replacing
-from ..sim import resolve_sim
 from .launch.progress import Off
-from .plan.resolve import job_from_config
+from .plan.resolve import job_from_config, resolve_network
 from .records.run_folder import RunFolder
 from .replay import Projection, replay_trace, save_replay
 from .run import execute
@@ -58,16 +57,15 @@ def run_point(point: SweepPoint, out: str, bar=Off(), recorded_out: str | None =
     pm = get_plugin_manager()
     run_dirs = []
     for config in point.configs:
-        record = dataclasses.asdict(dataclasses.replace(config, out=recorded_out or out))
-        config = dataclasses.replace(config, out=out)
-        job = job_from_config(config, pm)
+        # (config.yaml names recorded_out; the run folder is made under `out`)
+        job = job_from_config(dataclasses.replace(config, out=recorded_out or out), pm)
         bar.describe(f"sweep: {config.strategy} seed {config.seed} on {job.sim.net}"
                      + (f" with faults {config.faults}" if config.faults else ""))
-        result = execute(job, out=out, config_record=record,
+        result = execute(job, out=out, config_record=job.config_record(),
                          on_row=lambda row: bar.update(1, row))
         run_dirs.append(Path(result.run_dir))
         for net in point.replays:
-            other = resolve_sim(net, config.compute, config.stragglers, config.nodes, pm)
+            other = resolve_network(dataclasses.replace(config, net=net), pm)
             bar.describe(f"sweep: replay {config.strategy} on {other.net}")
             save_replay(result.run_dir, replay_trace(result.trace, other, point.projection))
             bar.update(1)

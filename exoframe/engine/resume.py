@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import config_to_dict, resolve_config
+from ..config import resolve_config
 from ..errors import ExoframeError, shorten
 from .plan.resolve import job_from_config
 from .records import rank_state
@@ -37,8 +37,9 @@ def resume(run_dir, steps: int | None = None, progress="off",
     if config.workload == "custom":
         raise ExoframeError(f"{run_dir}: its workload was given in Python; resume it there: "
                             "Trainer.fit(..., resume=RUN_DIR).")
-    return resume_job(job_from_config(config), config_to_dict(config), run_dir,
-                      progress=progress, progress_every=progress_every)
+    job = job_from_config(config)
+    return resume_job(job, job.config_record(), run_dir, progress=progress,
+                      progress_every=progress_every)
 
 
 def resume_job(job, config_record: dict, run_dir, **execute_options) -> RunResult:

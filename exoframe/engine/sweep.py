@@ -24,15 +24,13 @@ from ..files import write_atomic
 from ..plugins import get_plugin_manager
 from ..report.results import SweepResult
 from ..report.sweep import collect_rows, write_outputs
-from ..sim import resolve_sim
-from ..sim.network.faults import parse_faults
 from ..sim.network.netconfig import load_network
 from ..sim.network.units import format_bandwidth, parse_bandwidth
 from ..sim.setup import REAL
 from .executors import SweepPoint, check_executor, run_points
 from .launch.launcher import check_startable
 from .launch.progress import progress_display
-from .plan.resolve import build_job, workload_and_model
+from .plan.resolve import build_job, resolve_faults, resolve_network, workload_and_model
 from .records.run_folder import RunFolder
 from .replay import Projection
 from .sweep_axes import (SamePoints, apply, axis_flag, check_distinct, combinations,
@@ -162,7 +160,7 @@ def check_points(points: list, pm, base: RunConfig):
             first = point.configs[0]
             for net in point.replays:
                 if net not in checked:
-                    resolve_sim(net, first.compute, first.stragglers, first.nodes, pm)
+                    resolve_network(dataclasses.replace(first, net=net), pm)
                     checked.add(net)
     finally:
         held.release()
@@ -245,8 +243,8 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
                             "run (exoframe run --net real).")
     if not strategies or not nets or not seeds or not faults:
         raise ExoframeError("sweep: give at least one strategy, one network and one seed.")
-    for spec in faults:
-        parse_faults(spec).check_ranks(base.nodes)
+    # Each fault spec as its runs' Jobs will hold it (parsed as resolve.py parses a run's).
+    fault_specs = [resolve_faults(dataclasses.replace(base, faults=spec)) for spec in faults]
     if grid is not None and len(nets) != 1:
         raise ExoframeError("--bandwidth applies a grid to one base network; give one --net.")
     pm = get_plugin_manager()
@@ -263,13 +261,14 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
         """The points: for each strategy, fault spec and seed, the runs on `run_nets`, their
         folders in `runs_dir`."""
         points = []
-        for strategy, spec in ((s, f) for s in strategies for f in faults):
+        for strategy, (spec, parsed) in itertools.product(strategies,
+                                                          zip(faults, fault_specs)):
             # Under simulated failures, who takes part in each exchange depends on the
             # timing, and so does when a rank serves each remote call.
             strategy_cls = pm.strategies.get(strategy).obj
             traits = strategy_cls.traits
             timing_dependent = (traits.timing_dependent or traits.remote_calls
-                                or parse_faults(spec).active)
+                                or parsed.active)
             if timing_dependent and projection is not None:
                 raise ExoframeError(f"sweep: '{strategy}' is timing-dependent (or the runs have "
                                     "faults); a projection replays traces, so it cannot "

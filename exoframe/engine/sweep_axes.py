@@ -70,9 +70,11 @@ def apply(config: RunConfig, point: dict) -> RunConfig:
     return dataclasses.replace(config, **fields)
 
 
-# A Job's values that resolve a config field: two configs that differ only before these are
-# resolved (steps beside epochs, a strategy parameter given at its default) are one run.
-RESOLVED = ("steps", "batch_size", "eval_every", "strategy_params", "time_budget")
+# Two configs that differ only before they are resolved (steps beside epochs, a strategy
+# parameter given at its default, 1h beside 3600s) are one run: a run is its config.yaml record
+# (Job.config_record: the strategy's parameters, batch size, lr and eval_every resolved) with
+# these of the Job's values.
+RESOLVED = ("steps", "time_budget")
 
 
 # RunConfig fields that change where and how a run is written or packed, not what it
@@ -90,7 +92,7 @@ class SamePoints:
         self.base, self.seen = base, {}
 
     def add(self, config: RunConfig, job):
-        record = {**dataclasses.asdict(config), **{n: getattr(job, n) for n in RESOLVED}}
+        record = {**job.config_record(), **{n: getattr(job, n) for n in RESOLVED}}
         for name in NOT_A_RUN:
             record.pop(name)
         key = repr(sorted(record.items()))

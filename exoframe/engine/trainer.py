@@ -12,11 +12,11 @@ one per rank) or a factory `(rank, num_nodes, split) -> Dataset` with split "tra
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Optional
 
 import torch
 
-from ..config import config_to_dict
 from ..errors import ExoframeError
 from ..workloads.base import Workload, shard_factory
 from .plan.fit_keywords import fit_config, fit_signature
@@ -50,6 +50,9 @@ class Trainer:
         fits with the same arguments give the same records; warm_start=True starts from
         the last fit's trained model instead (the given one before any fit)."""
         config, strategy_cls, out = fit_config(strategy, options, self.batch_size)
+        # The model and data come from Python: config.yaml says so (`exoframe resume` refuses
+        # such a run folder; fit(resume=...) goes on with it).
+        config = dataclasses.replace(config, workload="custom")
         if warm_start and resume is not None:
             raise ExoframeError("Trainer.fit: resume= goes on from the run folder's checkpoint "
                                 "and warm_start=True from the last fit's model; give one.")
@@ -59,8 +62,7 @@ class Trainer:
                             batch_size=self.batch_size, best_loss=self.best_loss,
                             metrics=self.metrics)
         job = build_job(config, workload, model, strategy=strategy_cls)
-        # The model and data came from Python: `exoframe resume` cannot rebuild them.
-        record = {**config_to_dict(config), "workload": "custom"}
+        record = job.config_record()
         if resume is not None:
             result = resume_job(job, record, resume, progress=progress)
         else:

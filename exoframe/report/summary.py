@@ -13,11 +13,6 @@ LOW_UTILIZATION = 0.01
 REPLICAS_KEY = "final_val_loss_replicas_average"
 
 
-def build_summary(job, rows: list[dict], launch_result) -> dict:
-    """summary.json's mapping of a completed run (build_run_summary's record)."""
-    return build_run_summary(job, rows, launch_result).to_json()
-
-
 def build_run_summary(job, rows: list[dict], launch_result) -> RunSummary:
     """The record of a completed run: what it was, how it went, where each rank's time went
     (rows: its metrics rows; launch_result: engine/launch/launcher.py's LaunchResult)."""

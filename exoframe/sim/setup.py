@@ -40,22 +40,23 @@ def resolve_sim(net: str, compute: str, stragglers: str, nodes: int, pm) -> SimS
             raise ExoframeError("stragglers: they slow the simulated clock; with --net real "
                                 "nothing is simulated: drop --stragglers.")
         # Bytes are still counted per operation as ring, tree, ... would move them.
-        return SimSetup(net=REAL, topology=Topology.uniform(nodes), algorithms=algorithms,
-                        compute=parse_compute(compute), stragglers=parse_stragglers(""),
-                        real=True)
-    network = load_network(net, pm.networks)
-    topology = network.topology(nodes, algorithms)
-    # Two participants: ranks 0 and 1 (two in one site for a single rank).
-    pair = Sites.of(topology, (0, 1)) if topology.size >= 2 else Sites.single(2)
-    for kind, name in topology.algorithms.items():
-        try:
-            plan_for(algorithms[name], kind, 2, 0, pair)
-        except ValueError:
-            raise ExoframeError(f"{network.where}: algorithm: '{name}' does not implement "
-                                f"{kind}; choose another for it, e.g. algorithm: "
-                                f"{{{kind}: ring}}.") from None
+        name, topology, defaults = REAL, Topology.uniform(nodes), ()
+    else:
+        network = load_network(net, pm.networks)
+        topology = network.topology(nodes, algorithms)
+        # Two participants: ranks 0 and 1 (two in one site for a single rank).
+        pair = Sites.of(topology, (0, 1)) if topology.size >= 2 else Sites.single(2)
+        for kind, algorithm in topology.algorithms.items():
+            try:
+                plan_for(algorithms[algorithm], kind, 2, 0, pair)
+            except ValueError:
+                raise ExoframeError(f"{network.where}: algorithm: '{algorithm}' does not "
+                                    f"implement {kind}; choose another for it, e.g. "
+                                    f"algorithm: {{{kind}: ring}}.") from None
+        name, defaults = network.name, tuple(network.defaults_taken())
+    # Each text parsed here once (engine/plan/resolve.py calls this for a run's Job).
     parsed = parse_stragglers(stragglers)
     parsed.check_ranks(nodes)
-    return SimSetup(net=network.name, topology=topology, algorithms=algorithms,
-                    compute=parse_compute(compute), stragglers=parsed,
-                    defaults=tuple(network.defaults_taken()))
+    return SimSetup(net=name, topology=topology, algorithms=algorithms,
+                    compute=parse_compute(compute), stragglers=parsed, real=net == REAL,
+                    defaults=defaults)

@@ -11,13 +11,9 @@ import sys
 import time
 import traceback
 
-from ...errors import ExoframeError
+from ...errors import ExoframeError, RunInterrupted
 from .messages import ChildFailed
 from .stop_signals import STOP_SIGNALS, stopped_by
-
-
-class RunInterrupted(ExoframeError):
-    pass
 
 
 STACK_SIGNAL = signal.SIGUSR1  # the watchdog asks a stuck child for its stack
@@ -40,10 +36,22 @@ def child_name(who) -> str:
 class RankFailed(ExoframeError):
     """A child process failed; `who` is its rank, or "evaluator", or "simulator"."""
 
-    def __init__(self, who, message: str, details: str, user_error: bool, host: str = ""):
-        """host: the machine of a rank on another one (torchrun)."""
-        super().__init__(f"{child_name(who)}{f' on {host}' if host else ''}: {message}")
-        self.who, self.details, self.user_error = who, details, user_error
+    def __init__(self, who, message: str, *, details: str = "", user_error: bool = True,
+                 host: str = ""):
+        """details: the child's traceback; user_error: as ExoframeError's; host: the machine
+        of a rank on another one (torchrun)."""
+        super().__init__(f"{child_name(who)}{f' on {host}' if host else ''}: {message}",
+                         details=details, user_error=user_error)
+        self.who = who
+
+
+class NodeFailed(Exception):
+    """A node of a process that runs several failed (engine/node/packing.py): raised from
+    the node's own exception, naming its rank (failure() reports the cause as that rank's)."""
+
+    def __init__(self, rank: int):
+        super().__init__(f"rank {rank} failed")
+        self.rank = rank
 
 
 def stack_file(folder: str, who) -> str:
@@ -88,10 +96,11 @@ def child_entry(who, target, args, conn, stack_path: str | None, forked: bool = 
 
 def failure(who, e: BaseException) -> ChildFailed:
     """What a child says of the exception that ended it (inside its `except`)."""
-    who = getattr(e, "failed_rank", who)  # a packed node (engine/node/packing.py)
+    if isinstance(e, NodeFailed):  # a packed node: its rank, and what it raised
+        who, e = e.rank, e.__cause__
     user_error = isinstance(e, ExoframeError)
     return ChildFailed(who, time.time(), str(e) if user_error else f"{type(e).__name__}: {e}",
-                       traceback.format_exc(), user_error)
+                       "".join(traceback.format_exception(e)), user_error)
 
 
 def thread_entry(who, target, args, conn):

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...errors import ExoframeError
+from ...errors import ExoframeError, RunInterrupted, RunStopped
 from ...sim.clocks.compute import device_from_name
 from ..ipc.messages import EvaluatorDone, EvaluatorStop, Rendezvous
-from ..ipc.processes import RankFailed, RunInterrupted, child_entry, interrupted, stop_all
+from ..ipc.processes import RankFailed, child_entry, interrupted, stop_all
 from ..ipc.sender import Sender
 from ..ipc.stop_signals import (catch_stop_signals, ranks_forked, ranks_up, restore_signals,
                                  signals_held, stopping_for_a_failure)
@@ -169,7 +169,7 @@ def evaluator_done(conn, relay: Sender | None, timeout: float) -> EvaluatorDone:
     except (EOFError, OSError):
         pass
     raise RankFailed(EVALUATOR, "gave no final model at the end of the run: it stopped or "
-                     f"took over {timeout:g} s (--hang-timeout)", "", False)
+                     f"took over {timeout:g} s (--hang-timeout)", user_error=False)
 
 
 def validation_record(val_set: ValidationSet, done: EvaluatorDone, rank_results: list,
@@ -270,16 +270,16 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
         try:
             monitor.run()
         except (ExoframeError, KeyboardInterrupt) as e:
-            # The error carries what the run did, for the summary (see run.py).
+            # The error that stops the run carries what the run did, for the summary (see
+            # run.py).
             error = e if isinstance(e, ExoframeError) else interrupted(e)
-            error.status = "interrupted" if isinstance(error, RunInterrupted) else "failed"
-            if error.status == "failed" and cluster is not None:
+            status = "interrupted" if isinstance(error, RunInterrupted) else "failed"
+            if status == "failed" and cluster is not None:
                 # torchrun's agents stop the ranks it stops, and the one that started this
                 # process then signals it: the CLI's handler (under this launch's, restored
                 # below) lets that first signal pass
                 stopping_for_a_failure()
-            error.rows = monitor.flush()
-            raise error from None
+            raise RunStopped.of(error, status, monitor.flush()) from error
         done = evaluator_done(conns[-1], monitor.relay, watchdog)
         end = time.perf_counter()
         return LaunchResult(rank_results=monitor.results,
@@ -291,8 +291,8 @@ def _launch(job, on_row, start, batches, val_set, folder, cluster, config) -> La
                                                          job))
     except KeyboardInterrupt as e:  # while starting or stopping, outside monitor.run()
         error = interrupted(e)
-        error.status, error.rows = "interrupted", monitor.emitted if monitor else []
-        raise error from None
+        raise RunStopped.of(error, "interrupted", monitor.emitted if monitor else []) \
+            from error
     finally:
         restore_signals(previous)
         stop_all(processes)

@@ -174,8 +174,8 @@ class Monitor:
     def raise_first_error(self):
         if self.errors:  # the earliest failure is the cause; later ones are its echoes
             first = min(self.errors, key=lambda m: m.at)
-            raise RankFailed(first.who, first.message, first.details, first.user_error,
-                             self.hosts.get(first.who, ""))
+            raise RankFailed(first.who, first.message, details=first.details,
+                             user_error=first.user_error, host=self.hosts.get(first.who, ""))
 
     def finished(self) -> bool:
         return all(r is not None for r in self.results) and self.rows.next_step > self.last_step()
@@ -210,7 +210,8 @@ class Monitor:
                       thread_stacks([(self.process_name(channel),
                                       f"exoframe-{self.who[channel.members[0]]}")
                                      for channel in stuck if channel not in forked])]
-            raise RankFailed("watchdog", line, "\n\n".join(filter(None, stacks)), False)
+            raise RankFailed("watchdog", line, details="\n\n".join(filter(None, stacks)),
+                             user_error=False)
         for obj in ready:
             if obj in open_conns:
                 alive = self.read(obj)
@@ -252,9 +253,9 @@ class Monitor:
         i = channel.members[0]
         if not finished and self.processes[i] is None:
             raise RankFailed(self.process_name(channel), "lost the connection to it: its "
-                             "process died or its machine stopped", "", False,
-                             self.hosts.get(i, ""))
+                             "process died or its machine stopped", user_error=False,
+                             host=self.hosts.get(i, ""))
         if not finished:
             self.processes[i].join()
             raise RankFailed(self.process_name(channel), "process died with exit code "
-                             f"{self.processes[i].exitcode}", "", False)
+                             f"{self.processes[i].exitcode}", user_error=False)

@@ -31,7 +31,7 @@ class RowOutput:
         try:
             self.replicas.add(message.rank, message.step, message.checksum)
         except ExoframeError as e:
-            raise RankFailed("divergence check", str(e), "", True) from None
+            raise RankFailed("divergence check", str(e)) from None
         row = self.rows.add(message.rank, message.step, message.record)
         if row is not None:  # every rank finished `step`
             check_within_a_year(self.job.steps, self.job.time_budget, message.step,

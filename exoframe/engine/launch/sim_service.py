@@ -48,11 +48,11 @@ class SimService:
             replies = self.feed.advance()
             stuck = self.sim.stuck()
         except SimulationError as e:
-            raise RankFailed("simulator", str(e), "", True) from None
+            raise RankFailed("simulator", str(e)) from None
         for rank, reply in replies:
             if isinstance(reply, Mail):
                 reply = replace(reply, payloads=tuple(self.payloads.pop((src, msg_id))
                                                       for src, msg_id, _ in reply.messages))
             self.send(rank, reply)
         if stuck:
-            raise RankFailed("simulator", stuck, "", True)
+            raise RankFailed("simulator", stuck)

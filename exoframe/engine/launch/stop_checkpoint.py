@@ -12,8 +12,9 @@ import signal
 import sys
 import threading
 
+from ...errors import RunInterrupted
 from ..ipc.messages import CheckpointNow
-from ..ipc.processes import RunInterrupted, interrupted
+from ..ipc.processes import interrupted
 from ..ipc.stop_signals import STOP_SIGNALS, held, interrupt_for, stopped_by
 
 
@@ -77,7 +78,6 @@ class StopCheckpoint:
         """Once the checkpoint asked for at a stop signal is committed, stop."""
         if self.wanted is not None and self.commits.committed >= self.wanted:
             error = interrupted(self.signal)
-            stop = RunInterrupted(f"{error} The run saved a checkpoint at step "
-                                  f"{self.commits.committed}: `exoframe resume` goes on from it.")
-            stop.names_checkpoint = True
-            raise stop
+            raise RunInterrupted(f"{error} The run saved a checkpoint at step "
+                                 f"{self.commits.committed}: `exoframe resume` goes on from it.",
+                                 names_checkpoint=True)

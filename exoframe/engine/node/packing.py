@@ -37,7 +37,7 @@ from greenlet import greenlet
 from ...comm.memory import Contribution, Pack
 from ...files import write_atomic
 from ..ipc.messages import CheckpointLate, NodeMessage, StepDone
-from ..ipc.processes import STACK_SIGNAL
+from ..ipc.processes import STACK_SIGNAL, NodeFailed
 from ..ipc.sender import Outbox, Sender
 from . import model_state
 from .loop import warm_up
@@ -311,8 +311,7 @@ class Hub:
         try:
             node.glet.switch()
         except BaseException as e:
-            e.failed_rank = node.rank  # (processes.child_entry names it)
-            raise
+            raise NodeFailed(node.rank) from e  # (processes.failure names it)
         finally:
             node.cpu += time.thread_time() - node.resumed_at
             node.resumed_at = None

@@ -16,15 +16,16 @@ from ...workloads.base import DatasetFactory
 from .placement import Placement
 from .target import LAG
 
-CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(RunConfig))
-
 
 @dataclass(frozen=True)
 class Job:
-    """The RunConfig and what was resolved from it. A config field that needs no resolving
-    is read from the config (job.seed is job.config.seed), so a new RunConfig field reaches
-    every rank with no edit here. Frozen: what is learnt later (the FLOP count of a step,
-    the run folder, the checkpoint resumed from) makes a new Job (dataclasses.replace)."""
+    """The RunConfig and what was resolved from it: each text option (network, compute,
+    stragglers, faults, time budget, partition) parsed once, by engine/plan/resolve.py, into
+    the typed value here (sim, faults, time_budget, partition, dataset). A config field
+    that needs no resolving is read from the config: the ones the ranks read are declared
+    below as properties (job.seed is job.config.seed), any other as job.config.<field>.
+    Frozen: what is learnt later (the FLOP count of a step, the run folder, the checkpoint
+    resumed from) makes a new Job (dataclasses.replace)."""
 
     config: RunConfig
     model: torch.nn.Module
@@ -51,15 +52,99 @@ class Job:
     # histogram, for summary.json; None for a workload that makes each rank's data itself.
     partition: Optional[dict] = None
 
-    def __post_init__(self):
-        """The config's fields that need no resolving become the Job's attributes, read at
-        the speed of its own fields (a rank reads several every step)."""
-        for name in COPIED_FIELDS:
-            self.__dict__[name] = getattr(self.config, name)
-
     @property
     def device(self) -> str:
+        """The device the nodes train on, resolved (config.device may say auto)."""
         return self.placement.device
+
+    # The config fields the ranks and the launcher read, as the Job's own (read-only; the
+    # config's value). Any other is read as job.config.<field>; an option the Job resolves
+    # (net, compute, stragglers, faults, time_budget, partition, steps, batch_size, lr, ...)
+    # is read only as its resolved value above, never as its text.
+    @property
+    def nodes(self) -> int:
+        return self.config.nodes
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def schedule(self) -> str:
+        return self.config.schedule
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.config.warmup_steps
+
+    @property
+    def min_lr_ratio(self) -> float:
+        return self.config.min_lr_ratio
+
+    @property
+    def clip_grad_norm(self) -> Optional[float]:
+        return self.config.clip_grad_norm
+
+    @property
+    def accumulate(self) -> int:
+        return self.config.accumulate
+
+    @property
+    def precision(self) -> str:
+        return self.config.precision
+
+    @property
+    def shuffle(self) -> bool:
+        return self.config.shuffle
+
+    @property
+    def drop_last(self) -> bool:
+        return self.config.drop_last
+
+    @property
+    def val_examples(self) -> Optional[int]:
+        return self.config.val_examples
+
+    @property
+    def val_replicas(self) -> str:
+        return self.config.val_replicas
+
+    @property
+    def target_loss(self) -> Optional[float]:
+        return self.config.target_loss
+
+    @property
+    def threads(self) -> int:
+        return self.config.threads
+
+    @property
+    def hang_timeout(self) -> float:
+        return self.config.hang_timeout
+
+    @property
+    def connect_timeout(self) -> float:
+        return self.config.connect_timeout
+
+    @property
+    def on_nonfinite(self) -> str:
+        return self.config.on_nonfinite
+
+    @property
+    def checkpoint_every(self) -> Optional[int]:
+        return self.config.checkpoint_every
+
+    def config_record(self) -> dict:
+        """The run's configuration as config.yaml records it (engine/run.py writes it, the
+        checkpoints and a torchrun cluster's ranks compare it, `exoframe resume` and the
+        reports read it back): the config, with what the Job resolved of it (the strategy's
+        registered name and its parameters with their defaults, the batch size, learning
+        rate and validation interval the workload and the steps give). One record for
+        `exoframe run`, Trainer.fit, a sweep's runs and a resume."""
+        record = dataclasses.asdict(self.config)
+        record.update(strategy=self.strategy_name, batch_size=self.batch_size,
+                      lr=self.optimizer.lr, eval_every=self.eval_every,
+                      strategy_params=dict(vars(self.strategy_params)))
+        return record
 
     # What is validated when: the ranks send, and the launcher waits for, the same.
     def evaluates(self, step: int) -> bool:
@@ -92,6 +177,3 @@ class Job:
             return False
         return self.time_budget is not None or (self.target_loss is not None and step > LAG)
 
-
-# The config fields a Job does not resolve: copied from its config when it is made.
-COPIED_FIELDS = CONFIG_FIELDS - frozenset(f.name for f in dataclasses.fields(Job))

@@ -90,11 +90,10 @@ def resolve_names(config: RunConfig, strategy=None, pm: PluginManager | None = N
     strategy_cls, strategy_name, strategy_params = resolve_strategy(
         strategy or config.strategy, config.strategy_params, pm)
     optimizer = pm.optimizers.get(config.optimizer)
-    sim = sim or resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)
+    sim = sim or resolve_network(config, pm)
+    faults = resolve_faults(config)
     if sim.real:
-        check_real_network(config, strategy_cls, strategy_name)
-    faults = parse_faults(config.faults)
-    faults.check_ranks(config.nodes)
+        check_real_network(config, strategy_cls, strategy_name, faults)
     checked_checkpoints(config, strategy_cls, strategy_name, strategy_params)
     if config.stack_replicas:
         check_stacking(config, strategy_cls, strategy_name, faults)
@@ -106,6 +105,27 @@ def resolve_names(config: RunConfig, strategy=None, pm: PluginManager | None = N
                             "--precision fp32 there, or --device cuda.")
     return Resolved(strategy_cls, strategy_name, strategy_params, optimizer, sim, device,
                     tuple(sink_spec(item, pm.sinks) for item in config.sinks), faults)
+
+
+def resolve_network(config: RunConfig, pm: PluginManager) -> SimSetup:
+    """The run's network, compute model and stragglers (config.net, .compute, .stragglers),
+    parsed: the Job's sim. Each run has a setup of its own (the launcher writes a step's FLOP
+    count into its compute model)."""
+    return resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)
+
+
+def resolve_faults(config: RunConfig) -> FaultSpec:
+    """config.faults parsed (the one parse on a run's path; RunConfig.validate checks it
+    early) and checked against the run's nodes: the Job's faults."""
+    faults = parse_faults(config.faults)
+    faults.check_ranks(config.nodes)
+    return faults
+
+
+def resolve_time_budget(config: RunConfig) -> float | None:
+    """config.time_budget in simulated seconds (RunConfig.validate checks it early), or
+    None: the Job's time_budget."""
+    return None if config.time_budget is None else budget_seconds(config.time_budget)
 
 
 def import_user_module(name: str):
@@ -184,14 +204,15 @@ def build_job(config: RunConfig, workload: Workload, model: torch.nn.Module, str
         eval_every=1 if config.target_loss is not None else
         config.eval_every or max(1, steps // 10),
         workload_name=workload.name,
-        time_budget=None if config.time_budget is None else budget_seconds(config.time_budget),
+        time_budget=resolve_time_budget(config),
         metrics=workload.metrics, tokens_per_sample=workload.tokens_per_sample,
         best_loss=workload.best_loss, sinks=names.sinks, faults=names.faults)
 
 
-def check_real_network(config: RunConfig, strategy_cls: type, strategy_name: str):
+def check_real_network(config: RunConfig, strategy_cls: type, strategy_name: str,
+                       faults: FaultSpec):
     """What needs the simulated network, refused with --net real."""
-    if parse_faults(config.faults).active:
+    if faults.active:
         raise ExoframeError("faults: simulated failures need the simulated network; drop "
                             "--faults with --net real.")
     if strategy_cls.traits.remote_calls:
@@ -291,7 +312,7 @@ def epoch_steps(config: RunConfig, dataset: DatasetFactory, batch_size: int) -> 
 def job_from_config(config: RunConfig, pm: PluginManager | None = None) -> Job:
     """The Job of a validated config, with a network setup of its own."""
     pm = pm or get_plugin_manager()
-    sim = resolve_sim(config.net, config.compute, config.stragglers, config.nodes, pm)
+    sim = resolve_network(config, pm)  # (before the model is built: a bad network is told first)
     return build_job(config, *workload_and_model(config, pm), pm=pm, sim=sim)
 
 
@@ -330,6 +351,5 @@ def _user_code(call, what: str, params: dict):
     except Exception as e:
         hint = (f" Check its parameters (-w): {shorten(params)}." if params
                 else " Run with --debug for the traceback.")
-        error = ExoframeError(f"{what} failed: {type(e).__name__}: {shorten(str(e))}.{hint}")
-        error.details = traceback.format_exc()
-        raise error from None
+        raise ExoframeError(f"{what} failed: {type(e).__name__}: {shorten(str(e))}.{hint}",
+                            details=traceback.format_exc()) from None

@@ -152,12 +152,23 @@ def identity(job, config: dict | None = None) -> dict:
     return made
 
 
+# What config.yaml records as the Job resolved it (plan/job.py, config_record). A checkpoint
+# an earlier exoframe made of a sweep's run or of Trainer.fit recorded these as given: None
+# where not given (what it resolved to then, it resolves to now), the strategy's parameters
+# given only, the strategy's name as written (nodes and strategy are compared apart).
+RESOLVED_FIELDS = ("batch_size", "lr", "eval_every")
+
+
 def config_difference(made: dict, now: dict) -> str | None:
     """The first field of the checkpoint's config that the resume changes, as a phrase."""
     if "config" not in made or "config" not in now:  # (a checkpoint of an earlier version)
         return None
     for key in dict.fromkeys([*made["config"], *now["config"]]):
         before, after = made["config"].get(key), now["config"].get(key)
+        if key == "strategy" or key in RESOLVED_FIELDS and before is None:
+            continue
+        if key == "strategy_params" and isinstance(before, dict) and isinstance(after, dict):
+            after = {name: after.get(name) for name in before}
         if before != after:
             return f"{key} is {_shown(after)} now but was {_shown(before)}"
     return None
