@@ -24,16 +24,21 @@ def import_engine():
         return
     # A stop signal waits for the imports' end: raised inside them, it was lost in a C
     # extension's start-up (the command went on), or left torch half imported.
-    from ..engine.ipc.stop_signals import signals_held
+    from ..engine.ipc.stop_signals import signals_held, stopped_by
+    from ..errors import RunInterrupted
 
-    with signals_held(strict=True):
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            from ..engine.launch.launcher import preload
+    try:
+        with signals_held(strict=True):
+            enabled = gc.isenabled()
+            gc.disable()
+            try:
+                from ..engine.launch.launcher import preload
 
-            preload()
-            gc.freeze()
-        finally:
-            if enabled:
-                gc.enable()
+                preload()
+                gc.freeze()
+            finally:
+                if enabled:
+                    gc.enable()
+    except KeyboardInterrupt as e:  # (one line, as in every later phase; not click's Abort)
+        raise RunInterrupted(f"interrupted{stopped_by(e)}: exoframe was starting; nothing "
+                             "ran.") from e
