@@ -29,6 +29,7 @@ import click
 from .. import hookspecs
 from ..config import RunConfig
 from ..fields import declared_flag, default_text, option_of
+from ..files import stale_files
 from ..inputs import type_name
 from ..sim.network import netconfig, tcp, units
 
@@ -329,11 +330,7 @@ def write(folder: Path) -> list[Path]:
 def stale(folder: Path) -> list[str]:
     """The pages of `folder` that differ from what this module makes now: changed, missing,
     or there and not made."""
-    made = pages()
-    there = {path.name for path in folder.glob("*.md")} if folder.is_dir() else set()
-    return sorted(name for name in set(made) | there
-                  if name not in made or name not in there
-                  or (folder / name).read_text() != made[name])
+    return stale_files(folder, pages(), "*.md")
 
 
 def main(argv=None) -> int:

@@ -17,6 +17,7 @@ import sys
 import typing
 from pathlib import Path
 
+from ..files import stale_files
 from .codec import FLATTENED, SCHEMA_VERSION
 from .run_records import Row, RunSummary, StoppedSummary, Trace
 
@@ -93,11 +94,7 @@ def write(folder: Path) -> list[Path]:
 def stale(folder: Path) -> list[str]:
     """The schemas of `folder` that differ from what the dataclasses make now: changed,
     missing, or there and not made."""
-    made = texts()
-    there = {path.name for path in folder.glob("*" + SUFFIX)} if folder.is_dir() else set()
-    return sorted(name for name in set(made) | there
-                  if name not in made or name not in there
-                  or (folder / name).read_text() != made[name])
+    return stale_files(folder, texts(), "*" + SUFFIX)
 
 
 def main(argv=None) -> int:
