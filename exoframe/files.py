@@ -102,12 +102,3 @@ class AppendOnly:
 
     def close(self):
         os.close(self._fd)
-
-
-def stale_files(folder: Path, made: dict, pattern: str) -> list[str]:
-    """The files of `folder` matching `pattern` that differ from `made` (name: the text a
-    generator makes now): changed, missing, or there and not made."""
-    there = {path.name for path in folder.glob(pattern)} if folder.is_dir() else set()
-    return sorted(name for name in set(made) | there
-                  if name not in made or name not in there
-                  or (folder / name).read_text() != made[name])

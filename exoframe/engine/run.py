@@ -68,22 +68,23 @@ def execute(job: Job, out: str | None = None, config_record: dict | None = None,
     it)."""
     # The run's folder is written by its absolute path, resolved once, before any of the
     # run's code (a model's forward, a strategy's steps) could change the working directory;
-    # the result names it as it was given.
-    named = Path(resume_dir if resume_dir is not None else out) if (out or resume_dir) \
-        else None
-    # In the caller's own process, what the run changes of it is given back at its end.
+    # the result names it as it was given. In the caller's own process, what the run changes
+    # of it is given back at its end.
     caller = CallerState() if job.placement.in_process else None
     try:
-        result = _start(job, os.path.abspath(out) if out else out, config_record, progress,
-                        progress_every, on_row,
-                        os.path.abspath(resume_dir) if resume_dir is not None else None,
-                        cluster)
+        result = _start(job, _absolute(out), config_record, progress, progress_every, on_row,
+                        _absolute(resume_dir), cluster)
     finally:
         if caller is not None:
             caller.give_back()
-    if result.run_dir is not None and named is not None:
-        result.run_dir = named if resume_dir is not None else named / result.run_dir.name
+    if result.run_dir is not None:
+        result.run_dir = Path(resume_dir) if resume_dir is not None else \
+            Path(out) / result.run_dir.name
     return result
+
+
+def _absolute(path):
+    return os.path.abspath(path) if path else path
 
 
 def _start(job, out, config_record, progress, progress_every, on_row, resume_dir,

@@ -9,7 +9,6 @@ to make them (pip install exoframe[dev]), not to run exoframe.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import re
@@ -17,12 +16,11 @@ import sys
 import typing
 from pathlib import Path
 
-from ..files import stale_files
+from .generated_files import generator_main
 from .codec import FLATTENED, SCHEMA_VERSION
 from .run_records import Row, RunSummary, StoppedSummary, Trace
 
 PACKAGED = Path(__file__).resolve().parent  # the copies the package ships
-CHECKOUT_DOCS = Path(__file__).resolve().parents[2] / "docs"  # in a source checkout only
 SUFFIX = ".schema.json"
 SCHEMAS = {  # file name: (the record type, the file it describes)
     "summary" + SUFFIX: (RunSummary | StoppedSummary, "summary.json"),
@@ -82,58 +80,22 @@ def texts() -> dict[str, str]:
             for name, (tp, describes) in SCHEMAS.items()}
 
 
-def write(folder: Path) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in texts().items():
-        (folder / name).write_text(text)
-        written.append(folder / name)
-    return written
-
-
-def stale(folder: Path) -> list[str]:
-    """The schemas of `folder` that differ from what the dataclasses make now: changed,
-    missing, or there and not made."""
-    return stale_files(folder, texts(), "*" + SUFFIX)
-
-
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m exoframe.schema.schemas",
+    return generator_main(
+        argv, prog="python -m exoframe.schema.schemas",
         description="Write the JSON Schemas of summary.json, metrics.jsonl's lines and "
-                    "trace.json, made from the records' dataclasses.")
-    parser.add_argument("folder", nargs="?", type=Path, metavar="FOLDER",
-                        help="where the schemas go (default: docs/schemas of the source "
-                             "checkout this module is in, and the package's own copies)")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1, naming them, if the schemas in FOLDER "
-                             "differ from what the dataclasses make now")
-    args = parser.parse_args(argv)
+                    "trace.json, made from the records' dataclasses.",
+        what="schemas", source="the records' dataclasses", made=texts,
+        pattern="*" + SUFFIX, default_folders=lambda docs: [docs / "schemas", PACKAGED],
+        missing=_without_pydantic)
+
+
+def _without_pydantic() -> str | None:
     try:
         import pydantic  # noqa: F401
     except ImportError:
-        print("error: the schemas are made by pydantic: pip install pydantic (or exoframe's "
-              "dev extra)", file=sys.stderr)
-        return 2
-    folders = [args.folder]
-    if args.folder is None:
-        if not CHECKOUT_DOCS.is_dir():
-            print(f"error: no docs/ folder beside this exoframe ({CHECKOUT_DOCS.parent}): it "
-                  "is not a source checkout; give FOLDER", file=sys.stderr)
-            return 2
-        folders = [CHECKOUT_DOCS / "schemas", PACKAGED]
-    if args.check:
-        differ = [f"{folder / name}" for folder in folders for name in stale(folder)]
-        if differ:
-            print(f"{', '.join(differ)} differ from the records' dataclasses: run python -m "
-                  "exoframe.schema.schemas", file=sys.stderr)
-            return 1
-        print(f"{', '.join(map(str, folders))}: up to date")
-        return 0
-    for folder in folders:
-        for path in write(folder):
-            print(f"wrote {path}")
-    return 0
+        return "the schemas are made by pydantic: pip install pydantic (or exoframe's dev extra)"
+    return None
 
 
 if __name__ == "__main__":
