@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 
 from exoframe.config import RunConfig
-from exoframe.engine.sweep import sweep
-from exoframe.report.sweep import table
+from exoframe.experiments.sweep import sweep
+from exoframe.report.sweep_table import table
 
 NETWORK = """description: a scale model of a WAN between large-model nodes
 bandwidth: 0.5mbit

@@ -6,11 +6,11 @@ arXiv:2501.18512v1, appendix): the bandwidth (Gbit/s) two workers need between t
                                       [--bytes-factor F] [--steps 200] [--scales 1B,10B,100B]
 
 Each method is trained once for real (2 nodes, a tiny GPT, fixed compute), then its trace is
-projected (`exoframe.engine.replay.Projection`) to the paper's model size and step time and
-replayed on two-node networks at the paper's bandwidths, a grid of 50 log-spaced values from
-0.1 to 1000 Gbit/s (np.logspace(-1, 3, 50): every value in Table 4 is one of them). As the
-table reads, a level's bandwidth is the first grid value whose utilization reaches it. The
-paper's setting as its appendix states it:
+projected (`exoframe.experiments.run_replays.Projection`) to the paper's model size and step
+time and replayed on two-node networks at the paper's bandwidths, a grid of 50 log-spaced
+values from 0.1 to 1000 Gbit/s (np.logspace(-1, 3, 50): every value in Table 4 is one of
+them). As the table reads, a level's bandwidth is the first grid value whose utilization
+reaches it. The paper's setting as its appendix states it:
 
 - 2 workers; H = 100; fragments of 3 layers (8, 16, 36 fragments for 24, 48, 108 layers);
   τ = 1 where communication overlaps; bf16 payloads, FP4 (4 bits) in the last row;
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
-from exoframe.engine.replay import Projection, replay_trace
+from exoframe.experiments.run_replays import Projection, replay_trace
 from exoframe.plugins import get_plugin_manager
 from exoframe.sim import resolve_sim
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
-from exoframe.engine.sweep import grid_networks, parse_grid, sweep
+from exoframe.experiments.sweep import grid_networks, parse_grid, sweep
 from exoframe.plugins import get_plugin_manager
 
 STRATEGIES = ["ddp", "diloco"]

@@ -26,7 +26,7 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 VAL_REPLICAS = ("last", "every")
 # What `exoframe sweep` runs where neither its flags nor its config file say.
 SWEEP_STRATEGIES, SWEEP_NETS, SWEEP_OUT = ("ddp", "diloco"), ("wan-100mbps",), "sweeps"
-EXECUTORS = ("local", "ray")  # where a sweep's runs happen (engine/executors.py)
+EXECUTORS = ("local", "ray")  # where a sweep's runs happen (experiments/executors.py)
 
 
 @dataclass

@@ -26,7 +26,7 @@ import torch  # noqa: E402,F401
 import torch._dynamo  # noqa: E402,F401
 import exoframe.cli  # noqa: E402
 import exoframe.engine.run  # noqa: E402,F401
-import exoframe.engine.sweep  # noqa: E402,F401
+import exoframe.experiments.sweep  # noqa: E402,F401
 
 MAIN = os.path.join(os.path.dirname(exoframe.__file__), "__main__.py")
 

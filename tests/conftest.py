@@ -31,6 +31,102 @@ def pytest_sessionstart(session):
     compileall.compile_dir(REPO / "exoframe", quiet=1)
 
 
+# Every run folder a test writes (a folder holding a summary.json that exoframe wrote, which
+# says its schema_version, under the temporary folders made while the test was set up and
+# ran: its tmp_path, and tmp_path_factory's folders made by the fixtures it set up) is
+# checked after the test passes: each record against the JSON Schemas the package ships
+# (exoframe.schema.validate_run_folder). An invalid one fails the test, one line per problem.
+# A summary.json without schema_version is one a test wrote by hand (the reports read what
+# scripts write, with only some of the fields): not checked. A test that breaks exoframe's
+# records on purpose is marked `invalid_records`; EXOFRAME_TEST_CHECK_RECORDS=0 turns the
+# check off (to time it).
+INVALID_RECORDS = "invalid_records"
+SKIPPED_IN_WALK = {"__pycache__", "site-packages", "node_modules"}
+_BEFORE_SETUP = pytest.StashKey[set]()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", f"{INVALID_RECORDS}: the test writes run folders with broken records on "
+                   "purpose: they are not checked against the schemas after it")
+
+
+def records_checked() -> bool:
+    return os.environ.get("EXOFRAME_TEST_CHECK_RECORDS", "1") != "0"
+
+
+def _temporary_root(config):
+    """tmp_path_factory's base folder where this session has made it yet, else None (it is
+    not made here only to be looked at)."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    base = getattr(factory, "_basetemp", None)
+    return Path(base) if base is not None else None
+
+
+def _entries(folder) -> set:
+    try:
+        return set(os.listdir(folder)) if folder is not None else set()
+    except OSError:
+        return set()
+
+
+def written_by_exoframe(summary: Path) -> bool:
+    """Whether summary.json is exoframe's (it says its schema_version), not a test's own."""
+    try:
+        return b'"schema_version"' in summary.read_bytes()
+    except OSError:
+        return False
+
+
+def run_folders_in(roots) -> list:
+    """The run folders exoframe wrote (holding its summary.json) in and under each of
+    `roots` (a link is not followed: pytest's `...current` links name folders walked too)."""
+    found = set()
+    for root in roots:
+        if Path(root).is_symlink():
+            continue
+        for folder, subfolders, files in os.walk(root):
+            subfolders[:] = [name for name in subfolders
+                             if not name.startswith(".") and name not in SKIPPED_IN_WALK]
+            if "summary.json" in files and written_by_exoframe(Path(folder) / "summary.json"):
+                found.add(Path(folder))
+    return sorted(found)
+
+
+def check_run_folders(roots, what: str = "the test") -> None:
+    """Fail (pytest.fail) with one line per problem when a run folder in or under `roots`
+    does not validate against the shipped schemas."""
+    from exoframe.schema import validate_run_folder
+
+    problems = [line for folder in run_folders_in(roots) for line in validate_run_folder(folder)]
+    if problems:
+        pytest.fail(f"a run folder {what} wrote does not validate against exoframe's JSON "
+                    f"Schemas (mark the test `{INVALID_RECORDS}` if that is its point):\n"
+                    + "\n".join(problems), pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[_BEFORE_SETUP] = _entries(_temporary_root(item.config))
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield  # (a test that failed is not checked: its own failure is reported)
+    if not records_checked() or item.get_closest_marker(INVALID_RECORDS) is not None:
+        return result
+    roots = set()
+    base = _temporary_root(item.config)
+    if base is not None:  # the folders made since the test's set-up began
+        roots.update(base / name for name in _entries(base) - item.stash.get(_BEFORE_SETUP, set()))
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if tmp_path is not None:
+        roots.add(Path(tmp_path))
+    check_run_folders(sorted(roots))
+    return result
+
+
 def processes_with_marker(marker: str, groups=()) -> list:
     """PIDs of live processes whose environment carries `marker` (ranks inherit it, as does
     whatever a command execs) or whose process group is one of `groups` (what a command the

@@ -12,7 +12,7 @@ import pytest
 from exoframe.cli import main
 from exoframe.config import RunConfig, config_to_dict
 from exoframe.engine import execute, job_from_config
-from exoframe.engine.replay import replay_run
+from exoframe.experiments.run_replays import replay_run
 from exoframe.plugins import get_plugin_manager
 from exoframe.sim import resolve_sim
 from exoframe.sim.clocks.protocol import Op, Wait

@@ -266,7 +266,7 @@ def test_resume_and_sweep_start_up_as_run_does_and_a_process_with_torch_is_left_
     from exoframe.cli.start_up import import_engine
 
     started = []
-    for module in ("run", "sweep"):
+    for module in ("run_command", "sweep_command"):
         monkeypatch.setattr(importlib.import_module(f"exoframe.cli.{module}"), "import_engine",
                             lambda: started.append(True) or sys.exit(0))
     for args in (["run"], ["resume", str(tmp_path)], ["sweep"]):

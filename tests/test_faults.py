@@ -202,8 +202,8 @@ def test_a_strategy_that_cannot_go_on_without_a_node_stops_the_run_saying_so(tmp
 
 
 def test_a_sweep_takes_failure_settings_as_an_axis(tmp_path):
-    from exoframe.engine.sweep import sweep
-    from exoframe.report.sweep import table
+    from exoframe.experiments.sweep import sweep
+    from exoframe.report.sweep_table import table
 
     base = resolve_config(None, {"workload": "mlp", "nodes": 2, "steps": 12,
                                  "compute": "fixed:1s", "eval_every": 6})

@@ -38,7 +38,7 @@ from conftest import metric_lines, only_run
 
 from exoframe.cli import cli as exoframe_cli
 from exoframe.cli import main
-from exoframe.engine.sweep import _bandwidth_texts, grid_networks, parse_grid
+from exoframe.experiments.sweep import _bandwidth_texts, grid_networks, parse_grid
 from exoframe.plugins import get_plugin_manager
 
 
@@ -225,6 +225,7 @@ METRIC_PLUGIN = textwrap.dedent('''
 RUN = ["--workload", "mlp", "--steps", "3", "--compute", "fixed:10ms", "--out", "runs"]
 
 
+@pytest.mark.invalid_records  # (it damages copies of its records on purpose)
 def test_written_files_are_strict_json_and_bad_files_are_named(cli, tmp_path):
     write_plugin(tmp_path, "exoframe-hostile", "hostile_plugin", METRIC_PLUGIN)
     run = cli("run", "--strategy", "nan-metric", *RUN)

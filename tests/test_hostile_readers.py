@@ -10,7 +10,7 @@ import pytest
 
 from exoframe import inputs
 from exoframe.config import resolve_config
-from exoframe.engine.timeline import timeline
+from exoframe.experiments.trace_events import timeline
 from exoframe.errors import ExoframeError
 from exoframe.report import strict_json
 from exoframe.report.groups import read_config
@@ -131,6 +131,7 @@ def test_strict_readers_still_read_what_exoframe_writes(tmp_path):
     assert os.path.getsize(run / "x.json") < inputs.JSON_LIMIT
 
 
+@pytest.mark.invalid_records  # (it writes wrong-typed summaries on purpose)
 @pytest.mark.parametrize("field,value", [
     ("simulated_seconds", "fast"), ("final_loss", [1]), ("strategy", 3), ("failures", 0),
     ("seed", 1.5),

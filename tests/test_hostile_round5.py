@@ -68,13 +68,13 @@ def test_a_sweep_of_a_million_runs_is_refused_in_one_line_before_it_expands(tmp_
     assert "2,000,000 runs and replays" in err and "100 (--seeds)" in err, err  # 2 strategies
     assert "100 (--lr)" in err and "100 (--batch-size)" in err and "10,000" in err, err
     assert not any(tmp_path.iterdir())  # refused before anything started
-    from exoframe.engine.sweep import check_size
+    from exoframe.experiments.sweep import check_size
 
     check_size({"--seeds": list(range(100)), "--lr": list(range(100))})  # 10,000: accepted
 
 
 def test_values_of_one_axis_are_compared_as_they_read():
-    from exoframe.engine.sweep_axes import check_distinct
+    from exoframe.experiments.sweep_axes import check_distinct
     from exoframe.errors import ExoframeError
 
     with pytest.raises(ExoframeError, match=r"'fixed:0.01s' is given twice \(as 'fixed:10ms'\)"):
@@ -166,7 +166,7 @@ def test_every_sweep_point_is_checked_as_a_run_before_any_trains(tmp_path, monke
 # check is over): prints how far the process's peak memory rose during the check, in bytes.
 CHECK_PEAK = '''
 import os, resource, sys
-import exoframe.engine.sweep as sweep
+import exoframe.experiments.sweep as sweep
 from exoframe.cli import main
 
 def peak():

@@ -226,7 +226,7 @@ def test_a_resumed_run_equals_the_run_never_stopped(tmp_path, strategy, params):
 
 @pytest.mark.parametrize("strategy,params", NEW)
 def test_a_projection_scales_every_exchange_to_the_projected_model(strategy, params):
-    from exoframe.engine.replay import Projection, replay_trace
+    from exoframe.experiments.run_replays import Projection, replay_trace
     from exoframe.plugins import get_plugin_manager
     from exoframe.sim import resolve_sim
 

@@ -231,7 +231,7 @@ def test_bad_packing_is_one_clear_line(fields, message):
 
 def test_a_packed_runs_trace_replays_as_a_packed_rerun():
     """The trace of packed nodes replays through another network as a packed run on it."""
-    from exoframe.engine.replay import replay_trace
+    from exoframe.experiments.run_replays import replay_trace
     from exoframe.plugins import get_plugin_manager
     from exoframe.sim import resolve_sim
 

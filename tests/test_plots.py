@@ -14,7 +14,7 @@ from exoframe.cli import main
 from exoframe.report import plots
 from exoframe.report.plot_style import line_styles
 from exoframe.sim.network.units import format_bandwidth
-from exoframe.report.sweep import COLUMNS, table, write_outputs
+from exoframe.report.sweep_table import COLUMNS, table, write_outputs
 
 STRATEGIES = ["ddp", "diloco", "localsgd"]
 # a preset, a YAML file in a folder with a space, and names that only differ in "/" or " "

@@ -12,7 +12,7 @@ from conftest import REPO, SMALL_GPT, SMALL_GPT_FLAGS, one_line_error as bad
 from exoframe.cli import main
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
-from exoframe.engine.replay import Projection, replay_trace
+from exoframe.experiments.run_replays import Projection, replay_trace
 from exoframe.plugins import get_plugin_manager
 from exoframe.sim import resolve_sim
 

@@ -14,8 +14,8 @@ from conftest import REPO
 import exoframe
 from exoframe import testing
 from exoframe.cli.config_flags import is_axis, overrides, sweep_values
-from exoframe.cli.run import run
-from exoframe.cli.sweep import sweep
+from exoframe.cli.run_command import run
+from exoframe.cli.sweep_command import sweep
 from exoframe.config import RunConfig, resolve_config
 from exoframe.engine.plan.fit_keywords import ALIASES, REFUSED, fit_config
 from exoframe.errors import ExoframeError
@@ -73,7 +73,7 @@ def test_every_field_is_a_yaml_key_a_run_flag_a_sweep_flag_and_a_fit_keyword(f, 
 
     if option_of(f).sweep is None:  # one value: the same flag, for every run of the sweep
         flags = field_values(sweep, argv)
-        flags.pop("strategy_params")  # (a sweep scopes -p by strategy: engine/sweep.py)
+        flags.pop("strategy_params")  # (a sweep scopes -p by strategy: experiments/sweep.py)
         given, axes = sweep_values(flags)
         if f.name != "strategy_params":
             assert resolve_config(None, given) == expected

@@ -23,7 +23,7 @@ from exoframe.cli import cli as exoframe_cli
 
 from exoframe.engine.plan.cluster_env import ClusterEnv
 from exoframe.engine.records.checkpoint import CheckpointFolder
-from exoframe.engine.replay import load_trace
+from exoframe.experiments.run_replays import load_trace
 from exoframe.engine.ipc.processes import RankFailed
 from exoframe.errors import ExoframeError, RunInterrupted, RunStopped
 from exoframe.sinks import CsvSink, JsonlSink, RunInfo

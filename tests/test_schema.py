@@ -1,14 +1,17 @@
 """The run records' one schema (exoframe/schema): the JSON Schemas shipped with the package
 and in docs/schemas are what the records' dataclasses make; the files of real runs (a
 completed one, one with failures, one that failed, a resumed one, one on a real network)
-validate against them, and a broken
-record does not; exoframe.load_run reads a run folder written before the records had a
-schema_version and refuses, in one line, one of a newer version."""
+validate against them, and a broken record does not (exoframe.schema.validate_run_folder
+names the file and the field, and the suite's own check in tests/conftest.py fails a test
+that leaves such a run folder); exoframe.load_run reads a run folder written before the
+records had a schema_version and refuses, in one line, one of a newer version."""
 import importlib.resources
 import json
+import os
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import jsonschema
 import pytest
@@ -19,10 +22,10 @@ from exoframe.config import resolve_config
 from exoframe.engine import execute, job_from_config
 from exoframe.errors import ExoframeError
 from exoframe.schema import (SCHEMA_VERSION, Row, RunSummary, StoppedSummary, Trace,
-                             load_run, schemas)
+                             load_run, schemas, validate_run_folder)
 from exoframe.testing import tiny_data, tiny_model
 
-from conftest import REPO
+from conftest import REPO, check_run_folders
 
 
 def shipped(name: str) -> dict:
@@ -133,6 +136,7 @@ def test_the_records_say_what_the_run_did(folders):
     assert failed.trace is None
 
 
+@pytest.mark.invalid_records
 @pytest.mark.parametrize("file, field, value", [
     ("summary.json", "num_nodes", "two"),
     ("summary.json", "failures", {}),
@@ -203,3 +207,161 @@ def test_the_records_import_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=REPO)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("name", ["ddp", "faults", "failed", "resumed", "real"])
+def test_a_real_run_folder_validates_against_the_shipped_schemas(folders, name):
+    assert validate_run_folder(folders[name]) == []
+
+
+def broken_copy(folders, tmp_path, file, change):
+    """A copy of the ddp run folder with `change` made to one record of `file` (summary.json,
+    the first line of metrics.jsonl or trace.json), written back as `change` returns it."""
+    folder = tmp_path / "run"
+    shutil.copytree(folders["ddp"], folder)
+    summary, rows, trace = records_of(folder)
+    if file == "metrics.jsonl":
+        rows[0] = change(rows[0])
+        text = "".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows)
+    else:
+        record = change(summary if file == "summary.json" else trace)
+        text = record if isinstance(record, str) else json.dumps(record)
+    (folder / file).write_text(text)
+    return folder
+
+
+def changed(**values):
+    return lambda record: {**record, **values}
+
+
+def without(key):
+    return lambda record: {k: v for k, v in record.items() if k != key}
+
+
+@pytest.mark.invalid_records
+@pytest.mark.parametrize("file, change, where, says", [
+    ("summary.json", changed(num_nodes="two"), "summary.json", "field 'num_nodes'"),
+    ("summary.json", without("per_rank"), "summary.json", "field 'per_rank'"),
+    ("summary.json", changed(an_unknown_key=1), "summary.json", "field 'an_unknown_key'"),
+    ("summary.json", changed(status="finished"), "summary.json", "field 'status'"),
+    ("summary.json", lambda r: json.dumps({**r, "final_loss": float("nan")}), "summary.json",
+     "NaN"),
+    ("metrics.jsonl", without("step"), "metrics.jsonl: line 1", "field 'step'"),
+    ("metrics.jsonl", changed(loss="low"), "metrics.jsonl: line 1", "field 'loss'"),
+    ("metrics.jsonl", lambda r: json.dumps(r)[:-5], "metrics.jsonl: line 1", "not strict JSON"),
+    ("trace.json", changed(nodes="2"), "trace.json", "field 'nodes'"),
+])
+def test_a_broken_record_is_one_problem_line_naming_its_file_and_field(folders, tmp_path, file,
+                                                                       change, where, says):
+    folder = broken_copy(folders, tmp_path, file, change)
+    problems = validate_run_folder(folder)
+    assert problems, f"{file} broken, yet it validates"
+    assert all("\n" not in line for line in problems), problems
+    assert problems[0].startswith(f"{folder}/{where}") and says in problems[0], problems
+    # the other files are not blamed
+    assert all(f"{folder}/{file}" in line for line in problems), problems
+
+
+@pytest.mark.invalid_records
+def test_without_jsonschema_the_records_are_read_as_their_dataclasses(folders, tmp_path,
+                                                                      monkeypatch):
+    """jsonschema is the dev extra's: without it, validate_run_folder reads each record with
+    its from_json (the same fields and types), one line naming the file and the field."""
+    assert validate_run_folder(folders["faults"]) == []
+    folder = broken_copy(folders, tmp_path, "summary.json", changed(num_nodes="two"))
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # (import jsonschema: ImportError)
+    (problem,) = validate_run_folder(folder)
+    assert problem.startswith(f"{folder / 'summary.json'}: field 'num_nodes'"), problem
+    assert validate_run_folder(folders["failed"]) == []
+
+
+def test_a_folder_without_a_summary_is_not_a_run_folder(tmp_path):
+    assert validate_run_folder(tmp_path) == [f"{tmp_path}: not a run folder (no summary.json)."]
+
+
+@pytest.mark.invalid_records
+def test_the_suites_check_fails_on_a_broken_run_folder_and_passes_a_sound_one(folders, tmp_path):
+    sound = tmp_path / "sound"
+    shutil.copytree(folders["faults"], sound / "a-run")
+    check_run_folders([sound])  # (passes)
+    folder = broken_copy(folders, tmp_path / "broken", "summary.json", changed(num_nodes="two"))
+    with pytest.raises(pytest.fail.Exception) as failed:
+        check_run_folders([tmp_path])
+    assert f"{folder / 'summary.json'}: field 'num_nodes'" in str(failed.value)
+
+
+INNER_CONFTEST = """
+import importlib.util
+import sys
+
+spec = importlib.util.spec_from_file_location("exoframe_tests_conftest", {conftest!r})
+module = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = module
+spec.loader.exec_module(module)
+pytest_configure = module.pytest_configure
+pytest_runtest_setup = module.pytest_runtest_setup
+pytest_runtest_call = module.pytest_runtest_call
+"""
+
+INNER_TESTS = """
+import json
+import shutil
+
+import pytest
+
+SOURCE = {source!r}
+
+
+def write(folder, broken):
+    shutil.copytree(SOURCE, folder)
+    summary = json.loads((folder / "summary.json").read_text())
+    if broken:
+        summary["num_nodes"] = "two"
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_leaves_a_broken_run_folder(tmp_path):
+    write(tmp_path / "out" / "run", broken=True)
+
+
+@pytest.mark.invalid_records
+def test_leaves_one_on_purpose(tmp_path):
+    write(tmp_path / "run", broken=True)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("shared") / "run"
+    write(folder, broken=True)
+    return folder
+
+
+def test_uses_a_fixture_that_made_a_broken_one(shared):
+    pass
+
+
+def test_leaves_a_sound_one(tmp_path):
+    write(tmp_path / "run", broken=False)
+"""
+
+
+@pytest.mark.invalid_records  # (the inner session's folders are under tmp_path)
+def test_the_suites_check_fails_a_test_that_leaves_a_broken_run_folder(folders, tmp_path):
+    """tests/conftest.py's hooks in a session of their own: a test that leaves a broken run
+    folder in its tmp_path, or uses a fixture that wrote one with tmp_path_factory, fails
+    naming the file and field; one marked invalid_records and one leaving a sound folder
+    pass."""
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "conftest.py").write_text(INNER_CONFTEST.format(
+        conftest=str(REPO / "tests" / "conftest.py")))
+    (inner / "test_inner.py").write_text(INNER_TESTS.format(source=str(folders["ddp"])))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+         str(tmp_path / "base"), "test_inner.py"], cwd=inner, capture_output=True, text=True,
+        env={**os.environ, "EXOFRAME_TEST_CHECK_RECORDS": "1"})
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "2 failed, 2 passed" in out, out
+    assert "FAILED test_inner.py::test_leaves_a_broken_run_folder" in out, out
+    assert "FAILED test_inner.py::test_uses_a_fixture_that_made_a_broken_one" in out, out
+    assert "summary.json: field 'num_nodes': 'two' is not of type 'integer'" in out, out

@@ -1,13 +1,15 @@
 """The package's shape, read from its source with ast: the imports between exoframe's modules
-(at the top of a module and inside its functions, relative ones resolved) form no cycle;
-the ground floor (errors, inputs) imports nothing of exoframe; exoframe.sim imports nothing
-of exoframe outside itself but the ground floor, and no torch; the wings of the engine and of
-the simulator import one way; strategies import nothing from the config, the sinks or the
-report; no folder but strategies/ holds more than 15 modules; no module is over 400 lines;
-the module paths benchmarks/step_overhead.py profiles by exist; no code sets an attribute on
-an exception outside its class's __init__ or compares `type(...).__name__`; each text option
-is parsed in its allowed places only, the Job declares its attributes and config.yaml is
-recorded one way."""
+(at the top of a module and inside its functions, relative ones resolved) form no cycle; the
+ground floor (errors, inputs) imports nothing of exoframe; exoframe.sim imports nothing of
+exoframe outside itself but the ground floor, and no torch; the wings of the engine and of the
+simulator import one way; the experiments (sweeps, replays, executors) sit beside the engine,
+which imports none of them, and only the command line imports them; strategies import nothing
+from the config, the sinks or the report; no folder but strategies/ holds more than 15 modules;
+no module is over 400 lines; no two modules share a file name (__init__.py and base.py aside);
+the module paths benchmarks/step_overhead.py profiles by exist; no code sets an attribute on an
+exception outside its class's __init__ or compares `type(...).__name__`; each text option is
+parsed in its allowed places only, the Job declares its attributes and config.yaml is recorded
+one way."""
 from __future__ import annotations
 
 import ast
@@ -150,6 +152,41 @@ def test_strategies_import_no_config_sinks_or_report():
         if module.startswith("exoframe.strategies"):
             bad = sorted(t for t in reachable(inside, module) if t.startswith(banned))
             assert not bad, f"{module} imports {bad}"
+
+
+def test_experiments_sit_beside_the_engine():
+    """exoframe.experiments (sweeps, replays, executors, timelines: many runs, or a recorded
+    one again) uses the engine (one run): the engine imports none of it, directly or through
+    the modules it imports; nothing but the command line and the experiments themselves
+    imports it; and it imports no command line."""
+    inside, _ = import_graph()
+    experiments = sorted(m for m in inside if m.startswith("exoframe.experiments."))
+    assert len(experiments) >= 5  # (the package was found)
+    for module in inside:
+        if module == "exoframe.engine" or module.startswith("exoframe.engine."):
+            bad = sorted(t for t in reachable(inside, module)
+                         if t.startswith("exoframe.experiments"))
+            assert not bad, f"{module} (the engine: one run) imports {bad}"
+        elif not module.startswith(("exoframe.experiments", "exoframe.cli")):
+            bad = sorted(t for t in inside[module] if t.startswith("exoframe.experiments"))
+            assert not bad, f"{module} imports {bad}: only the command line imports experiments"
+    for module in experiments:
+        bad = sorted(t for t in reachable(inside, module) if t.startswith("exoframe.cli"))
+        assert not bad, f"{module} imports {bad}, the command line above it"
+
+
+def test_no_two_modules_share_a_file_name():
+    """A module's file name says what it is about, once: no two modules of the package share
+    one (a package's __init__.py and base.py aside), so a name in a traceback, a profile or
+    a review is one module. (cli/'s command modules are named for their command:
+    run_command.py; the module doing the work is named for its idea.)"""
+    homes = {}
+    for path in module_files().values():
+        if path.name not in ("__init__.py", "base.py"):
+            homes.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
+    assert len(homes) > 100  # (the package was found)
+    shared = {name: paths for name, paths in homes.items() if len(paths) > 1}
+    assert not shared, f"modules sharing a file name: {shared}"
 
 
 def test_no_module_over_400_lines():
@@ -383,16 +420,17 @@ PARSED_ONCE = {
     # A sweep's --compute values compared as they read (fixed:10ms is fixed:0.01s) before
     # any run is resolved: its early check.
     "parse_compute": {"exoframe.sim.setup:resolve_sim",
-                      "exoframe.engine.sweep_axes:check_distinct"},
+                      "exoframe.experiments.sweep_axes:check_distinct"},
     # The network: the run's (resolve_sim); a bandwidth grid's copies of its base network,
     # and the `nets` and `emulate` commands, which read a network outside any run.
-    "load_network": {"exoframe.sim.setup:resolve_sim", "exoframe.engine.sweep:grid_networks",
-                     "exoframe.cli.listings:nets", "exoframe.cli.emulate:_network_file"},
+    "load_network": {"exoframe.sim.setup:resolve_sim",
+                     "exoframe.experiments.sweep:grid_networks", "exoframe.cli.listings:nets",
+                     "exoframe.cli.emulate_command:_network_file"},
     # A run's network, compute and stragglers together: resolve.py's one function for a
     # run, and the replays and timelines of a recorded trace through a network.
     "resolve_sim": {"exoframe.engine.plan.resolve:resolve_network",
-                    "exoframe.engine.replay:replay_run",
-                    "exoframe.engine.timeline:_simulated",
+                    "exoframe.experiments.run_replays:replay_run",
+                    "exoframe.experiments.trace_events:_simulated",
                     "exoframe.testing:time_collective"},
 }
 
@@ -453,6 +491,6 @@ def test_the_job_declares_its_attributes_and_config_yaml_is_written_one_way():
     # The four ways a run starts, each recording its Job the one way (and a sweep's check
     # that no two of its points are one run, comparing those records).
     assert sorted(call_sites("config_record")) == [
-        "exoframe.cli.run:run", "exoframe.engine.executors:run_point",
-        "exoframe.engine.resume:resume", "exoframe.engine.sweep_axes:SamePoints.add",
-        "exoframe.engine.trainer:Trainer.fit"]
+        "exoframe.cli.run_command:run", "exoframe.engine.resume:resume",
+        "exoframe.engine.trainer:Trainer.fit", "exoframe.experiments.executors:run_point",
+        "exoframe.experiments.sweep_axes:SamePoints.add"]

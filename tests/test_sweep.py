@@ -14,7 +14,7 @@ import exoframe
 from exoframe.cli import main
 from exoframe.config import RunConfig
 from exoframe.engine import execute, job_from_config
-from exoframe.engine.replay import Projection, replay_trace
+from exoframe.experiments.run_replays import Projection, replay_trace
 from exoframe.plugins import get_plugin_manager
 from exoframe.sim import resolve_sim
 from exoframe.sim.network.netconfig import load_network
@@ -195,7 +195,7 @@ def test_a_timing_dependent_strategy_is_trained_again_on_each_network(tmp_path, 
 
 
 def test_a_bandwidth_grid_is_log_spaced_and_sets_the_bottleneck_link(tmp_path):
-    from exoframe.engine.sweep import grid_networks, parse_grid
+    from exoframe.experiments.sweep import grid_networks, parse_grid
 
     grid = parse_grid("10mbit..10gbit", 4)
     assert [round(b * 8 / 1e6, 6) for b in grid] == [10, 100, 1000, 10000]

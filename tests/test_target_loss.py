@@ -12,7 +12,7 @@ import exoframe
 from exoframe.cli import main
 from exoframe.config import RunConfig
 from exoframe.engine.plan.target import LAG, StopVerdicts
-from exoframe.engine.sweep import sweep
+from exoframe.experiments.sweep import sweep
 from exoframe.errors import ExoframeError
 
 SHARD, STEPS = 12, 30

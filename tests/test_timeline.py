@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from exoframe.engine.timeline import timeline
+from exoframe.experiments.trace_events import timeline
 
 
 def run(tmp_path, *args):

@@ -1,7 +1,9 @@
 """The `exoframe` command line: the group, and the one error boundary (main).
 
-The group is group.py; the commands live beside it, one module per family: run.py (`run`),
-sweep.py (`sweep`, `replay`), report.py (`report`), listings.py (what is installed, `new-plugin`);
+The group is group.py; the commands live beside it, one module per family, named for its
+command: run_command.py (`run`, `resume`), sweep_command.py (`sweep`, `replay`),
+report_command.py (`report`), timeline_command.py (`timeline`), emulate_command.py
+(`emulate`); listings.py holds what is installed and `new-plugin`;
 config_flags.py makes the flags of RunConfig's fields, options.py holds the other flags and
 checks they share, start_up.py imports the engine for the commands that train. Plugins add
 commands through the same hook (exoframe.cli.commands).
@@ -108,4 +110,5 @@ def _describe(e: Exception) -> str:
             "the traceback, and report it if the input looks right.")
 
 
-from . import emulate, listings, report, run, sweep, timeline  # noqa: E402,F401 - each adds one
+from . import (emulate_command, listings, report_command, run_command,  # noqa: E402,F401
+               sweep_command, timeline_command)  # noqa: E402,F401 - each adds one

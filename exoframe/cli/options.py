@@ -56,7 +56,7 @@ def check_out_folder(folder, flag: str):
 
 
 def projection_from_flags(project_params, step_time, payload_bits, bucket_mb):
-    from ..engine.replay import Projection
+    from ..experiments.run_replays import Projection
     from ..sim.network.units import parse_seconds
 
     if project_params is None and step_time is None:

@@ -71,7 +71,7 @@ class Communicator:
         """clock: the rank's exoframe.sim.clocks.clock.RankClock (the engine makes it); without
         one, a Communicator serves a single process (world size 1). p2p_group: the group for
         send and recv when it is not `group` (gloo beside NCCL, see engine/node/rank.py).
-        faults: the rank's comm.faults.RankFaults under simulated failures, else None.
+        faults: the rank's comm.rank_failures.RankFaults under simulated failures, else None.
         exchange: what moves the tensors (comm/exchange.py; default: torch.distributed in
         `group` and `p2p_group`)."""
         self.rank = rank

@@ -1,7 +1,8 @@
-"""The engine: launch ranks, run the per-rank training loop, write the run folder.
+"""The engine: one run. Launch ranks, run the per-rank training loop, write the run folder.
 
-Its entry points are here (run.py, resume.py, trainer.py, sweep.py, replay.py, executors.py);
-its wings, by phase: plan/ (decided before any process starts), node/ (what runs in a node),
+Its entry points are here (run.py, resume.py, trainer.py); sweeps, replays and their
+executors are exoframe.experiments, beside it (which imports the engine, never the reverse).
+Its wings, by phase: plan/ (decided before any process starts), node/ (what runs in a node),
 launch/ (what the launcher runs meanwhile), ipc/ (what crosses a process boundary) and
 records/ (what a run keeps on disk). Imports go one way: the entry points use the wings,
 launch uses node, and node uses plan, ipc and records."""

@@ -13,7 +13,7 @@ from .compare import choose_baseline
 from .labels import label_keys, network_label, network_names, strategy_label
 from .setups import by_setup
 from .summary import as_run_summary, format_seconds, summary_table
-from .sweep import collect_rows, summarize, table, utilization_text
+from .sweep_table import collect_rows, summarize, table, utilization_text
 
 # what a sweep row holds beside its numbers: each step's values, the run's configuration
 _LISTS = ("losses", "val_losses", "sim_times", "bytes_sent", "failed_at", "config",
@@ -80,7 +80,7 @@ def bound_lines(rows: list[dict]) -> list[str]:
 
 @dataclass
 class SweepResult:
-    """A sweep's rows (one per run and network, exoframe/report/sweep.py) and its folder.
+    """A sweep's rows (one per run and network, exoframe/report/sweep_table.py) and its folder.
     `folder, rows = result` unpacks it."""
     folder: Path | None
     rows: list = field(repr=False)

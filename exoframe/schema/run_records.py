@@ -24,7 +24,7 @@ class Traffic(Record):
 
 @dataclass(kw_only=True)
 class FailureRecord(Record):
-    """A simulated failure of a node (exoframe/comm/faults.py): when, and what it cost."""
+    """A simulated failure of a node (exoframe/comm/rank_failures.py): when, and what it cost."""
     rank: int
     failed_at: float
     noticed_at: float

@@ -26,7 +26,7 @@ class Traits:
     #: (engine/records/checkpoint.py).
     checkpointable: bool = True
     #: True when the strategy goes on through simulated node failures: every exchange it
-    #: makes is inside `with self.sync():` (see exoframe/comm/faults.py).
+    #: makes is inside `with self.sync():` (see exoframe/comm/rank_failures.py).
     survives_failures: bool = False
     #: True when the strategy makes remote calls (exoframe.distributed): its ranks then
     #: serve calls at each step end and, after the last step, until every rank is done.

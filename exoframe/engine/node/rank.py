@@ -14,7 +14,7 @@ import torch
 from ... import distributed
 from ...comm import Communicator
 from ...comm.exchange import Exchange
-from ...comm.faults import RankFaults
+from ...comm.rank_failures import RankFaults
 from ...errors import ExoframeError
 from ...schema import FailureRecord, RankResult, Traffic
 from ...sim.clocks.clock import RankClock, StepClock

@@ -47,7 +47,7 @@ class Job:
     tokens_per_sample: Optional[int] = None
     run_dir: Optional[str] = None  # set by engine/run.py: the run folder, for checkpoints
     resume_from: Optional[object] = None  # an engine.records.checkpoint.Checkpoint, when resumed
-    faults: FaultSpec = FaultSpec()  # simulated node failures (comm/faults.py)
+    faults: FaultSpec = FaultSpec()  # simulated node failures (comm/rank_failures.py)
     # How the training set was split (exoframe/partition.py): each node's size and label
     # histogram, for summary.json; None for a workload that makes each rank's data itself.
     partition: Optional[dict] = None

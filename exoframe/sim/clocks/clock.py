@@ -3,7 +3,7 @@
 The clock advances by compute (from the compute model) and by waiting for operations (as
 the simulator answers). Its time is split four ways, which always add up to `now`:
 compute, exposed communication (`comm`), `idle` (waiting for peers to join) and `down`
-(a simulated failure: the node does nothing until it is back, see exoframe/comm/faults.py).
+(a simulated failure: the node does nothing until it is back, see exoframe/comm/rank_failures.py).
 Communication is split again, as the simulator answers (critical_path.py): `comm_latency`
 (round trips) and `comm_bandwidth` (bytes), which add up to `comm`.
 """
@@ -56,7 +56,7 @@ class Clock(Protocol):
 @runtime_checkable
 class StepClock(Clock, Protocol):
     """A training rank's clock (RankClock, RealClock): what the rank's loop and the fault
-    plan (comm/faults.py) ask of it besides."""
+    plan (comm/rank_failures.py) ask of it besides."""
 
     compute_seconds: float
     down: bool  # a failed node: nothing it computes is charged

@@ -54,7 +54,7 @@ class Simulator:
                  overlap_rate: float | None = None, log: list | None = None):
         """algorithms: name -> plan function (see collectives.py); overlap_rate: the compute
         model's `overlap=` (bytes/s a rank's exchanges move while it computes), or None;
-        log: a list to append what happened to, for a timeline (report/timeline.py):
+        log: a list to append what happened to, for a timeline (report/timeline_plot.py):
         ("join", rank, key, kind, bytes, t), ("done", rank, key, t), and the network's."""
         self.topology = topology
         self.plans = Plans(topology.algorithms, algorithms, topology)

@@ -7,7 +7,7 @@ Spec (`--faults`, YAML `faults:`), comma-separated terms ("none" or "": no failu
 A failure that falls on a node already down is absorbed by that failure. Random draws come
 from a generator seeded by the run's seed: same seed, same failures. What a failure does to
 a run (a quorum of the live nodes at each synchronization, a returning node fetching the
-state from a live one) is in exoframe/comm/faults.py.
+state from a live one) is in exoframe/comm/rank_failures.py.
 """
 from __future__ import annotations
 

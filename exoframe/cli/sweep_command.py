@@ -1,4 +1,5 @@
-"""`exoframe sweep` and `replay`: strategies across networks, and their tables (`report`: report.py)."""
+"""`exoframe sweep` and `replay`: strategies across networks, and their tables (`report`:
+report_command.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -55,11 +56,11 @@ def sweep(config_file, bandwidth, points, project_params, step_time, payload_bit
     if executor == "local":  # Ray's workers train: its driver makes no optimizer
         import_engine()
     from ..config import load_yaml
-    from ..engine.sweep import config_axes, parse_grid, sweep as run_sweep
-    from ..report.sweep import compute_warning
+    from ..experiments.sweep import config_axes, parse_grid, sweep as run_sweep
+    from ..report.sweep_table import compute_warning
 
     given, axes = sweep_values(flags)
-    # -p is scoped by strategy in a sweep ([STRATEGY.]KEY=VALUE): engine/sweep.py places it.
+    # -p is scoped by strategy in a sweep ([STRATEGY.]KEY=VALUE): experiments/sweep.py places it.
     assignments = given.pop("strategy_params", {})
     base = resolve_config(config_file, given)
     defaults = config_axes(base, set(given) | (set(load_yaml(config_file)) if config_file
@@ -92,7 +93,7 @@ def sweep(config_file, bandwidth, points, project_params, step_time, payload_bit
 @projection_options
 def replay(run_dir, net, project_params, step_time, payload_bits, bucket_mb):
     """Replay a run's trace through another network (no training); saved in RUN_DIR/replays."""
-    from ..engine.replay import replay_run
+    from ..experiments.run_replays import replay_run
     from ..report.summary import format_bytes, format_seconds
 
     if not Path(run_dir).is_dir():

@@ -124,7 +124,7 @@ def _table(done, congestion: str, port_queue: str) -> str:
         + (f", links between sites {', '.join(sorted(set(done.link_queues)))}"
            if done.link_queues else "") + f", downlink ports {port_queue})",
         f"  simulated (twin)      {simulated:.3f} s   (compute {done.compute_per_step:.4f} s "
-        f"per step, as the real ranks took)",
+        f"per step, as the slowest real rank took)",
         f"  real / simulated      {real / simulated:.3f}",
         f"  dropped by queues     {sum(counts.dropped.values())} packets; lost on purpose by "
         f"the delay line {lost}; TCP retransmitted {counts.tcp['retransmitted']} segments",

@@ -21,7 +21,7 @@ def timeline(run_dir, formats):
     chrome://tracing) and RUN_DIR/timeline.png: per rank its compute and exchanges, per TCP
     connection its messages on the wire, on the run's simulated clock (a run on a real
     network: as its ranks measured them)."""
-    from ..engine.timeline import timeline as build
+    from ..experiments.trace_events import timeline as build
     from ..files import write_atomic
 
     chosen = [f.strip() for f in formats.split(",") if f.strip() and f.strip() != "none"]
@@ -37,7 +37,7 @@ def timeline(run_dir, formats):
     write_atomic(out, json.dumps(data, allow_nan=False))
     click.echo(f"  wrote {out}")
     if chosen:
-        from ..report.timeline import draw
+        from ..report.timeline_plot import draw
 
         for fmt in chosen:
             click.echo(f"  wrote {draw(data, Path(run_dir) / f'timeline.{fmt}')}")

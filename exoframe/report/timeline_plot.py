@@ -1,6 +1,7 @@
-"""A timeline (engine/timeline.py, Trace Event Format) as a picture: a row per rank with its
-compute and, beneath, its exchanges (and what it spent waiting for the others), then a row
-per TCP connection with its messages on the wire; overlap shows as bars side by side."""
+"""A timeline (experiments/trace_events.py, Trace Event Format) as a picture: a row per
+rank with its compute and, beneath, its exchanges (and what it spent waiting for the others),
+then a row per TCP connection with its messages on the wire; overlap shows as bars side by
+side."""
 from __future__ import annotations
 
 from pathlib import Path

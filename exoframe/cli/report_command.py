@@ -10,7 +10,7 @@ from ..fields import long_flag
 from .config_flags import FIELDS, field_option
 from .group import cli
 from .options import check_out_folder, figure_formats_option
-from .sweep import plots_option
+from .sweep_command import plots_option
 
 
 @cli.command()
@@ -40,7 +40,7 @@ def report(run_dirs, out, target_loss, baseline, plots, formats, dpi, paper):
     """
     from ..report.plot_style import Figures
     from ..report.results import report_text
-    from ..report.sweep import collect_rows, write_outputs
+    from ..report.sweep_table import collect_rows, write_outputs
 
     figures = Figures.parse(formats, dpi, paper)
     if out:

@@ -19,20 +19,20 @@ from pathlib import Path
 import yaml
 
 from ..config import SWEEP_NETS, SWEEP_OUT, SWEEP_STRATEGIES, RunConfig
+from ..engine.launch.launcher import check_startable
+from ..engine.launch.progress import progress_display
+from ..engine.plan.resolve import build_job, resolve_faults, resolve_network, workload_and_model
+from ..engine.records.run_folder import RunFolder
 from ..errors import ExoframeError
 from ..files import write_atomic
 from ..plugins import get_plugin_manager
 from ..report.results import SweepResult
-from ..report.sweep import collect_rows, write_outputs
+from ..report.sweep_table import collect_rows, write_outputs
 from ..sim.network.netconfig import load_network
 from ..sim.network.units import format_bandwidth, parse_bandwidth
 from ..sim.setup import REAL
 from .executors import SweepPoint, check_executor, run_points
-from .launch.launcher import check_startable
-from .launch.progress import progress_display
-from .plan.resolve import build_job, resolve_faults, resolve_network, workload_and_model
-from .records.run_folder import RunFolder
-from .replay import Projection
+from .run_replays import Projection
 from .sweep_axes import (SamePoints, apply, axis_flag, check_distinct, combinations,
                          strategy_axes)
 
@@ -220,7 +220,7 @@ def sweep(base: RunConfig, strategies: list[str], nets: list[str], seeds: list[i
           grid: list[float] | None = None, progress_every: float = 30.0,
           faults: list[str] | None = None, executor: str = "local",
           address: str | None = None, axes: dict | None = None) -> SweepResult:
-    """Returns the sweep folder and its rows (see exoframe.report.sweep) as a SweepResult
+    """Returns the sweep folder and its rows (see exoframe.report.sweep_table) as a SweepResult
     (`folder, rows = sweep(...)` unpacks it). Every run is `base`
     with the strategy, seed, network and faults swept; its strategy parameters are base's
     that the strategy has plus `assignments` (-p values, see strategy_params). With `grid`

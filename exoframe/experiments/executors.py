@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import EXECUTORS
+from ..engine.launch.progress import Off
+from ..engine.plan.resolve import job_from_config, resolve_network
+from ..engine.records.run_folder import RunFolder
+from ..engine.run import execute
 from ..errors import ExoframeError
 from ..files import replacing
-from .launch.progress import Off
-from .plan.resolve import job_from_config, resolve_network
-from .records.run_folder import RunFolder
-from .replay import Projection, replay_trace, save_replay
-from .run import execute
+from .run_replays import Projection, replay_trace, save_replay
 
 
 

@@ -13,7 +13,7 @@ from ..inputs import load_json
 from ..plugins import get_plugin_manager
 from ..sim.setup import resolve_sim
 from ..sim.traces.replay import ReplayError, replay
-from .replay import check_replayable
+from .run_replays import check_replayable
 
 US = 1e6  # Trace Event Format counts microseconds
 
