@@ -20,8 +20,8 @@ benchmarks/fit_tcp_model.py; each row records the twin's tcp model); the held-ou
 lines give each set's error apart.
 
 Needs root on Linux (one line otherwise); leaves no namespace, link or process behind, also
-when interrupted. The twin's compute per step is the time the real ranks took, per step,
-to arrive at their exchanges (their compute and their wait for the last of them). Columns:
+when interrupted. The twin's compute per step is the slowest real rank's compute per step
+(exoframe/emulation/runner.py says why not its waits too). Columns:
 real (the ranks' mean: each rank's clock starts when that rank does) and simulated
 wall-clock, and their ratio; comm: the simulated
 share of communication in the wall-clock (where it is small, the CPU is the limit, not
@@ -120,12 +120,19 @@ def wan_star(rate: str, latency: str, loss: str | None = None, **more) -> dict:
     return {**net, "loss": loss} if loss else net
 
 
-def wan_sites(latency: str, loss: str | None = None, **more) -> dict:
-    """Two sites of 1 Gbit/s NICs 1 ms apart inside, 50 Mbit/s and `latency` between."""
-    link = {"between": ["a", "b"], "bandwidth": "50mbit", "latency": latency,
-            **({"loss": loss} if loss else {})}
-    return {"description": f"two sites, 50 Mbit/s and {latency} between", "bandwidth": "1gbit",
-            "latency": "1ms", "sites": {"a": {}, "b": {}}, "links": [link], **more}
+def wan_sites(latency: str, loss: str | None = None, rate: str = "50mbit",
+              port: str | None = None, interleaved: bool = False, **more) -> dict:
+    """Two sites of 1 Gbit/s NICs 1 ms apart inside, `rate` and `latency` between, the link's
+    port queued as `port` says (None: --port-queue's); interleaved: ranks alternate between
+    the sites (every hop of a ring crosses, two flows a way on 4 ranks)."""
+    link = {"between": ["a", "b"], "bandwidth": rate, "latency": latency,
+            **({"loss": loss} if loss else {}), **({"queue": port} if port else {})}
+    sites = {"a": {}, "b": {}}
+    if interleaved:
+        sites = {"a": {"ranks": [0, 2]}, "b": {"ranks": [1, 3]}}
+    return {"description": f"two sites, {rate} and {latency} between"
+                           + (f", {port} port" if port else ""),
+            "bandwidth": "1gbit", "latency": "1ms", "sites": sites, "links": [link], **more}
 
 
 def wan_held_out() -> list[Case]:
@@ -157,6 +164,30 @@ def wan_held_out() -> list[Case]:
         case("w-100m-rtt50-fifo", wan_star("100mbit", "25ms", queue="fifo"), 1.0),
         case("w-sites-rtt50-fifo-cubic", wan_sites("25ms", queue="fifo"), 1.0, "cubic",
              nodes=4),
+    ]
+
+
+def fifo_held_out() -> list[Case]:
+    """FIFO ports between two sites (a router's drop-tail queue): other rates, round trips,
+    depths (in time and in packets), Reno beside CUBIC, two flows a way, and BBR, which
+    paces. The model's FIFO terms (tcp.fifo_window, connections.burst_wait) were worked out
+    on two sites at 50 Mbit/s and 25 ms behind FIFOs of 20, 50 and 100 ms (ddp, CUBIC):
+    none of these cases."""
+    def case(name, seconds=1.0, congestion="cubic", **sites):
+        return Case(name, wan_sites(**sites), seconds, held_out=True, congestion=congestion,
+                    nodes=4, group="fifo-held-out")
+    return [
+        case("f-100m-rtt20-fifo30ms-cubic", latency="10ms", rate="100mbit", port="fifo 30ms"),
+        case("f-20m-rtt80-fifo200p-reno", congestion="reno", latency="40ms", rate="20mbit",
+             port="fifo 200 packets"),
+        case("f-50m-rtt150-fifo40ms-cubic", 1.5, latency="75ms", port="fifo 40ms"),
+        case("f-200m-rtt10-fifo10ms-cubic", 0.5, latency="5ms", rate="200mbit",
+             port="fifo 10ms"),
+        case("f-50m-rtt50-fifo60ms-cubic-2flows", 1.2, latency="25ms", port="fifo 60ms",
+             interleaved=True),
+        case("f-30m-rtt30-fifo80ms-reno", congestion="reno", latency="15ms", rate="30mbit",
+             port="fifo 80ms"),
+        case("f-50m-rtt50-fifo30ms-bbr", congestion="bbr", latency="25ms", port="fifo 30ms"),
     ]
 
 
@@ -196,6 +227,7 @@ def cases(nodes: int) -> dict[str, Case]:
         Case("rtt50-256", wan("25ms"), 0, held_out=True, steps=10, hidden=256, nodes=2,
              group="wan"),
         *wan_held_out(),
+        *fifo_held_out(),
         # the presets users mean, each emulated as its file says (latency, jitter, loss)
         *(Case(name, preset(name), seconds, held_out=True, nodes=2, group="presets")
           for name, seconds in (("wan-100mbps", 1.0), ("wan-10mbps", 2.0),

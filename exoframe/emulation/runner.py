@@ -2,7 +2,7 @@
 torchrun with `--net real`, one per namespace of an Emulation (netns.py), rendezvous on the
 unshaped control network and gloo on the shaped, delayed data network; then the same job
 runs through the simulator on the network file, with `--compute fixed:` set to the compute
-per step the real ranks took, so that only the network differs. `exoframe emulate` and
+per step of the slowest real rank, so that only the network differs. `exoframe emulate` and
 benchmarks/emulated_network.py use it."""
 from __future__ import annotations
 
@@ -142,10 +142,11 @@ def side_by_side(net_file: Path, nodes: int, args: list[str], out: Path, tag: st
         before = emulation.counts()
         real, real_rows = real_run(emulation, args, str(out / "real"), nodes, timeout)
         counts = emulation.counts() - before
-    # The twin computes, per step, for as long as the real ranks took to arrive at their
-    # exchanges (compute, and waiting for the last to arrive): the network alone differs.
-    compute = sum(rank["compute_seconds"] + rank["wait_seconds"]
-                  for rank in real["per_rank"]) / nodes / max(1, real["steps"])
+    # The twin computes, per step, for as long as the slowest real rank computed: every
+    # exchange waits for it, and the network alone differs. (Not each rank's compute and
+    # wait: a rank also waits for peers whose last exchange ended after its own, which the
+    # twin's network decides itself; counted as compute, that skew would be paid twice.)
+    compute = max(rank["compute_seconds"] for rank in real["per_rank"]) / max(1, real["steps"])
     twin, twin_rows = twin_run(str(net_file), args, str(out / "sim"), compute, nodes, overlap)
     return SideBySide(real, twin, real_rows, twin_rows, compute, counts,
                       [topology.queue_of(rank).describe() for rank in range(nodes)],

@@ -4,6 +4,7 @@ it; its frames and ACKs weigh on the links; its window, from slow start on, caps
 from __future__ import annotations
 
 import collections
+import math
 
 from .links import Flow, Link
 
@@ -24,7 +25,7 @@ class TcpConnections:
                 self._streams[flow.connection] = collections.deque()
                 self._attach(flow, now)
             else:
-                self._deliver_after_latency(flow, now)
+                self._notice_on_wire(flow, now)
 
     def _as_message(self, flow: Flow):
         """What a message on its connection draws and weighs, in the connection's order:
@@ -64,7 +65,7 @@ class TcpConnections:
                 sent_per_rtt = min(self._payload_rate(flow), cap) / (1 - loss) * 2 * latency
                 flow.latency += tcp.recovery_delay(flow.remaining, 2 * latency, loss,
                                                    sent_per_rtt)
-            flow.window, flow.rtt = Link(next(self._link_ids), cap), 2 * latency
+            flow.window, flow.rtt, flow.cap = Link(next(self._link_ids), cap), 2 * latency, cap
             window.append(flow.window)
         flow.links = (*flow.links, *reverse, *window)
 
@@ -73,6 +74,60 @@ class TcpConnections:
         return min(link.capacity / link.weights.get(flow.id, 1.0)
                    for link in flow.links[:flow.data])
 
+    def _notice_on_wire(self, flow: Flow, now: float):
+        """A message of no payload goes on the wire, behind the bursts in the FIFOs it
+        crosses (burst_wait)."""
+        flow.latency += sum(burst_wait(link) for link in flow.links if link.fifo_flows)
+        self._deliver_after_latency(flow, now)
+
+    def _through_fifos(self, flow: Flow):
+        """The flow starts sending through the FIFOs on its path (tcp.py): under a
+        loss-based congestion control its mean window there (tcp.fifo_window) holds it,
+        over a round trip that its ACKs' wait behind the other direction's bursts
+        lengthens; its own bursts lengthen that of the flows the other way."""
+        tcp, data = self.protocol, flow.links[:flow.data]
+        windows = []
+        for i, link in enumerate(data):
+            if link.fifo is not None:
+                feed = min((before.capacity for before in data[:i]), default=math.inf)
+                windows.append(tcp.fifo_window(link.fifo, link.capacity, feed,
+                                               link.capacity * flow.rtt,
+                                               len(link.fifo_flows) + 1))
+        if not windows or math.isinf(min(windows)):
+            return
+        # what else caps its window (the kernel's, random loss) caps its bursts too
+        held = flow.cap * flow.rtt * tcp.data_factor if flow.window is not None else math.inf
+        flow.fifo_window = min(*windows, held)
+        for link in data:
+            if link.fifo is not None:
+                link.fifo_flows[flow.id] = flow
+                self._rehold(link)
+
+    def _leave_fifos(self, flow: Flow):
+        """The flow's last byte is sent: its bursts no longer hold the flows the other way."""
+        for link in flow.links[:flow.data]:
+            if link.fifo_flows.pop(flow.id, None) is not None:
+                self._rehold(link)
+
+    def _rehold(self, link):
+        """The bursts through `link`'s FIFO changed: the windows of the flows whose ACKs
+        cross it (those sending the other way) hold them at a new rate."""
+        if link is None or link.reverse is None:
+            return
+        for flow in link.reverse.fifo_flows.values():
+            if flow.window is not None:
+                self._set_capacity((flow.window, min(flow.ramp_rate, self._window_rate(flow))))
+
+    def _window_rate(self, flow: Flow) -> float:
+        """The payload rate its window allows (bytes/s): the kernel's window (and random
+        loss's cap) over the round trip, and its mean window through a FIFO over the round
+        trip its ACKs take behind the bursts coming the other way."""
+        if not flow.fifo_window:
+            return flow.cap
+        back = self._path(flow.ends[1], flow.ends[0])[0]
+        rtt = flow.rtt + sum(burst_wait(link) for link in back if link.fifo_flows)
+        return min(flow.cap, flow.fifo_window / self.protocol.data_factor / rtt)
+
     def _slow_start(self, flow: Flow, now: float):
         """The flow's pace from what its connection reached (tcp.py), growing every round
         trip until the window or its links hold it."""
@@ -80,19 +135,21 @@ class TcpConnections:
         start = flow.start_rate = tcp.start_rate(self._reached.get(flow.connection), now,
                                                  flow.rtt)
         flow.began = now
-        final = link.capacity
+        final = link.capacity = self._window_rate(flow)
         rates = tcp.ramp(start, flow.rtt, min(final, self._payload_rate(flow)))
         if rates:
-            link.capacity = rates[0]
-            self._at_time(now + flow.rtt, self._ramp_step, (flow, [*rates[1:], final]))
+            flow.ramp_rate = link.capacity = rates[0]
+            self._at_time(now + flow.rtt, self._ramp_step, (flow, [*rates[1:], math.inf]))
 
     def _ramp_step(self, arg):
-        """A round trip of the flow's ramp has passed: its window's next rate, while it is
-        still sending (nothing is left behind once it is through)."""
+        """A round trip of the flow's ramp has passed: its window's next rate (inf: the
+        ramp is over), while it is still sending (nothing is left behind once it is
+        through)."""
         flow, rates = arg
         if flow.id not in flow.window.flows:
             return
-        self._set_capacity((flow.window, rates[0]))
+        flow.ramp_rate = rates[0]
+        self._set_capacity((flow.window, min(rates[0], self._window_rate(flow))))
         if len(rates) > 1:
             self._at_time(self.env.now + flow.rtt, self._ramp_step, (flow, rates[1:]))
 
@@ -107,8 +164,20 @@ class TcpConnections:
         wire (messages of no payload at once, delivered one latency later)."""
         waiting = self._streams[connection]
         while waiting and waiting[0].remaining == 0:
-            self._deliver_after_latency(waiting.popleft(), now)
+            self._notice_on_wire(waiting.popleft(), now)
         if waiting:
             self._attach(waiting.popleft(), now)
         else:
             del self._streams[connection]
+
+
+
+def burst_wait(link) -> float:
+    """Seconds a packet entering `link`'s FIFO waits behind the bursts of the loss-based
+    flows sending through it (tcp.py). Every round trip each sends its window at once,
+    faster than the link drains it; what enters one latency after the bursts began (the
+    ACKs of the other direction's data, gloo's notices) waits for the rest of them: their
+    windows over the link's rate, less that latency, at most the FIFO's depth."""
+    flows = link.fifo_flows.values()
+    burst = min(sum(flow.fifo_window for flow in flows), link.fifo)
+    return max(0.0, burst / link.capacity - min(flow.rtt for flow in flows) / 2)

@@ -69,6 +69,13 @@ class FlowNetwork(TcpConnections):
         self.downlinks = [_link_or_none(next(ids), b, efficiency) for b in topology.downlink]
         self.site_links = {pair: _link_or_none(next(ids), spec.bandwidth, efficiency)
                            for pair, spec in topology.inter.items()}
+        if self.protocol is not None:
+            frame = self.protocol.mtu + self.protocol.link_header
+            for (a, b), link in self.site_links.items():
+                queue = topology.inter[(a, b)].queue
+                if link is not None and queue.discipline == "fifo":
+                    link.fifo = queue.capacity(link.capacity, frame)
+                    link.reverse = self.site_links.get((b, a))
         self.busy_rate = busy_rate
         self.host_out = self.host_in = None
         if busy_rate is not None:
@@ -148,6 +155,8 @@ class FlowNetwork(TcpConnections):
         flow id, t, bytes), then ("sent", flow id, t) at its last byte)."""
         if self.log is not None:
             self.log.append(("send", *flow.ends, flow.id, now, flow.size))
+        if flow.connection is not None:
+            self._through_fifos(flow)
         if flow.window is not None:
             self._slow_start(flow, now)
         flow.since = now
@@ -298,6 +307,8 @@ class FlowNetwork(TcpConnections):
                 link.data_flows -= i < flow.data
             self._changed[link.id] = link
         self._deliver_after_latency(flow, now)
+        if flow.fifo_window:
+            self._leave_fifos(flow)
         if flow.window is not None:
             flow.stream.hold(False, now)
             self._sent(flow, now)

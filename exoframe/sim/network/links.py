@@ -8,7 +8,8 @@ import math
 class Flow:
     __slots__ = ("id", "links", "remaining", "rate", "since", "finish", "version", "latency",
                  "on_delivered", "arg", "data", "connection", "window", "rtt", "size",
-                 "start_rate", "began", "order", "ends", "sent", "round_trips", "stream")
+                 "start_rate", "began", "order", "ends", "sent", "round_trips", "stream",
+                 "fifo_window", "cap", "ramp_rate")
 
     def __init__(self, id, links, nbytes, latency, on_delivered, arg):
         self.id = id  # creation order: breaks ties deterministically
@@ -38,10 +39,14 @@ class Flow:
         self.round_trips = 0.0
         self.stream = None
         self.order = ((-1,), id, 0)  # among messages a connection gets at one instant: its place
+        self.fifo_window = 0.0  # through a FIFO, loss-based: its mean window (wire bytes)
+        self.cap = math.inf  # bytes/s: what its window allows (the kernel's, random loss)
+        self.ramp_rate = math.inf  # bytes/s: its slow start's pace so far (inf: done)
 
 
 class Link:
-    __slots__ = ("id", "capacity", "flows", "weights", "data_flows", "shared_efficiency")
+    __slots__ = ("id", "capacity", "flows", "weights", "data_flows", "shared_efficiency",
+                 "fifo", "reverse", "fifo_flows")
 
     def __init__(self, id: int, capacity: float, shared_efficiency: float = 1.0):
         self.id = id
@@ -52,6 +57,12 @@ class Link:
         self.weights = {}
         self.data_flows = 0
         self.shared_efficiency = shared_efficiency
+        # A FIFO in front of it (tcp.py): its depth in bytes (None: a fair queue), the link
+        # the other way (its ACKs and notices), and the loss-based flows sending through it
+        # (flow id -> Flow), whose bursts the packets behind them wait for (connections.py)
+        self.fifo = None
+        self.reverse = None
+        self.fifo_flows = {}
 
     def usable(self) -> float:
         """The capacity its flows share: less when several TCP flows send through it."""

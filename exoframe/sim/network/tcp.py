@@ -18,9 +18,19 @@ to move payload bytes as a TCP connection does, beyond the exact alpha-beta mode
   (recovery_delay); from a connection's first expected loss on (after 1 / loss packets),
   a loss-based congestion control (cubic, reno) holds its flows to the rate its response
   function allows (loss_cap: Padhye et al.'s, with its timeouts).
-- Queues: the simulator times a FIFO (a network's `queue: fifo`, a link's) as a fair
-  queue: what ACKs and small messages waiting behind queued data cost is not modelled
-  (docs/guides/network-fidelity.md says where it matters).
+- A FIFO in front of a link between sites (a link's `queue: fifo`, a router's port) under
+  a loss-based congestion control (cubic, reno): the queue, not the kernel, decides the
+  window (fifo_window). A message starts as a burst of its window at the rate of the links
+  before the port (a rank's NIC); a burst larger than the queue absorbs,
+  depth / (1 - rate / feed), overflows it, as does a window larger than the path's
+  bandwidth x RTT plus the depth. The window saws between that and `backoff` of it after
+  each loss, (1 + backoff) / 2 of it on average. Every round trip each flow sends its
+  window as a burst, and what enters the port one latency later waits behind the rest:
+  the ACKs of the other direction's data (their flow's window holds it over the longer
+  round trip) and messages of no payload (gloo's notices) — connections.burst_wait. BBR
+  paces and sends no such bursts; a fair queue (fq_codel, a host's own) puts ACKs and
+  sparse packets first; a rank's uplink is its host's own queue, which TCP small queues
+  keep from filling, so `queue: fifo` on an uplink changes no time.
 - Slow start: a connection's window starts at `initial_window` segments and doubles every
   round trip until the flow is held by the window above or by the links. A connection keeps
   the window it reached for its next message, except after an idle time longer than its
@@ -44,6 +54,8 @@ from ...errors import ExoframeError
 
 _SIZES = {"b": 1, "kb": 1e3, "mb": 1e6, "kib": 2 ** 10, "mib": 2 ** 20}
 CONGESTION_CONTROLS = ("cubic", "bbr", "reno")
+# the window a loss leaves, a fraction of the one before: CUBIC's beta (RFC 9438), Reno's
+BACKOFF = {"cubic": 0.7, "reno": 0.5}
 BBR_GAIN = 2 / math.log(2)  # BBR's start-up pacing gain (2.885)
 
 
@@ -105,6 +117,22 @@ class TcpModel:
         timeouts = (rtt + self.min_rto) * min(1.0, 3 * math.sqrt(3 * loss / 8)) * loss * (
             1 + 32 * loss ** 2)
         return self.mss / (rtt / window + timeouts)
+
+    def fifo_window(self, depth: float, rate: float, feed: float, pipe: float,
+                    flows: int) -> float:
+        """The mean window (bytes on the wire) of a loss-based flow, one of `flows` sending
+        through a FIFO of `depth` bytes in front of a link of `rate` bytes/s fed at `feed`
+        bytes/s, whose path holds `pipe` bytes in flight (its bandwidth x round trip); inf
+        under BBR. A loss comes where a burst of the window overflows the queue (depth /
+        (1 - rate / feed)) or the window overflows the path (pipe + depth), whichever is
+        smaller, shared by the flows; the window then saws between that and `backoff` of
+        it. The kernel's window caps it where smaller."""
+        if self.congestion not in BACKOFF:
+            return math.inf
+        burst = depth / (1 - rate / feed) if feed > rate else math.inf
+        largest = min(burst, pipe + depth) / max(1, flows)
+        mean = (1 + BACKOFF[self.congestion]) / 2 * largest
+        return min(self.window * self.data_factor, mean)
 
     def recovery_delay(self, size: float, rtt: float, loss: float, bdp: float) -> float:
         """The expected time a message's end waits for a lost packet to be sent again: a
