@@ -191,6 +191,29 @@ def fifo_held_out() -> list[Case]:
     ]
 
 
+def fifo_held_out_2() -> list[Case]:
+    """A second set like fifo_held_out, run only after the model's FIFO terms last
+    changed (a connection saws only from its first loss on): other rates, round trips and
+    depths again."""
+    def case(name, seconds=1.0, congestion="cubic", **sites):
+        return Case(name, wan_sites(**sites), seconds, held_out=True, congestion=congestion,
+                    nodes=4, group="fifo-held-out-2")
+    return [
+        case("g-40m-rtt40-fifo25ms-cubic", latency="20ms", rate="40mbit", port="fifo 25ms"),
+        case("g-80m-rtt60-fifo500p-cubic", latency="30ms", rate="80mbit",
+             port="fifo 500 packets"),
+        case("g-25m-rtt100-fifo120ms-reno", congestion="reno", latency="50ms", rate="25mbit",
+             port="fifo 120ms"),
+        case("g-150m-rtt30-fifo15ms-cubic", 0.5, latency="15ms", rate="150mbit",
+             port="fifo 15ms"),
+        case("g-60m-rtt20-fifo40ms-reno-2flows", 1.2, congestion="reno", latency="10ms",
+             rate="60mbit", port="fifo 40ms", interleaved=True),
+        case("g-50m-rtt80-fifo50ms-cubic", latency="40ms", port="fifo 50ms"),
+        case("g-100m-rtt40-fifo20ms-bbr", congestion="bbr", latency="20ms", rate="100mbit",
+             port="fifo 20ms"),
+    ]
+
+
 def preset(name: str) -> dict:
     """A network preset's keys (its protocol is the benchmark's --protocol)."""
     from exoframe.sim.network.presets import PRESET_DIR
@@ -228,6 +251,7 @@ def cases(nodes: int) -> dict[str, Case]:
              group="wan"),
         *wan_held_out(),
         *fifo_held_out(),
+        *fifo_held_out_2(),
         # the presets users mean, each emulated as its file says (latency, jitter, loss)
         *(Case(name, preset(name), seconds, held_out=True, nodes=2, group="presets")
           for name, seconds in (("wan-100mbps", 1.0), ("wan-10mbps", 2.0),

@@ -308,31 +308,35 @@ def two_sites(queue, congestion="cubic", ranks_a=1):
 
 def test_a_fifo_between_sites_holds_a_loss_based_flow_to_the_burst_it_absorbs():
     """A loss-based flow bursts its window at its NIC's 1 Gbit/s into the 50 Mbit/s port:
-    a burst over depth / (1 - C / R) bytes overflows a FIFO of that depth, and after each
-    loss CUBIC's window falls to 0.7 of it, so it holds 0.85 of that on average (the
-    emulation's `ss` showed 76 segments against 74 for a 20 ms FIFO). Alone it moves that
-    window every 50 ms round trip. Both ways at once, every round trip's ACKs wait in the
-    other direction's port behind the rest of its burst, window / C - 25 ms: at 100 ms
-    depth the round trip grows to about 115 ms (`ss`: 104-111 ms). A notice crossing the
-    port waits as long. BBR, which paces, and a fair queue are timed as before."""
+    a burst over depth / (1 - C / R) bytes overflows a FIFO of that depth. The window grows
+    up to that; from its first loss on, CUBIC's window falls to 0.7 of it at each loss, so
+    it holds 0.85 of it on average (the emulation's `ss` showed 77-80 segments against 74
+    for a 20 ms FIFO). Alone a flow moves its window every 50 ms round trip. Both ways at
+    once, every round trip's ACKs wait in the other direction's port behind the rest of
+    its burst, window / C - 25 ms: at 100 ms depth the round trip grows to about 115 ms
+    (`ss`: 104-111 ms). A notice crossing the port waits as long. BBR, which paces, and a
+    fair queue are timed as before."""
     C, R, d, size = 50e6 / 8, 1e9 / 8, 0.025, 4e6
     fifo20 = two_sites("fifo 20ms")
     df = fifo20.protocol.data_factor
-    window = 0.85 * 0.020 * C / (1 - C / R)  # bytes on the wire
-    assert window / 1514 == pytest.approx(73.9, abs=0.1)
-    [alone] = deliveries(fifo20, [(0.0, 0, 1, size)])
-    assert close(alone, size / (window / df / (2 * d)) + d)
+    limit = 0.020 * C / (1 - C / R)  # bytes on the wire
+    assert 0.85 * limit / 1514 == pytest.approx(73.9, abs=0.1)
+    first, second = deliveries(fifo20, [(0.0, 0, 1, size), (10.0, 0, 1, size)])
+    assert close(first, size / (limit / df / (2 * d)) + d)  # up to the limit, then a loss
+    assert close(second, 10.0 + size / (0.85 * limit / df / (2 * d)) + d)  # sawing
 
     fifo100 = two_sites("fifo 100ms", ranks_a=2)
     window = 0.85 * min(0.1 * C / (1 - C / R), 0.1 * C + C * 2 * d)
     wait = window / C - d
     rate = window / df / (2 * d + wait)
     assert rate < C / df and 2 * d + wait == pytest.approx(0.1145, abs=1e-3)
-    both = deliveries(fifo100, [(0.0, 0, 2, size), (0.0, 2, 0, size),
-                                (0.5, 1, 2, 0.0)])  # a notice from site a at 0.5 s
-    assert close(both[0], size / rate + d) and close(both[1], both[0])
-    assert close(both[2], 0.5 + d + wait)
+    both = deliveries(fifo100, [(0.0, 0, 2, size), (0.0, 2, 0, size),  # (the first loss)
+                                (10.0, 0, 2, size), (10.0, 2, 0, size),
+                                (10.5, 1, 2, 0.0)])  # a notice from site a at 10.5 s
+    assert close(both[2], 10.0 + size / rate + d) and close(both[3], both[2])
+    assert close(both[4], 10.5 + d + wait)
 
     for net in (two_sites("fair", ranks_a=2), two_sites("fifo 100ms", "bbr", ranks_a=2)):
-        full = deliveries(net, [(0.0, 0, 2, size), (0.0, 2, 0, size), (0.5, 1, 2, 0.0)])
-        assert full[0] < both[0] / 1.2 and close(full[2], 0.5 + d)
+        full = deliveries(net, [(0.0, 0, 2, size), (0.0, 2, 0, size), (10.0, 0, 2, size),
+                                (10.0, 2, 0, size), (10.5, 1, 2, 0.0)])
+        assert full[2] - 10.0 < (both[2] - 10.0) / 1.2 and close(full[4], 10.5 + d)

@@ -82,22 +82,26 @@ class TcpConnections:
 
     def _through_fifos(self, flow: Flow):
         """The flow starts sending through the FIFOs on its path (tcp.py): under a
-        loss-based congestion control its mean window there (tcp.fifo_window) holds it,
+        loss-based congestion control its window there (tcp.fifo_limit, tcp.sawing) holds it,
         over a round trip that its ACKs' wait behind the other direction's bursts
         lengthens; its own bursts lengthen that of the flows the other way."""
         tcp, data = self.protocol, flow.links[:flow.data]
-        windows = []
+        limits = []
         for i, link in enumerate(data):
             if link.fifo is not None:
                 feed = min((before.capacity for before in data[:i]), default=math.inf)
-                windows.append(tcp.fifo_window(link.fifo, link.capacity, feed,
-                                               link.capacity * flow.rtt,
-                                               len(link.fifo_flows) + 1))
-        if not windows or math.isinf(min(windows)):
+                limits.append(tcp.fifo_limit(link.fifo, link.capacity, feed,
+                                             link.capacity * flow.rtt,
+                                             len(link.fifo_flows) + 1))
+        if not limits or math.isinf(min(limits)):
             return
+        flow.fifo_limit = min(limits)
+        window = flow.fifo_limit
+        if flow.connection in self._overflowed:
+            window = tcp.sawing(window)
         # what else caps its window (the kernel's, random loss) caps its bursts too
         held = flow.cap * flow.rtt * tcp.data_factor if flow.window is not None else math.inf
-        flow.fifo_window = min(*windows, held)
+        flow.fifo_window = min(window, held)
         for link in data:
             if link.fifo is not None:
                 link.fifo_flows[flow.id] = flow
@@ -154,10 +158,14 @@ class TcpConnections:
             self._at_time(self.env.now + flow.rtt, self._ramp_step, (flow, rates[1:]))
 
     def _sent(self, flow: Flow, now: float):
-        """The flow's last byte is sent: what its connection carries to the next message."""
-        self._reached[flow.connection] = self.protocol.after(
+        """The flow's last byte is sent: what its connection carries to the next message
+        (and whether its window reached a FIFO's limit: it saws from then on)."""
+        tcp = self.protocol
+        reached = self._reached[flow.connection] = tcp.after(
             self._reached.get(flow.connection), flow.began, now, flow.size, flow.start_rate,
             flow.window.capacity, flow.rtt)
+        if flow.fifo_limit and reached.window * tcp.data_factor >= 0.99 * flow.fifo_limit:
+            self._overflowed.add(flow.connection)
 
     def _next_on(self, connection: tuple[int, int], now: float):
         """The connection's last flow has sent its last byte: what waits next goes on the

@@ -65,6 +65,7 @@ class FlowNetwork(TcpConnections):
         self._delivered_until: dict[tuple[int, int], float] = {}  # a connection's last
         self._packets: dict[tuple[int, int], float] = {}  # a TCP connection's, so far
         self._round_trips: dict[tuple[int, int], RoundTrips] = {}  # a TCP connection's
+        self._overflowed: set = set()  # TCP connections whose window reached a FIFO's limit
         self.uplinks = [_link_or_none(next(ids), b, efficiency) for b in topology.uplink]
         self.downlinks = [_link_or_none(next(ids), b, efficiency) for b in topology.downlink]
         self.site_links = {pair: _link_or_none(next(ids), spec.bandwidth, efficiency)

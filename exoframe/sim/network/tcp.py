@@ -20,11 +20,12 @@ to move payload bytes as a TCP connection does, beyond the exact alpha-beta mode
   function allows (loss_cap: Padhye et al.'s, with its timeouts).
 - A FIFO in front of a link between sites (a link's `queue: fifo`, a router's port) under
   a loss-based congestion control (cubic, reno): the queue, not the kernel, decides the
-  window (fifo_window). A message starts as a burst of its window at the rate of the links
+  window. A message starts as a burst of its window at the rate of the links
   before the port (a rank's NIC); a burst larger than the queue absorbs,
   depth / (1 - rate / feed), overflows it, as does a window larger than the path's
-  bandwidth x RTT plus the depth. The window saws between that and `backoff` of it after
-  each loss, (1 + backoff) / 2 of it on average. Every round trip each flow sends its
+  bandwidth x RTT plus the depth (fifo_limit). From the connection's first such loss on,
+  the window saws between that and `backoff` of it, (1 + backoff) / 2 of it on average
+  (sawing); before it, the window grows up to it. Every round trip each flow sends its
   window as a burst, and what enters the port one latency later waits behind the rest:
   the ACKs of the other direction's data (their flow's window holds it over the longer
   round trip) and messages of no payload (gloo's notices) — connections.burst_wait. BBR
@@ -118,21 +119,23 @@ class TcpModel:
             1 + 32 * loss ** 2)
         return self.mss / (rtt / window + timeouts)
 
-    def fifo_window(self, depth: float, rate: float, feed: float, pipe: float,
-                    flows: int) -> float:
-        """The mean window (bytes on the wire) of a loss-based flow, one of `flows` sending
+    def fifo_limit(self, depth: float, rate: float, feed: float, pipe: float,
+                   flows: int) -> float:
+        """The window (bytes on the wire) at which a loss-based flow, one of `flows` sending
         through a FIFO of `depth` bytes in front of a link of `rate` bytes/s fed at `feed`
-        bytes/s, whose path holds `pipe` bytes in flight (its bandwidth x round trip); inf
-        under BBR. A loss comes where a burst of the window overflows the queue (depth /
-        (1 - rate / feed)) or the window overflows the path (pipe + depth), whichever is
-        smaller, shared by the flows; the window then saws between that and `backoff` of
-        it. The kernel's window caps it where smaller."""
+        bytes/s, whose path holds `pipe` bytes in flight (its bandwidth x round trip),
+        loses a packet; inf under BBR. A burst of the window overflows the queue past
+        depth / (1 - rate / feed), and the window itself past pipe + depth, whichever is
+        smaller, shared by the flows."""
         if self.congestion not in BACKOFF:
             return math.inf
         burst = depth / (1 - rate / feed) if feed > rate else math.inf
-        largest = min(burst, pipe + depth) / max(1, flows)
-        mean = (1 + BACKOFF[self.congestion]) / 2 * largest
-        return min(self.window * self.data_factor, mean)
+        return min(burst, pipe + depth) / max(1, flows)
+
+    def sawing(self, limit: float) -> float:
+        """The mean window of a flow that loses a packet whenever its window reaches `limit`
+        and then falls to `backoff` of it: (1 + backoff) / 2 of it."""
+        return (1 + BACKOFF[self.congestion]) / 2 * limit
 
     def recovery_delay(self, size: float, rtt: float, loss: float, bdp: float) -> float:
         """The expected time a message's end waits for a lost packet to be sent again: a
