@@ -214,6 +214,26 @@ def fifo_held_out_2() -> list[Case]:
     ]
 
 
+def fifo_held_out_3() -> list[Case]:
+    """A third set like fifo_held_out, run only after the model's FIFO terms last changed
+    (a message smaller than the window bursts only itself): other rates, round trips and
+    depths again."""
+    def case(name, seconds=1.0, congestion="cubic", **sites):
+        return Case(name, wan_sites(**sites), seconds, held_out=True, congestion=congestion,
+                    nodes=4, group="fifo-held-out-3")
+    return [
+        case("h-30m-rtt60-fifo35ms-cubic", latency="30ms", rate="30mbit", port="fifo 35ms"),
+        case("h-120m-rtt24-fifo300p-cubic", 0.7, latency="12ms", rate="120mbit",
+             port="fifo 300 packets"),
+        case("h-40m-rtt120-fifo90ms-reno", congestion="reno", latency="60ms", rate="40mbit",
+             port="fifo 90ms"),
+        case("h-70m-rtt16-fifo25ms-cubic-2flows", 1.2, latency="8ms", rate="70mbit",
+             port="fifo 25ms", interleaved=True),
+        case("h-35m-rtt44-fifo60ms-reno", congestion="reno", latency="22ms", rate="35mbit",
+             port="fifo 60ms"),
+    ]
+
+
 def preset(name: str) -> dict:
     """A network preset's keys (its protocol is the benchmark's --protocol)."""
     from exoframe.sim.network.presets import PRESET_DIR
@@ -252,6 +272,7 @@ def cases(nodes: int) -> dict[str, Case]:
         *wan_held_out(),
         *fifo_held_out(),
         *fifo_held_out_2(),
+        *fifo_held_out_3(),
         # the presets users mean, each emulated as its file says (latency, jitter, loss)
         *(Case(name, preset(name), seconds, held_out=True, nodes=2, group="presets")
           for name, seconds in (("wan-100mbps", 1.0), ("wan-10mbps", 2.0),

@@ -102,6 +102,7 @@ class TcpConnections:
         # what else caps its window (the kernel's, random loss) caps its bursts too
         held = flow.cap * flow.rtt * tcp.data_factor if flow.window is not None else math.inf
         flow.fifo_window = min(window, held)
+        flow.fifo_burst = min(flow.fifo_window, flow.size * tcp.data_factor)
         for link in data:
             if link.fifo is not None:
                 link.fifo_flows[flow.id] = flow
@@ -159,12 +160,14 @@ class TcpConnections:
 
     def _sent(self, flow: Flow, now: float):
         """The flow's last byte is sent: what its connection carries to the next message
-        (and whether its window reached a FIFO's limit: it saws from then on)."""
+        (and whether it burst a FIFO's limit, its window and its message as large: it
+        saws from then on)."""
         tcp = self.protocol
         reached = self._reached[flow.connection] = tcp.after(
             self._reached.get(flow.connection), flow.began, now, flow.size, flow.start_rate,
             flow.window.capacity, flow.rtt)
-        if flow.fifo_limit and reached.window * tcp.data_factor >= 0.99 * flow.fifo_limit:
+        burst = min(reached.window, flow.size) * tcp.data_factor  # (what it had to send)
+        if flow.fifo_limit and burst >= 0.99 * flow.fifo_limit:
             self._overflowed.add(flow.connection)
 
     def _next_on(self, connection: tuple[int, int], now: float):
@@ -185,7 +188,8 @@ def burst_wait(link) -> float:
     flows sending through it (tcp.py). Every round trip each sends its window at once,
     faster than the link drains it; what enters one latency after the bursts began (the
     ACKs of the other direction's data, gloo's notices) waits for the rest of them: their
-    windows over the link's rate, less that latency, at most the FIFO's depth."""
+    bursts (a window, or a message smaller than it) over the link's rate, less that
+    latency, at most the FIFO's depth."""
     flows = link.fifo_flows.values()
-    burst = min(sum(flow.fifo_window for flow in flows), link.fifo)
+    burst = min(sum(flow.fifo_burst for flow in flows), link.fifo)
     return max(0.0, burst / link.capacity - min(flow.rtt for flow in flows) / 2)

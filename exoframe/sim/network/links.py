@@ -9,7 +9,7 @@ class Flow:
     __slots__ = ("id", "links", "remaining", "rate", "since", "finish", "version", "latency",
                  "on_delivered", "arg", "data", "connection", "window", "rtt", "size",
                  "start_rate", "began", "order", "ends", "sent", "round_trips", "stream",
-                 "fifo_window", "fifo_limit", "cap", "ramp_rate")
+                 "fifo_window", "fifo_limit", "fifo_burst", "cap", "ramp_rate")
 
     def __init__(self, id, links, nbytes, latency, on_delivered, arg):
         self.id = id  # creation order: breaks ties deterministically
@@ -39,10 +39,12 @@ class Flow:
         self.round_trips = 0.0
         self.stream = None
         self.order = ((-1,), id, 0)  # among messages a connection gets at one instant: its place
-        # through a FIFO, loss-based: the window at which it loses a packet, and its window
-        # (its mean, once it has), in bytes on the wire
+        # through a FIFO, loss-based: the window at which it loses a packet, its window (its
+        # mean, once it has) and its bursts (the window, or the message if smaller), in
+        # bytes on the wire
         self.fifo_limit = 0.0
         self.fifo_window = 0.0
+        self.fifo_burst = 0.0
         self.cap = math.inf  # bytes/s: what its window allows (the kernel's, random loss)
         self.ramp_rate = math.inf  # bytes/s: its slow start's pace so far (inf: done)
 

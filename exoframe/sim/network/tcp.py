@@ -23,9 +23,10 @@ to move payload bytes as a TCP connection does, beyond the exact alpha-beta mode
   window. A message starts as a burst of its window at the rate of the links
   before the port (a rank's NIC); a burst larger than the queue absorbs,
   depth / (1 - rate / feed), overflows it, as does a window larger than the path's
-  bandwidth x RTT plus the depth (fifo_limit). From the connection's first such loss on,
-  the window saws between that and `backoff` of it, (1 + backoff) / 2 of it on average
-  (sawing); before it, the window grows up to it. Every round trip each flow sends its
+  bandwidth x RTT plus the depth (fifo_limit). From the connection's first such loss on
+  (a message at least as large as that, burst whole), the window saws between that and
+  `backoff` of it, (1 + backoff) / 2 of it on average (sawing); before it, the window
+  grows up to it. A message smaller than the window bursts only its own bytes. Every round trip each flow sends its
   window as a burst, and what enters the port one latency later waits behind the rest:
   the ACKs of the other direction's data (their flow's window holds it over the longer
   round trip) and messages of no payload (gloo's notices) — connections.burst_wait. BBR
