@@ -167,15 +167,22 @@ def wan_held_out() -> list[Case]:
     ]
 
 
+def fifo_case(group: str):
+    """A maker of `group`'s cases: two sites (wan_sites' keywords), 4 ranks, CUBIC unless
+    said, held out."""
+    def case(name, seconds=1.0, congestion="cubic", **sites):
+        return Case(name, wan_sites(**sites), seconds, held_out=True, congestion=congestion,
+                    nodes=4, group=group)
+    return case
+
+
 def fifo_held_out() -> list[Case]:
     """FIFO ports between two sites (a router's drop-tail queue): other rates, round trips,
     depths (in time and in packets), Reno beside CUBIC, two flows a way, and BBR, which
-    paces. The model's FIFO terms (tcp.fifo_window, connections.burst_wait) were worked out
+    paces. The model's FIFO terms (tcp.fifo_limit, tcp.sawing, connections.burst_wait) were worked out
     on two sites at 50 Mbit/s and 25 ms behind FIFOs of 20, 50 and 100 ms (ddp, CUBIC):
     none of these cases."""
-    def case(name, seconds=1.0, congestion="cubic", **sites):
-        return Case(name, wan_sites(**sites), seconds, held_out=True, congestion=congestion,
-                    nodes=4, group="fifo-held-out")
+    case = fifo_case("fifo-held-out")
     return [
         case("f-100m-rtt20-fifo30ms-cubic", latency="10ms", rate="100mbit", port="fifo 30ms"),
         case("f-20m-rtt80-fifo200p-reno", congestion="reno", latency="40ms", rate="20mbit",
@@ -195,9 +202,7 @@ def fifo_held_out_2() -> list[Case]:
     """A second set like fifo_held_out, run only after the model's FIFO terms last
     changed (a connection saws only from its first loss on): other rates, round trips and
     depths again."""
-    def case(name, seconds=1.0, congestion="cubic", **sites):
-        return Case(name, wan_sites(**sites), seconds, held_out=True, congestion=congestion,
-                    nodes=4, group="fifo-held-out-2")
+    case = fifo_case("fifo-held-out-2")
     return [
         case("g-40m-rtt40-fifo25ms-cubic", latency="20ms", rate="40mbit", port="fifo 25ms"),
         case("g-80m-rtt60-fifo500p-cubic", latency="30ms", rate="80mbit",
@@ -218,9 +223,7 @@ def fifo_held_out_3() -> list[Case]:
     """A third set like fifo_held_out, run only after the model's FIFO terms last changed
     (a message smaller than the window bursts only itself): other rates, round trips and
     depths again."""
-    def case(name, seconds=1.0, congestion="cubic", **sites):
-        return Case(name, wan_sites(**sites), seconds, held_out=True, congestion=congestion,
-                    nodes=4, group="fifo-held-out-3")
+    case = fifo_case("fifo-held-out-3")
     return [
         case("h-30m-rtt60-fifo35ms-cubic", latency="30ms", rate="30mbit", port="fifo 35ms"),
         case("h-120m-rtt24-fifo300p-cubic", 0.7, latency="12ms", rate="120mbit",

@@ -125,8 +125,8 @@ class TcpConnections:
 
     def _window_rate(self, flow: Flow) -> float:
         """The payload rate its window allows (bytes/s): the kernel's window (and random
-        loss's cap) over the round trip, and its mean window through a FIFO over the round
-        trip its ACKs take behind the bursts coming the other way."""
+        loss's cap) over the round trip, and its window through a FIFO over the round trip
+        its ACKs take behind the bursts coming the other way."""
         if not flow.fifo_window:
             return flow.cap
         back = self._path(flow.ends[1], flow.ends[0])[0]
@@ -180,7 +180,6 @@ class TcpConnections:
             self._attach(waiting.popleft(), now)
         else:
             del self._streams[connection]
-
 
 
 def burst_wait(link) -> float:
