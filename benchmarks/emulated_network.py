@@ -179,9 +179,9 @@ def fifo_case(group: str):
 def fifo_held_out() -> list[Case]:
     """FIFO ports between two sites (a router's drop-tail queue): other rates, round trips,
     depths (in time and in packets), Reno beside CUBIC, two flows a way, and BBR, which
-    paces. The model's FIFO terms (tcp.fifo_limit, tcp.sawing, connections.burst_wait) were worked out
-    on two sites at 50 Mbit/s and 25 ms behind FIFOs of 20, 50 and 100 ms (ddp, CUBIC):
-    none of these cases."""
+    paces. The model's FIFO terms (tcp.fifo_limit, tcp.sawing, connections.burst_wait) were
+    worked out on two sites at 50 Mbit/s and 25 ms behind FIFOs of 20, 50 and 100 ms (ddp,
+    CUBIC): none of these cases."""
     case = fifo_case("fifo-held-out")
     return [
         case("f-100m-rtt20-fifo30ms-cubic", latency="10ms", rate="100mbit", port="fifo 30ms"),

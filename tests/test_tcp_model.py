@@ -309,7 +309,8 @@ def two_sites(queue, congestion="cubic", ranks_a=1):
 def test_a_fifo_between_sites_holds_a_loss_based_flow_to_the_burst_it_absorbs():
     """A loss-based flow bursts its window at its NIC's 1 Gbit/s into the 50 Mbit/s port:
     a burst over depth / (1 - C / R) bytes overflows a FIFO of that depth. The window grows
-    up to that; from its first loss on (a message that large, burst whole), CUBIC's window falls to 0.7 of it at each loss, so
+    up to that; from its first loss on (a message that large, burst whole), CUBIC's
+    window falls to 0.7 of it at each loss, so
     it holds 0.85 of it on average (the emulation's `ss` showed 77-80 segments against 74
     for a 20 ms FIFO). Alone a flow moves its window every 50 ms round trip. Both ways at
     once, every round trip's ACKs wait in the other direction's port behind the rest of

@@ -303,11 +303,11 @@ class Emulation:
     def _shape(self, ns: str, dev: str, rate: float, queue: Queue, host: bool = False):
         """tbf at `rate` bytes/s on dev's egress: a burst of BURST_SECONDS at that rate (at
         least BURST_FRAMES frames) and the queue. A FIFO holds its depth (at least
-        BURST_FRAMES frames), the tokens a burst passes on included. Fair: under the tbf, an htb whose first class (packets under
-        SMALL_PACKET bytes) is served before the second (the rest), each holding
-        HOST_QUEUE_PACKETS on a host (its txqueuelen) and PORT_QUEUE_SECONDS elsewhere (a
-        port: only the order changes); the classes' rates are far above the tbf's, so only
-        their order acts."""
+        BURST_FRAMES frames), the tokens a burst passes on included. Fair: under the tbf, an
+        htb whose first class (packets under SMALL_PACKET bytes) is served before the second
+        (the rest), each holding HOST_QUEUE_PACKETS on a host (its txqueuelen) and
+        PORT_QUEUE_SECONDS elsewhere (a port: only the order changes); the classes' rates
+        are far above the tbf's, so only their order acts."""
         if math.isinf(rate):
             return
         burst = max(BURST_FRAMES * FRAME, int(rate * BURST_SECONDS))

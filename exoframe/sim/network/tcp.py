@@ -20,19 +20,19 @@ to move payload bytes as a TCP connection does, beyond the exact alpha-beta mode
   function allows (loss_cap: Padhye et al.'s, with its timeouts).
 - A FIFO in front of a link between sites (a link's `queue: fifo`, a router's port) under
   a loss-based congestion control (cubic, reno): the queue, not the kernel, decides the
-  window. A message starts as a burst of its window at the rate of the links
-  before the port (a rank's NIC); a burst larger than the queue absorbs,
-  depth / (1 - rate / feed), overflows it, as does a window larger than the path's
-  bandwidth x RTT plus the depth (fifo_limit). From the connection's first such loss on
-  (a message at least as large as that, burst whole), the window saws between that and
-  `backoff` of it, (1 + backoff) / 2 of it on average (sawing); before it, the window
-  grows up to it. A message smaller than the window bursts only its own bytes. Every round trip each flow sends its
-  window as a burst, and what enters the port one latency later waits behind the rest:
-  the ACKs of the other direction's data (their flow's window holds it over the longer
-  round trip) and messages of no payload (gloo's notices) — connections.burst_wait. BBR
-  paces and sends no such bursts; a fair queue (fq_codel, a host's own) puts ACKs and
-  sparse packets first; a rank's uplink is its host's own queue, which TCP small queues
-  keep from filling, so `queue: fifo` on an uplink changes no time.
+  window. A message starts as a burst of its window at the rate of the links before the port
+  (a rank's NIC); a burst larger than the queue absorbs, depth / (1 - rate / feed),
+  overflows it, as does a window larger than the path's bandwidth x RTT plus the depth
+  (fifo_limit). From the connection's first such loss on (a message at least as large as
+  that, burst whole), the window saws between that and `backoff` of it, (1 + backoff) / 2 of
+  it on average (sawing); before it, the window grows up to it. A message smaller than the
+  window bursts only its own bytes. Every round trip each flow sends its window as a burst,
+  and what enters the port one latency later waits behind the rest: the ACKs of the other
+  direction's data (their flow's window holds it over the longer round trip) and messages of
+  no payload (gloo's notices) — connections.burst_wait. BBR paces and sends no such bursts;
+  a fair queue (fq_codel, a host's own) puts ACKs and sparse packets first; a rank's uplink
+  is its host's own queue, which TCP small queues keep from filling, so `queue: fifo` on an
+  uplink changes no time.
 - Slow start: a connection's window starts at `initial_window` segments and doubles every
   round trip until the flow is held by the window above or by the links. A connection keeps
   the window it reached for its next message, except after an idle time longer than its
@@ -115,7 +115,8 @@ class TcpModel:
             return math.inf
         window = math.sqrt(3 / (2 * loss))
         if self.congestion == "cubic":
-            window = max(window, (0.4 * 3.7 / (4 * 0.3)) ** 0.25 * (rtt / loss) ** 0.75)
+            b = BACKOFF["cubic"]
+            window = max(window, (0.4 * (3 + b) / (4 * (1 - b))) ** 0.25 * (rtt / loss) ** 0.75)
         timeouts = (rtt + self.min_rto) * min(1.0, 3 * math.sqrt(3 * loss / 8)) * loss * (
             1 + 32 * loss ** 2)
         return self.mss / (rtt / window + timeouts)
